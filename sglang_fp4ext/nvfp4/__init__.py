@@ -1,0 +1,1 @@
+"""NVFP4 format: codec and scale layouts (see ``format.py``)."""
