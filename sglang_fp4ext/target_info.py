@@ -1,0 +1,101 @@
+"""Hardware questions, asked through named predicates.
+
+Every decision that depends on the GPU (which kernel path runs, whether native FP4 MMA exists,
+how many SMs to fill) goes through a function here, never an inline capability comparison.
+Nothing here imports SGLang; torch is imported lazily so ``fp4ext info`` works anywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+__all__ = [
+    "Capability",
+    "is_interpreter",
+    "has_cuda_gpu",
+    "device_capability",
+    "device_name",
+    "num_sms",
+    "smem_per_block",
+    "has_native_fp4_mma",
+    "supports_triton_w4a16",
+    "kernel_path",
+    "SM120_SMEM_PER_BLOCK",
+]
+
+Capability = tuple[int, int]
+
+#: Opt-in shared memory per block on SM120 (RTX PRO 6000 / RTX 50): 99 KiB. Every config that may
+#: run there must fit (kernel-techniques §2; quack#118 reports shared_memory_per_block_optin=101376).
+SM120_SMEM_PER_BLOCK = 101_376
+
+
+def is_interpreter() -> bool:
+    """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def has_cuda_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def device_capability(device=None) -> Capability | None:
+    """(major, minor) of the CUDA device, or None without a GPU."""
+    if not has_cuda_gpu():
+        return None
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def device_name(device=None) -> str | None:
+    if not has_cuda_gpu():
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(device)
+
+
+def num_sms(device=None) -> int | None:
+    if not has_cuda_gpu():
+        return None
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def smem_per_block(device=None) -> int | None:
+    """Opt-in shared memory per block in bytes, or None without a GPU."""
+    if not has_cuda_gpu():
+        return None
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", None)
+
+
+def has_native_fp4_mma(cap: Capability | None) -> bool:
+    """Block-scaled FP4 tensor-core MMA exists: datacenter Blackwell (SM10x) and SM12x.
+
+    Hopper (SM90) and Ampere (SM80) have none; NVFP4 there is dequantised in registers.
+    """
+    return cap is not None and cap[0] in (10, 11, 12)
+
+
+def supports_triton_w4a16(cap: Capability | None) -> bool:
+    """Our W4A16 Triton kernels need bf16 ``mma.sync`` (SM80 or newer)."""
+    return cap is not None and cap >= (8, 0)
+
+
+def kernel_path(cap: Capability | None) -> str:
+    """The fp4ext expert path a device of capability ``cap`` runs, in words."""
+    if cap is None:
+        return "torch reference (no CUDA GPU)"
+    if not supports_triton_w4a16(cap):
+        return f"unsupported (sm_{cap[0]}{cap[1]} < sm_80): torch reference"
+    arch = f"sm_{cap[0]}{cap[1]}"
+    return f"Triton W4A16 decode kernels ({arch}, FP4 decoded in registers, bf16 mma)"
