@@ -1,0 +1,47 @@
+"""SGLang plugin entry point: ``sglang.srt.plugins: fp4ext = sglang_fp4ext.plugin:register``.
+
+SGLang calls ``register()`` in every process it starts (server main, scheduler/TP workers, DP
+controller, detokenizer) through ``sglang.srt.plugins.load_plugins()``, then applies all hooks.
+``register()`` is cheap and idempotent, imports SGLang only after the version check, and does
+nothing (with one warning) when the installed SGLang is outside the verified range.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_fp4ext import __version__, compat, envs
+
+__all__ = ["register"]
+
+logger = logging.getLogger("sglang_fp4ext")
+if envs.LOG_LEVEL.get():
+    logger.setLevel(envs.LOG_LEVEL.get().upper())
+
+
+def register() -> None:
+    """Make ``--moe-runner-backend fp4ext`` available in this process."""
+    status = compat.check_sglang()
+    if not status.ok:
+        logger.warning(
+            "sglang_fp4ext %s is inactive: %s. --moe-runner-backend fp4ext is not registered.",
+            __version__,
+            status.reason,
+        )
+        return
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, _current_plugin_source
+
+    from sglang_fp4ext import sglang_backend
+
+    applied = sglang_backend.install()
+    if _current_plugin_source.get() is None:
+        # Called directly (a script, not SGLang's loader): nobody applies the hooks for us.
+        HookRegistry.apply_hooks()
+    if applied:
+        logger.info(
+            "sglang_fp4ext %s registered with SGLang %s: %s",
+            __version__,
+            status.version,
+            ", ".join(applied),
+        )
