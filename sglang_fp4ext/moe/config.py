@@ -1,0 +1,242 @@
+"""Launch configs of the NVFP4 decode kernels: a frozen :class:`KernelConfig` per call.
+
+:func:`config_for` is a deterministic function of (token bucket, :class:`MoEShape`,
+:class:`Target`): a tuned table entry when one exists, else :func:`heuristic_config`. There is no
+autotuning on the serving path (a CUDA graph must capture a known config).
+
+**Tables** live in ``configs/<device name>.json`` (spaces replaced by ``_``, e.g.
+``NVIDIA_H200.json``)::
+
+    {"device_name": "NVIDIA H200",
+     "shapes": {"E=257,H=6144,I=256,top_k=9": {"1": {<KernelConfig fields>}, "2": {...}, ...}}}
+
+A shape key is ``E=<experts>,H=<hidden>,I=<per-rank intermediate>,top_k=<k>``; the inner keys are
+token buckets (powers of two). A call with ``T`` tokens uses bucket ``next_pow2(T)``, or the largest
+bucket of the table when ``T`` is beyond it. Missing shapes or devices fall back to the heuristic.
+
+**Heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
+experts. Rows are cut into ``block_n`` tiles and K into ``split_k`` parts until the expected number of
+busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reaches about
+three programs per SM, keeping at least 2 K chunks of 256 per split so each program streams enough
+bytes to keep loads in flight (kernel-techniques §5, Little's law).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
+
+__all__ = [
+    "KernelConfig",
+    "MoEShape",
+    "Target",
+    "config_for",
+    "heuristic_config",
+    "token_bucket",
+    "table_path",
+    "load_table",
+    "override_config",
+    "set_config_override",
+    "reset_config_override",
+    "current_target",
+]
+
+_CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def _pow2(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile and launch parameters of one (GEMM1, GEMM2) decode call. ``eval(repr(cfg)) == cfg``.
+
+    ``grid``: ``"slots"`` (one program per pair slot; non-leaders exit) or ``"experts"``.
+    ``block_t``: tokens per MMA tile (N side); ``block_p``: ids scanned per routing step.
+    ``block_n*``: weight rows per program (M side); ``split_k*``: K splits; ``warps*``/``stages*``:
+    Triton ``num_warps``/``num_stages``. Suffix 1 = GEMM1 (gate/up rows, interleaved), 2 = GEMM2.
+    """
+
+    grid: str = "slots"
+    block_t: int = 16
+    block_p: int = 128
+    block_n1: int = 64
+    split_k1: int = 1
+    warps1: int = 4
+    stages1: int = 3
+    block_n2: int = 64
+    split_k2: int = 1
+    warps2: int = 4
+    stages2: int = 3
+
+    def __post_init__(self):
+        if self.grid not in ("slots", "experts"):
+            raise ValueError(f"KernelConfig.grid must be 'slots' or 'experts', got {self.grid!r}")
+        for name in ("block_t", "block_p", "block_n1", "block_n2", "split_k1", "split_k2", "warps1", "warps2"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or not _pow2(v):
+                raise ValueError(f"KernelConfig.{name} must be a power of two, got {v!r}")
+        if not 16 <= self.block_t <= 128:
+            raise ValueError(f"KernelConfig.block_t must be in [16, 128], got {self.block_t}")
+        for name in ("block_n1", "block_n2"):
+            if not 16 <= getattr(self, name) <= ROW_ALIGN:
+                raise ValueError(f"KernelConfig.{name} must be in [16, {ROW_ALIGN}], got {getattr(self, name)}")
+        if self.block_n1 < 32:
+            raise ValueError("KernelConfig.block_n1 must be >= 32 (gate and up halves of >= 16 rows)")
+        if self.block_p < 16:
+            raise ValueError(f"KernelConfig.block_p must be >= 16, got {self.block_p}")
+        for name in ("stages1", "stages2"):
+            if not 1 <= getattr(self, name) <= 8:
+                raise ValueError(f"KernelConfig.{name} must be in [1, 8], got {getattr(self, name)}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown KernelConfig fields {sorted(unknown)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """Per-rank MoE shape: local experts ``E`` (incl. a fused shared expert), hidden ``H``,
+    per-rank intermediate ``I`` and ``top_k`` (9 with a fused shared expert)."""
+
+    E: int
+    H: int
+    I: int
+    top_k: int
+
+    def key(self) -> str:
+        return f"E={self.E},H={self.H},I={self.I},top_k={self.top_k}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the heuristic may know about the GPU: ``arch`` like ``"sm_90"``, device name, SMs."""
+
+    arch: str
+    device_name: str | None
+    num_sms: int
+
+
+#: Used without a GPU (CPU interpreter, AOT tests): an H200-sized machine.
+DEFAULT_TARGET = Target("sm_90", None, 132)
+
+
+def current_target(device=None) -> Target:
+    from sglang_fp4ext import target_info
+
+    cap = target_info.device_capability(device)
+    if cap is None:
+        return DEFAULT_TARGET
+    return Target(f"sm_{cap[0]}{cap[1]}", target_info.device_name(device), target_info.num_sms(device))
+
+
+def token_bucket(T: int) -> int:
+    """Smallest power of two >= T (1 for T <= 1)."""
+    return 1 if T <= 1 else 1 << (T - 1).bit_length()
+
+
+def _distinct_experts(T: int, E: int, k: int) -> float:
+    """Expected distinct experts hit by T tokens with uniform top-k routing."""
+    return E * (1.0 - (1.0 - min(k, E) / E) ** T)
+
+
+def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
+    """Deterministic default for any shape (see module docstring)."""
+    b = token_bucket(max(T, 1))
+    P = b * shape.top_k
+    grid = "slots" if P <= shape.E else "experts"
+    D = max(1.0, min(float(P), _distinct_experts(b, shape.E, shape.top_k)))
+    rows_per_expert = P / D
+    block_t = min(64, max(16, 1 << max(0, math.ceil(math.log2(max(rows_per_expert, 1.0))))))
+    want = 3 * target.num_sms
+    block_p = 256 if P > 128 else 128
+
+    def pick(n_rows: int, k: int) -> tuple[int, int]:
+        n_pad = -(-n_rows // ROW_ALIGN) * ROW_ALIGN
+        kc = -(-k // K_CHUNK)
+        block_n = 64
+        tiles = D * (n_pad // block_n)
+        split = 1
+        while tiles * split < want and kc // (split * 2) >= 2:
+            split *= 2
+        return block_n, split
+
+    bn1, sk1 = pick(2 * shape.I, shape.H)
+    bn2, sk2 = pick(shape.H, shape.I)
+    return KernelConfig(
+        grid=grid, block_t=block_t, block_p=block_p,
+        block_n1=bn1, split_k1=sk1, warps1=4, stages1=3,
+        block_n2=bn2, split_k2=sk2, warps2=4, stages2=3,
+    )
+
+
+def table_path(device_name: str) -> Path:
+    return _CONFIG_DIR / (device_name.replace(" ", "_").replace("/", "_") + ".json")
+
+
+@functools.cache
+def load_table(device_name: str) -> dict:
+    """{shape key: {bucket: KernelConfig}} from the device's JSON table ({} when none)."""
+    path = table_path(device_name)
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    return {
+        shape: {int(b): KernelConfig.from_dict(c) for b, c in buckets.items()}
+        for shape, buckets in raw.get("shapes", {}).items()
+    }
+
+
+_OVERRIDE: KernelConfig | None = None
+
+
+def set_config_override(cfg: KernelConfig | None) -> None:
+    """Test/benchmark only: force ``cfg`` for every call until :func:`reset_config_override`."""
+    global _OVERRIDE
+    if cfg is not None and not isinstance(cfg, KernelConfig):
+        raise TypeError(f"expected a KernelConfig, got {type(cfg).__name__}")
+    _OVERRIDE = cfg
+
+
+def reset_config_override() -> None:
+    set_config_override(None)
+
+
+@contextlib.contextmanager
+def override_config(cfg: KernelConfig):
+    prev = _OVERRIDE
+    set_config_override(cfg)
+    try:
+        yield cfg
+    finally:
+        set_config_override(prev)
+
+
+def config_for(T: int, shape: MoEShape, target: Target | None = None) -> KernelConfig:
+    """The config for ``T`` tokens: override, else tuned table entry, else heuristic."""
+    if _OVERRIDE is not None:
+        return _OVERRIDE
+    target = target or current_target()
+    if target.device_name:
+        buckets = load_table(target.device_name).get(shape.key())
+        if buckets:
+            b = token_bucket(T)
+            if b in buckets:
+                return buckets[b]
+            if b > max(buckets):
+                return buckets[max(buckets)]
+    return heuristic_config(T, shape, target)

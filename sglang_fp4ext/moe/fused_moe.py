@@ -1,0 +1,233 @@
+"""Public NVFP4 fused-MoE decode entry point: validate -> config -> workspaces -> 2 launches.
+
+``fused_moe_nvfp4(hidden_states, weights, topk_ids, topk_weights)`` returns the routed (and fused
+shared) experts' sum ``out[t] = sum_j topk_weights[t, j] * FFN_{topk_ids[t, j]}(x[t])`` as
+``(T, H)`` bf16, the per-rank partial sum SGLang expects. Ids ``< 0`` (experts of another EP rank)
+and ids ``>= E`` contribute nothing; a token with no local expert gets zeros. ``topk_weights`` is
+used as given (SGLang already folded the routed scaling factor into it).
+
+CUDA graphs: no host synchronisation, no allocation that depends on data, and a launch grid that
+depends only on ``T``, ``top_k``, the shape and the config. Workspaces are cached per device and
+grow only outside capture: call once per token count before capturing (SGLang's warm-up does).
+The arrival counters are left at zero by every call. Workspaces are shared by all layers, so
+calls must be ordered on one stream.
+
+The torch twin is ``sglang_fp4ext.moe.reference.fused_moe_nvfp4_torch`` (fp32 on dequantised
+weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_fp4ext import target_info
+from sglang_fp4ext.moe.config import KernelConfig, MoEShape, Target, config_for, current_target
+from sglang_fp4ext.moe.layout import K_CHUNK, KernelMatrix, prepare_w2, prepare_w13
+from sglang_fp4ext.moe.weights import MoEWeights
+
+__all__ = ["PreparedMoEWeights", "fused_moe_nvfp4", "launch_grids"]
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedMoEWeights:
+    """Expert weights in the kernel layout (``layout.py``), built once at load time."""
+
+    w13: KernelMatrix  # (E, 2I) gate/up rows interleaved, K = H
+    w2: KernelMatrix  # (E, H), K = I
+
+    @classmethod
+    def from_moe_weights(cls, w: MoEWeights) -> "PreparedMoEWeights":
+        return cls(
+            prepare_w13(w.w13, w.w13_scale, w.w13_scale_2),
+            prepare_w2(w.w2, w.w2_scale, w.w2_scale_2),
+        )
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.num_experts
+
+    @property
+    def hidden_size(self) -> int:
+        return self.w13.k
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.w13.n // 2
+
+    @property
+    def device(self) -> torch.device:
+        return self.w13.q.device
+
+    def shape(self, top_k: int) -> MoEShape:
+        return MoEShape(self.num_experts, self.hidden_size, self.intermediate_size, top_k)
+
+    def nbytes_per_expert(self) -> int:
+        """Bytes streamed per active expert (both projections, padding included)."""
+        return self.w13.nbytes_per_expert() + self.w2.nbytes_per_expert()
+
+    def to(self, device) -> "PreparedMoEWeights":
+        return PreparedMoEWeights(self.w13.to(device), self.w2.to(device))
+
+
+# ---- workspaces (cached per device, grown only outside graph capture) ----
+
+_WORKSPACES: dict[tuple[str, str], torch.Tensor] = {}
+
+
+def _workspace(device: torch.device, name: str, numel: int, dtype: torch.dtype, zero: bool) -> torch.Tensor:
+    key = (str(device), name)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < numel or buf.dtype != dtype:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"fused_moe_nvfp4: workspace {name!r} must grow to {numel} elements during CUDA-graph "
+                "capture; run the same token count once eagerly before capturing"
+            )
+        alloc = torch.zeros if zero else torch.empty
+        buf = alloc(max(numel, 1), dtype=dtype, device=device)
+        _WORKSPACES[key] = buf
+    return buf[:numel]
+
+
+def clear_workspaces() -> None:
+    """Drop the cached workspaces (tests)."""
+    _WORKSPACES.clear()
+
+
+# ---- validation ----
+
+
+def _fail(msg: str):
+    raise ValueError(f"fused_moe_nvfp4: {msg}")
+
+
+def _validate(x, weights, topk_ids, topk_weights, out):
+    if not isinstance(weights, PreparedMoEWeights):
+        raise TypeError(
+            "fused_moe_nvfp4: weights must be PreparedMoEWeights (build it once with "
+            f"PreparedMoEWeights.from_moe_weights(moe_weights)), got {type(weights).__name__}"
+        )
+    for name, t in (("hidden_states", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fused_moe_nvfp4: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            _fail(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            _fail(f"{name} must be contiguous")
+    if x.dtype != torch.bfloat16:
+        _fail(f"hidden_states must be bfloat16, got {x.dtype}")
+    if x.shape[1] != weights.hidden_size:
+        _fail(f"hidden_states has H={x.shape[1]} but the weights have hidden size {weights.hidden_size}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        _fail(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if topk_weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        _fail(f"topk_weights must be float32, bfloat16 or float16, got {topk_weights.dtype}")
+    if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        _fail(
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be "
+            f"(T, top_k) with T={x.shape[0]} tokens"
+        )
+    if topk_ids.shape[1] < 1:
+        _fail("top_k must be >= 1")
+    dev = weights.device
+    for name, t in (("hidden_states", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != dev:
+            _fail(f"{name} is on {t.device} but the weights are on {dev}")
+    if dev.type != "cuda" and not target_info.is_interpreter():
+        _fail(f"tensors must be on a CUDA device (got {dev}); CPU runs only under TRITON_INTERPRET=1")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
+            _fail("out must be a bfloat16 tensor")
+        if tuple(out.shape) != tuple(x.shape) or not out.is_contiguous() or out.device != dev:
+            _fail(f"out must be contiguous {tuple(x.shape)} on {dev}, got {tuple(out.shape)} on {out.device}")
+
+
+# ---- launch ----
+
+
+def launch_grids(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights):
+    """Static launch grids ((G1, NB1, SK1), (G2, NB2, SK2)) for ``T`` tokens."""
+    P = T * shape.top_k
+    slots = cfg.grid == "slots"
+    g1 = (P if slots else shape.E, w.w13.n_pad // cfg.block_n1, cfg.split_k1)
+    g2 = (P if slots else max(shape.E, T), w.w2.n_pad // cfg.block_n2, cfg.split_k2)
+    return g1, g2
+
+
+def fused_moe_nvfp4(
+    hidden_states: torch.Tensor,
+    weights: PreparedMoEWeights,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: KernelConfig | None = None,
+    deterministic: bool = True,
+    target: Target | None = None,
+) -> torch.Tensor:
+    """NVFP4 W4A16 MoE decode. Args:
+
+    hidden_states: (T, H) bf16; weights: :class:`PreparedMoEWeights` (E experts);
+    topk_ids: (T, top_k) int32/int64 in [-1, E); topk_weights: (T, top_k) fp32/bf16/fp16;
+    out: optional (T, H) bf16 destination; config: force a :class:`KernelConfig` (else
+    :func:`config_for`); deterministic: False uses fp32 atomics for the top-k combine (faster for
+    large T, not bit-reproducible). Returns ``out``.
+    """
+    _validate(hidden_states, weights, topk_ids, topk_weights, out)
+    T, H = hidden_states.shape
+    top_k = topk_ids.shape[1]
+    dev = hidden_states.device
+    if out is None:
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    if T == 0:
+        return out
+    shape = weights.shape(top_k)
+    if config is None:
+        config = config_for(T, shape, target or (current_target(dev) if dev.type == "cuda" else None))
+    from sglang_fp4ext.moe import _decode_kernels as K  # triton imported only when launching
+
+    w13, w2 = weights.w13, weights.w2
+    E, I = shape.E, shape.I
+    P = T * top_k
+    (g1, g2) = launch_grids(T, shape, config, weights)
+    kc1, kc2 = w13.k_pad // K_CHUNK, w2.k_pad // K_CHUNK
+    cps1, cps2 = -(-kc1 // config.split_k1), -(-kc2 // config.split_k2)
+    interp = target_info.is_interpreter()
+
+    inter = _workspace(dev, "inter", P * I, torch.bfloat16, zero=False)
+    ws1 = _workspace(dev, "ws1", config.split_k1 * P * w13.n_pad if config.split_k1 > 1 else 1,
+                     torch.float32, zero=False)
+    cnt1 = _workspace(dev, "cnt1", g1[0] * g1[1], torch.int32, zero=True)
+    if deterministic:
+        ws2 = _workspace(dev, "ws2", P * config.split_k2 * w2.n_pad, torch.float32, zero=False)
+    else:
+        ws2 = _workspace(dev, "acc2", T * w2.n_pad, torch.float32, zero=True)
+    cnt2 = _workspace(dev, "cnt2", T * g2[1], torch.int32, zero=True)
+
+    K._moe_gemm1[g1](
+        hidden_states, topk_ids, w13.q, w13.scale, w13.alpha, inter, ws1, cnt1,
+        P, E, H, I, w13.n_pad,
+        hidden_states.stride(0), w13.q.stride(0), w13.q.stride(1), w13.scale.stride(0),
+        w13.scale.stride(1),
+        kc1, cps1,
+        TOP_K=top_k, SLOT_MODE=config.grid == "slots", BN=config.block_n1, BT=config.block_t,
+        BLOCK_P=config.block_p, SPLIT_K=config.split_k1, COMPUTE_F32=interp,
+        num_warps=config.warps1, num_stages=config.stages1,
+    )
+    K._moe_gemm2[g2](
+        inter, topk_ids, topk_weights, w2.q, w2.scale, w2.alpha, out, ws2, cnt2,
+        T, P, E, H, I, w2.n_pad,
+        out.stride(0), w2.q.stride(0), w2.q.stride(1), w2.scale.stride(0), w2.scale.stride(1),
+        kc2, cps2,
+        TOP_K=top_k, K_POW2=triton_next_pow2(top_k), SLOT_MODE=config.grid == "slots",
+        BN=config.block_n2, BT=config.block_t, BLOCK_P=config.block_p, SPLIT_K=config.split_k2,
+        ATOMIC=not deterministic, COMPUTE_F32=interp,
+        num_warps=config.warps2, num_stages=config.stages2,
+    )
+    return out
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
