@@ -1,0 +1,207 @@
+"""The ``fp4ext`` command.
+
+``fp4ext info``  what is installed, whether SGLang will load the plugin, which GPU this is, which
+                 fp4ext kernel path it runs, and that GPU's spec row (dense and 2:4-sparse peaks
+                 kept apart).
+
+Works without SGLang and without a GPU (it says so), so it is also the first thing to run on a
+machine that is being set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import sys
+import warnings
+from typing import Any
+
+from sglang_fp4ext import __version__, compat, target_info
+
+__all__ = ["main", "collect_info"]
+
+_GROUP = "sglang.srt.plugins"
+_EP_NAME = "fp4ext"
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": None, "cuda": None}
+    return {"torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def _plugin_discovery() -> dict[str, Any]:
+    """Does SGLang's own loader find and load our entry point, given SGLANG_PLUGINS?"""
+    eps = [ep for ep in importlib.metadata.entry_points(group=_GROUP) if ep.name == _EP_NAME]
+    allowed = os.environ.get("SGLANG_PLUGINS", "")
+    allowed_set = {x.strip() for x in allowed.split(",") if x.strip()}
+    out: dict[str, Any] = {
+        "entry_point": f"{_GROUP}: {eps[0].name} = {eps[0].value}" if eps else None,
+        "sglang_plugins_env": allowed or None,
+        "excluded_by_sglang_plugins": bool(allowed_set) and _EP_NAME not in allowed_set,
+        "discovered_by_sglang": None,
+    }
+    try:
+        from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+    except Exception as exc:  # SGLang missing or broken: say so, do not fail `info`
+        out["discovered_by_sglang"] = None
+        out["sglang_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    sgl_logger = logging.getLogger("sglang.srt.plugins")
+    level = sgl_logger.level
+    sgl_logger.setLevel(logging.WARNING)  # the loader logs every plugin at INFO
+    try:
+        found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+    finally:
+        sgl_logger.setLevel(level)
+    out["discovered_by_sglang"] = _EP_NAME in found
+    return out
+
+
+def _gpu_info() -> dict[str, Any]:
+    cap = target_info.device_capability()
+    info: dict[str, Any] = {
+        "name": target_info.device_name(),
+        "capability": None if cap is None else f"sm_{cap[0]}{cap[1]}",
+        "sms": target_info.num_sms(),
+        "smem_per_block": target_info.smem_per_block(),
+        "kernel_path": target_info.kernel_path(cap),
+        "spec": None,
+    }
+    try:
+        from sglang_fp4ext import hardware
+    except ImportError:
+        return info
+    spec = hardware.spec_for_device_name(info["name"]) if info["name"] else None
+    info["spec"] = None if spec is None else hardware.spec_summary(spec)
+    return info
+
+
+def collect_info() -> dict[str, Any]:
+    sgl = compat.check_sglang()
+    return {
+        "sglang_fp4ext": __version__,
+        "python": platform.python_version(),
+        "sglang": sgl.version,
+        "sglang_supported": sgl.ok,
+        "sglang_support_reason": sgl.reason,
+        **_torch_info(),
+        "triton": _triton_version(),
+        "plugin": _plugin_discovery(),
+        "gpu": _gpu_info(),
+    }
+
+
+def _yn(v: bool | None) -> str:
+    return "n/a" if v is None else ("yes" if v else "NO")
+
+
+def _print_info(info: dict[str, Any]) -> None:
+    rows: list[tuple[str, str]] = []
+
+    def section(title: str) -> None:
+        rows.append((f"[{title}]", ""))
+
+    section("versions")
+    rows.append(("sglang_fp4ext", info["sglang_fp4ext"]))
+    rows.append(("python", info["python"]))
+    rows.append(
+        (
+            "SGLang",
+            "not installed"
+            if info["sglang"] is None
+            else f"{info['sglang']} ({'supported' if info['sglang_supported'] else 'UNSUPPORTED'}:"
+            f" needs {compat.SUPPORTED_SGLANG})",
+        )
+    )
+    cuda = f" (CUDA {info['cuda']})" if info.get("cuda") else " (CPU build)"
+    rows.append(("torch", "not installed" if info["torch"] is None else info["torch"] + cuda))
+    rows.append(("Triton", info["triton"] or "not installed"))
+
+    p = info["plugin"]
+    section("plugin")
+    rows.append(("entry point", p["entry_point"] or "not installed (package not pip-installed)"))
+    rows.append(("SGLANG_PLUGINS", p["sglang_plugins_env"] or "unset (every plugin loads)"))
+    if p["excluded_by_sglang_plugins"]:
+        rows.append(("", "fp4ext is NOT in SGLANG_PLUGINS: SGLang will not load it"))
+    disc = p["discovered_by_sglang"]
+    rows.append(
+        (
+            "SGLang loader finds it",
+            "n/a (SGLang not importable)" if disc is None else _yn(disc),
+        )
+    )
+
+    g = info["gpu"]
+    section("gpu")
+    if g["name"] is None:
+        rows.append(("device", "no CUDA GPU"))
+    else:
+        rows.append(("device", f"{g['name']} ({g['capability']}, {g['sms']} SMs)"))
+        if g["smem_per_block"]:
+            rows.append(("smem per block", f"{g['smem_per_block']:,} B (opt-in)"))
+    rows.append(("fp4ext kernel path", g["kernel_path"]))
+    if g["name"] is not None:
+        rows.append(("spec row", "unknown GPU: no spec row" if g["spec"] is None else ""))
+    width = max(len(k) for k, _ in rows) + 2
+    for k, v in rows:
+        print(k if k.startswith("[") else f"  {k:<{width}}{v}")
+    if g["spec"]:
+        for line in g["spec"].splitlines():
+            print(f"    {line}")
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings():
+        # CPU machines with only libcuda1 (so sgl_kernel imports): torch warns the driver is
+        # "too old", which here only means "no GPU" and is reported as such below.
+        warnings.filterwarnings("ignore", message="CUDA initialization")
+        info = collect_info()
+    if args.json:
+        json.dump(info, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        _print_info(info)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fp4ext", description="sglang_fp4ext: NVFP4 fused-MoE kernels for SGLang"
+    )
+    parser.add_argument("--version", action="version", version=f"sglang_fp4ext {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_info = sub.add_parser("info", help="versions, plugin discovery, GPU and kernel path")
+    p_info.add_argument("--json", action="store_true", help="machine-readable output")
+    p_info.set_defaults(func=_cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
