@@ -33,9 +33,9 @@ import triton.language as tl
 # The FP4 bit trick leaves values 2^-126 too small and the e4m3 bit trick 2^-120 too small.
 # Weights are decoded as w * 2^-26 (exact, normal range in bf16) and the epilogue multiplies by
 # 2^26 together with the per-row global scale.
-_TWO_P120 = 1.329227995784916e36  # 2^120
-_TWO_P100 = 1.2676506002282294e30  # 2^100
-_TWO_P26 = 67108864.0  # 2^26
+_TWO_P120 = tl.constexpr(1.329227995784916e36)  # 2^120
+_TWO_P100 = tl.constexpr(1.2676506002282294e30)  # 2^100
+_TWO_P26 = tl.constexpr(67108864.0)  # 2^26
 
 
 @triton.jit
@@ -248,17 +248,17 @@ def _moe_gemm2(
             tl.debug_barrier()
             tok64 = tok.to(tl.int64)
             if ATOMIC:
-                ap = ws_ptr + tok64[:, None] * NP + rows[None, :]
-                o = tl.load(ap, mask=last[:, None], other=0.0, cache_modifier=".cg")
-                tl.store(ap, tl.zeros([BT, BN], dtype=tl.float32), mask=last[:, None])
+                accp = ws_ptr + tok64[:, None] * NP + rows[None, :]
+                o = tl.load(accp, mask=last[:, None], other=0.0, cache_modifier=".cg")
+                tl.store(accp, tl.zeros([BT, BN], dtype=tl.float32), mask=last[:, None])
             else:
                 o = tl.zeros([BT, BN], dtype=tl.float32)
                 for j in tl.static_range(TOP_K):  # fixed order: slot j, then split s
                     idj = tl.load(ids_ptr + tok * TOP_K + j, mask=last, other=-1).to(tl.int32)
                     vj = last & (idj >= 0) & (idj < E)
                     for s in tl.static_range(SPLIT_K):
-                        wp = ws_ptr + ((tok64 * TOP_K + j) * SPLIT_K + s)[:, None] * NP + rows[None, :]
-                        o += tl.load(wp, mask=vj[:, None], other=0.0, cache_modifier=".cg")
+                        rp = ws_ptr + ((tok64 * TOP_K + j) * SPLIT_K + s)[:, None] * NP + rows[None, :]
+                        o += tl.load(rp, mask=vj[:, None], other=0.0, cache_modifier=".cg")
             op = out_ptr + tok64[:, None] * stride_out + rows[None, :]
             tl.store(op, o.to(tl.bfloat16), mask=last[:, None] & (rows[None, :] < H))
             tl.store(cp, tl.zeros([BT], dtype=tl.int32), mask=last)
