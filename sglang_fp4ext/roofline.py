@@ -1,0 +1,464 @@
+"""MoE decode roofline: bytes that must move, the time floor, efficiencies and projections.
+
+Decode MoE is bound by bandwidth and latency, not FLOPs (kernel-techniques.md §5). Per MoE layer,
+per decode step, per GPU:
+
+* ``D(B) = E·(1 − (1 − k/E)^B)``: expected distinct experts that ``B`` tokens touch with top-``k``
+  of ``E`` under uniform routing (real routing is skewed, so measured ``D`` is usually smaller;
+  benchmarks count it from the actual ``topk_ids`` with :func:`distinct_experts`). Under EP the
+  per-rank mean is ``E_local·(1 − (1 − k/E)^B)``; the step waits for the busiest rank
+  (:func:`expected_busiest_rank_experts`).
+* ``bytes = D · expert_bytes`` (+ activations), ``T_min = bytes / BW``.
+
+**NVFP4 W4A16 bytes per expert** (:func:`nvfp4_expert_bytes`, SGLang's layout as in
+``moe/weights.py``), for hidden ``H`` and per-rank intermediate ``I``:
+
+==================  ===============  ==================================================
+tensors             bytes            what
+==================  ===============  ==================================================
+``w13``, ``w2``     ``3·H·I / 2``    E2M1 codes, two per byte
+``*_scale``         ``3·H·I / 16``   one e4m3 block scale per 16 weights along K
+``*_scale_2``       ``3 · 4``        fp32 globals: ``w13_scale_2`` (gate, up), ``w2_scale_2``
+==================  ===============  ==================================================
+
+Not counted: ``*_input_scale`` (W4A4 only; W4A16 never reads them), router weights and logits,
+``topk_ids``/``topk_weights``, and the GEMM1→GEMM2 intermediate (a fused kernel never writes it;
+writing it is an implementation cost, not part of the floor). Activations are counted only when
+``tokens`` is given: the bf16 input read once and the bf16 output written once, ``2·T·H·2`` B.
+GLM-5 TP8 (H=6144, I=256): 2,654,220 B per expert; EP8 (I=2048): 21,233,676 B (HM §6).
+
+Efficiency is stated against **bandwidth measured on the same GPU in the same run**, against the
+spec bandwidth, or against the **dense** tensor peak (``hardware.dense_peak``), and each
+:class:`Efficiency` carries a ``basis`` string saying which. A :class:`Projection` to another GPU
+is always labelled as such (``projection=True``).
+
+Units: bytes, microseconds, bytes/s (``*_Bps``), TFLOP/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_fp4ext.hardware import GPUSpec, dense_peak
+
+__all__ = [
+    "PRESETS",
+    "Efficiency",
+    "ModelShape",
+    "Projection",
+    "achieved_Bps",
+    "achieved_tbps",
+    "activation_bytes",
+    "bandwidth_efficiency",
+    "bandwidth_fraction",
+    "bytes_floor",
+    "compute_efficiency",
+    "distinct_experts",
+    "distinct_experts_tensor",
+    "expected_busiest_rank_experts",
+    "expected_distinct_experts",
+    "moe_flops",
+    "nvfp4_expert_bytes",
+    "preset",
+    "projection",
+    "spec_bandwidth_efficiency",
+    "time_floor_us",
+]
+
+NVFP4_BLOCK = 16
+_GLOBAL_SCALE_BYTES = 3 * 4  # w13_scale_2 (gate, up) + w2_scale_2, fp32
+
+
+# ---- expected and actual distinct experts -----------------------------------------------------
+
+
+def expected_distinct_experts(tokens: int, n_experts: int, top_k: int) -> float:
+    """``D(B) = E·(1 − (1 − k/E)^B)``: expected distinct experts under uniform top-k routing."""
+    if n_experts < 1 or not 1 <= top_k <= n_experts:
+        raise ValueError(f"need 1 <= top_k <= n_experts, got top_k={top_k}, n_experts={n_experts}")
+    if tokens < 0:
+        raise ValueError(f"tokens must be >= 0, got {tokens}")
+    return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
+
+
+def expected_busiest_rank_experts(
+    tokens: int, n_experts: int, top_k: int, ep: int, *, samples: int = 2000, generator=None
+) -> float:
+    """Monte Carlo mean, over uniform routings, of the most local experts any of ``ep`` ranks
+    touches (expert ``e`` lives on rank ``e // (E/ep)``). The EP step waits for this rank."""
+    import torch
+
+    if n_experts % ep:
+        raise ValueError(f"n_experts={n_experts} is not divisible by ep={ep}")
+    expected_distinct_experts(tokens, n_experts, top_k)  # validates the rest
+    if tokens == 0:
+        return 0.0
+    total, chunk = 0.0, max(1, (1 << 22) // (tokens * n_experts))
+    for start in range(0, samples, chunk):
+        s = min(chunk, samples - start)
+        # top-k of iid uniforms = a uniform k-subset, i.e. uniform routing without replacement
+        ids = torch.rand(s, tokens, n_experts, generator=generator).topk(top_k, dim=-1).indices
+        hit = torch.zeros(s, n_experts, dtype=torch.bool)
+        hit.scatter_(1, ids.reshape(s, -1), True)
+        total += hit.view(s, ep, n_experts // ep).sum(-1).amax(-1).double().sum().item()
+    return total / samples
+
+
+def distinct_experts_tensor(topk_ids):
+    """Number of distinct ids ``>= 0`` in ``topk_ids`` (any shape, integer dtype), as a 0-d
+    int64 tensor on the same device. Sort-based, so no host sync (``-1`` = not local under EP)."""
+    import torch
+
+    if (
+        topk_ids.dtype.is_floating_point
+        or topk_ids.dtype.is_complex
+        or topk_ids.dtype == torch.bool
+    ):
+        raise TypeError(f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    if ids.numel() == 0:
+        return torch.zeros((), dtype=torch.int64, device=ids.device)
+    s = torch.sort(ids).values
+    first = torch.ones_like(s, dtype=torch.bool)
+    first[1:] = s[1:] != s[:-1]
+    return (first & (s >= 0)).sum()
+
+
+def distinct_experts(topk_ids) -> int:
+    """Distinct expert ids ``>= 0`` actually present in ``topk_ids``, as an int for reporting
+    (one host sync to read it)."""
+    return int(distinct_experts_tensor(topk_ids).item())
+
+
+# ---- bytes, time, FLOPs -----------------------------------------------------------------------
+
+
+def nvfp4_expert_bytes(hidden: int, intermediate: int) -> int:
+    """Bytes one NVFP4 expert streams in a W4A16 MoE (w13 + w2 codes, e4m3 block scales, fp32
+    globals; table in the module docstring). ``intermediate`` is the per-rank size."""
+    for name, v in (("hidden", hidden), ("intermediate", intermediate)):
+        if v <= 0 or v % NVFP4_BLOCK:
+            raise ValueError(
+                f"{name}={v} must be a positive multiple of {NVFP4_BLOCK} (NVFP4 block)"
+            )
+    weights = 3 * hidden * intermediate
+    return weights // 2 + weights // NVFP4_BLOCK + _GLOBAL_SCALE_BYTES
+
+
+def activation_bytes(tokens: int, hidden: int) -> int:
+    """bf16 hidden states read once and the bf16 output written once: ``2·T·H·2``."""
+    if tokens < 0:
+        raise ValueError(f"tokens must be >= 0, got {tokens}")
+    return 2 * tokens * hidden * 2
+
+
+def bytes_floor(n_distinct: float, hidden: int, intermediate: int, *, tokens: int = 0) -> float:
+    """Minimum bytes one MoE layer moves on one GPU: ``n_distinct`` experts' NVFP4 weights,
+    plus activations when ``tokens`` > 0. ``n_distinct`` may be an expectation (float)."""
+    if n_distinct < 0:
+        raise ValueError(f"n_distinct must be >= 0, got {n_distinct}")
+    return n_distinct * nvfp4_expert_bytes(hidden, intermediate) + activation_bytes(tokens, hidden)
+
+
+def time_floor_us(nbytes: float, bandwidth_Bps: float) -> float:
+    """``bytes / bandwidth`` in microseconds."""
+    if bandwidth_Bps <= 0:
+        raise ValueError(f"bandwidth_Bps must be > 0, got {bandwidth_Bps}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    return nbytes / bandwidth_Bps * 1e6
+
+
+def achieved_Bps(nbytes: float, time_us: float) -> float:
+    if time_us <= 0:
+        raise ValueError(f"time_us must be > 0, got {time_us}")
+    return nbytes / (time_us * 1e-6)
+
+
+def achieved_tbps(nbytes: float, time_us: float) -> float:
+    return achieved_Bps(nbytes, time_us) / 1e12
+
+
+def bandwidth_fraction(nbytes: float, time_us: float, bandwidth_Bps: float) -> float:
+    """Achieved bytes/s over ``bandwidth_Bps``."""
+    if bandwidth_Bps <= 0:
+        raise ValueError(f"bandwidth_Bps must be > 0, got {bandwidth_Bps}")
+    return achieved_Bps(nbytes, time_us) / bandwidth_Bps
+
+
+def moe_flops(tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
+    """``2·T·k·3·H·I``: GEMM1 (2I x H) plus GEMM2 (H x I) per routed (token, expert) pair."""
+    if min(tokens, top_k, hidden, intermediate) < 0:
+        raise ValueError("tokens, top_k, hidden and intermediate must be >= 0")
+    return 2 * tokens * top_k * 3 * hidden * intermediate
+
+
+# ---- model shapes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """An MoE layer as one GPU sees it.
+
+    ``tp``: MoE tensor parallel, every rank holds all experts with ``I/tp``. ``ep``: expert
+    parallel, every rank holds ``E/ep`` experts with full ``I`` (SGLang gives non-local slots
+    id ``-1``). ``fuse_shared``: SGLang's shared-expert fusion under TP, which appends the shared
+    expert(s) as extra local experts chosen by every token (GLM-5 TP8: E=257, top_k=9); SGLang
+    turns fusion off under EP>1 on CUDA, where the shared expert is a separate MLP, not counted.
+    """
+
+    name: str
+    n_experts: int  # routed experts in the model (E)
+    top_k: int  # routed experts per token (k)
+    hidden: int  # H
+    moe_intermediate: int  # full per-expert FFN width before TP sharding
+    n_moe_layers: int
+    n_shared: int = 0
+    tp: int = 1
+    ep: int = 1
+    fuse_shared: bool = False
+    source: str = ""
+
+    def __post_init__(self):
+        if self.tp < 1 or self.ep < 1 or (self.tp > 1 and self.ep > 1):
+            raise ValueError(
+                f"{self.name}: need tp >= 1, ep >= 1, not both > 1 (tp={self.tp}, ep={self.ep})"
+            )
+        if self.n_experts % self.ep:
+            raise ValueError(
+                f"{self.name}: n_experts={self.n_experts} not divisible by ep={self.ep}"
+            )
+        if self.moe_intermediate % self.tp:
+            raise ValueError(
+                f"{self.name}: moe_intermediate={self.moe_intermediate} not divisible by "
+                f"tp={self.tp}"
+            )
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"{self.name}: need 1 <= top_k <= n_experts")
+        if self.fuse_shared and (self.n_shared < 1 or self.ep > 1):
+            raise ValueError(f"{self.name}: fuse_shared needs n_shared >= 1 and ep == 1")
+        nvfp4_expert_bytes(self.hidden, self.I_local)  # validates NVFP4 divisibility
+
+    @property
+    def E_local(self) -> int:
+        """Experts in this rank's weight tensors (routed local + fused shared)."""
+        return self.n_experts // self.ep + (self.n_shared if self.fuse_shared else 0)
+
+    @property
+    def I_local(self) -> int:
+        return self.moe_intermediate // self.tp
+
+    @property
+    def top_k_local(self) -> int:
+        """Ids per token in ``topk_ids`` (routed + fused shared)."""
+        return self.top_k + (self.n_shared if self.fuse_shared else 0)
+
+    @property
+    def expert_bytes(self) -> int:
+        return nvfp4_expert_bytes(self.hidden, self.I_local)
+
+    def expected_distinct(self, tokens: int) -> float:
+        """Expected experts one rank streams for ``tokens`` (EP: the per-rank mean)."""
+        frac = expected_distinct_experts(tokens, self.n_experts, self.top_k) / self.n_experts
+        shared = self.n_shared if (self.fuse_shared and tokens > 0) else 0
+        return self.n_experts // self.ep * frac + shared
+
+    def bytes_floor(self, n_distinct: float, *, tokens: int = 0) -> float:
+        return bytes_floor(n_distinct, self.hidden, self.I_local, tokens=tokens)
+
+    def flops(self, tokens: int) -> float:
+        """FLOPs one rank does for one layer (EP: mean over ranks under uniform routing)."""
+        return moe_flops(tokens, self.top_k_local, self.hidden, self.I_local) / self.ep
+
+
+_GLM5_SRC = (
+    "hardware-and-model.md §5 (https://huggingface.co/zai-org/GLM-5-FP8/blob/main/config.json: "
+    "hidden 6144, 256 routed top-8, 1 shared, moe_intermediate_size 2048, layers 3-77 MoE) and §6"
+)
+_DSR1_SRC = (
+    "https://huggingface.co/deepseek-ai/DeepSeek-R1/blob/main/config.json (hidden 7168, 256 routed "
+    "top-8, 1 shared, moe_intermediate_size 2048, 61 layers, first_k_dense_replace 3; mirrored in "
+    "github.com/zyzshishui/slime scripts/models/deepseek-v3.sh); NVFP4 checkpoint "
+    "https://huggingface.co/nvidia/DeepSeek-R1-0528-NVFP4 (hardware-and-model.md §8.2)"
+)
+_QCODER_SRC = (
+    "https://huggingface.co/Qwen/Qwen3-Coder-480B-A35B-Instruct (hidden 6144, 160 experts top-8, "
+    "moe_intermediate_size 2560, 62 layers all MoE, no shared expert; mirrored in "
+    "github.com/zyzshishui/miles scripts/models/qwen3-coder-480B-A35B.sh); NVFP4 checkpoint "
+    "https://huggingface.co/nvidia/Qwen3-Coder-480B-A35B-Instruct-NVFP4"
+)
+
+PRESETS: dict[str, ModelShape] = {
+    s.name: s
+    for s in (
+        ModelShape("glm5-tp8", 256, 8, 6144, 2048, 75, n_shared=1, tp=8, source=_GLM5_SRC),
+        ModelShape(
+            "glm5-tp8-fused-shared",
+            256,
+            8,
+            6144,
+            2048,
+            75,
+            n_shared=1,
+            tp=8,
+            fuse_shared=True,
+            source=_GLM5_SRC,
+        ),
+        ModelShape("glm5-ep8", 256, 8, 6144, 2048, 75, n_shared=1, ep=8, source=_GLM5_SRC),
+        ModelShape(
+            "deepseek-r1-nvfp4-tp8", 256, 8, 7168, 2048, 58, n_shared=1, tp=8, source=_DSR1_SRC
+        ),
+        ModelShape("qwen3-coder-480b-nvfp4-tp8", 160, 8, 6144, 2560, 62, tp=8, source=_QCODER_SRC),
+    )
+}
+
+
+def preset(name: str) -> ModelShape:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KeyError(f"no model preset {name!r}; known: {sorted(PRESETS)}") from None
+
+
+# ---- efficiency -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """``fraction = achieved / reference``; ``basis`` names the reference, e.g. "measured copy
+    bandwidth 4.27 TB/s (this run)" or "dense BF16 peak 989 TFLOPS (NVIDIA H200 (SXM))"."""
+
+    fraction: float
+    achieved: float
+    unit: str
+    basis: str
+
+    def __str__(self) -> str:
+        return f"{self.achieved:.3g} {self.unit} = {self.fraction:.1%} of {self.basis}"
+
+
+def bandwidth_efficiency(
+    nbytes: float, time_us: float, measured_bw_Bps: float, *, what: str = "copy bandwidth"
+) -> Efficiency:
+    """Against bandwidth measured on this GPU in this run (the preferred basis)."""
+    return Efficiency(
+        bandwidth_fraction(nbytes, time_us, measured_bw_Bps),
+        achieved_tbps(nbytes, time_us),
+        "TB/s",
+        f"measured {what} {measured_bw_Bps / 1e12:.3g} TB/s (this run)",
+    )
+
+
+def spec_bandwidth_efficiency(nbytes: float, time_us: float, spec: GPUSpec) -> Efficiency:
+    src = spec.source("mem_bandwidth_gbs")
+    kind = src.kind if src is not None else "?"
+    return Efficiency(
+        bandwidth_fraction(nbytes, time_us, spec.mem_bandwidth_Bps),
+        achieved_tbps(nbytes, time_us),
+        "TB/s",
+        f"spec DRAM bandwidth {spec.mem_bandwidth_gbs / 1e3:.3g} TB/s ({spec.name}, {kind})",
+    )
+
+
+def compute_efficiency(flops: float, time_us: float, spec: GPUSpec, precision: str) -> Efficiency:
+    """Against the **dense** tensor peak; refuses where the table has none (never sparse)."""
+    peak = dense_peak(spec, precision)
+    src = spec.source(f"dense.{precision}")
+    if peak is None:
+        why = src.cite if src is not None else "no figure"
+        raise ValueError(f"{spec.name} has no dense {precision} peak to compare against: {why}")
+    if time_us <= 0:
+        raise ValueError(f"time_us must be > 0, got {time_us}")
+    tflops = flops / (time_us * 1e-6) / 1e12
+    return Efficiency(
+        tflops / peak,
+        tflops,
+        "TFLOP/s",
+        f"dense {precision.upper()} peak {peak:g} TFLOPS ({spec.name}, {src.kind})",
+    )
+
+
+# ---- projection to another GPU ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A time **projected** for ``target``, not measured there. ``projection`` is always True so
+    that no report can mistake it for a measurement."""
+
+    target: str
+    projected_us: float
+    measured_us: float
+    nbytes: float
+    fixed_us: float  # carried over unscaled (e.g. launch latency measured with no work)
+    scaled_us: float  # the bandwidth-bound part after scaling
+    target_bw_Bps: float  # streaming bandwidth assumed on the target
+    target_floor_us: float  # nbytes / target_bw_Bps
+    assumptions: tuple[str, ...]
+    projection: bool = True
+
+    def __post_init__(self):
+        if self.projection is not True:
+            raise ValueError("a Projection is always labelled projection=True")
+
+    def label(self) -> str:
+        return (
+            f"PROJECTION (not measured) for {self.target}: {self.projected_us:.1f} us "
+            f"(floor {self.target_floor_us:.1f} us at {self.target_bw_Bps / 1e12:.3g} TB/s; "
+            + "; ".join(self.assumptions)
+            + ")"
+        )
+
+
+def projection(
+    measured_us: float,
+    nbytes: float,
+    measured_bw_Bps: float,
+    target_spec: GPUSpec,
+    *,
+    source_spec: GPUSpec | None = None,
+    fixed_us: float = 0.0,
+) -> Projection:
+    """Project a time measured here onto ``target_spec`` by scaling its bandwidth-bound part.
+
+    ``measured_us - fixed_us`` is treated as bandwidth-bound and scaled by
+    ``measured_bw / target_bw``, i.e. the kernel is assumed to reach the same fraction of the
+    streaming bandwidth on the target. ``target_bw`` = the target's spec bandwidth times this
+    GPU's measured/spec ratio when ``source_spec`` is given (the ratio cancels: the scale is
+    ``source spec / target spec``); without it, the target's spec bandwidth (optimistic, said
+    so). ``fixed_us`` (e.g. launch latency measured with no work) is carried over unscaled.
+    Compute, clocks, L2 size and SM count are not modelled: decode MoE is bandwidth/latency bound.
+    """
+    if measured_us <= 0 or measured_bw_Bps <= 0 or nbytes < 0:
+        raise ValueError("need measured_us > 0, measured_bw_Bps > 0, nbytes >= 0")
+    if not 0 <= fixed_us < measured_us:
+        raise ValueError(f"need 0 <= fixed_us < measured_us, got {fixed_us} and {measured_us}")
+    assumptions = ["same fraction of streaming bandwidth as measured here"]
+    if source_spec is not None:
+        eff = measured_bw_Bps / source_spec.mem_bandwidth_Bps
+        target_bw = target_spec.mem_bandwidth_Bps * eff
+        assumptions.append(
+            f"target streams at {eff:.0%} of its spec bandwidth, as {source_spec.name} did here"
+        )
+    else:
+        target_bw = target_spec.mem_bandwidth_Bps
+        assumptions.append("target streams at its full spec bandwidth (optimistic)")
+    if fixed_us:
+        assumptions.append(f"{fixed_us:g} us fixed cost carried over unscaled")
+    bw_part = measured_us - fixed_us
+    if nbytes / measured_bw_Bps * 1e6 > bw_part:
+        assumptions.append(
+            "measured time beats the bytes floor at the measured bandwidth (L2 hits?)"
+        )
+    scaled = bw_part * measured_bw_Bps / target_bw
+    return Projection(
+        target=target_spec.name,
+        projected_us=fixed_us + scaled,
+        measured_us=measured_us,
+        nbytes=nbytes,
+        fixed_us=fixed_us,
+        scaled_us=scaled,
+        target_bw_Bps=target_bw,
+        target_floor_us=time_floor_us(nbytes, target_bw),
+        assumptions=tuple(assumptions),
+    )
