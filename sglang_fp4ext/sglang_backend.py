@@ -10,8 +10,14 @@ Hooks (all AROUND, on ``ModelOptNvFp4FusedMoEMethod``; manifest in ``patches/REA
   on SM80+ (and on the CPU through the torch reference), so the original constructor runs under
   ``override_platform(is_blackwell=True)``.
 * ``process_weights_after_loading`` - fp4ext builds its own kernel layout instead of SGLang's
-  CUTLASS swizzle (which would overwrite the row-major block scales in place).
+  CUTLASS swizzle (which would overwrite the row-major block scales in place). W4A16: the static
+  input scales are not used, so nothing of SGLang's alpha/input-scale math runs either.
 * ``apply`` - runs the fp4ext runner core instead of raising "Unsupported moe_runner_backend".
+
+Expert paths (chosen per layer from its device, announced once per process in the log):
+``triton`` on a CUDA GPU of SM80 or newer (``moe.fused_moe.fused_moe_nvfp4`` on the kernel layout),
+``reference`` elsewhere (CPU, older GPUs: ``moe.reference.fused_moe_nvfp4_torch`` in fp32 on
+the checkpoint layout; correct and slow, meant for tests and bring-up).
 
 SGLang only logs exceptions raised by plugins and by ``HookRegistry.apply_hooks``; so the runner
 factory, called while SGLang builds each MoE layer, checks that every hook is in place and raises
@@ -25,18 +31,22 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sglang.srt.layers.moe.moe_runner.base import DispatchMoeRunnerCore, MoeRunnerConfig
+import torch
+from sglang.srt.layers.moe.moe_runner.base import (
+    DispatchMoeRunnerCore,
+    MoeQuantInfo,
+    MoeRunnerConfig,
+)
 from sglang.srt.layers.moe.utils import get_moe_runner_backend, resolve_moe_runner_backend
+
+from sglang_fp4ext import target_info
+from sglang_fp4ext.moe.weights import MoEWeights
 
 logger = logging.getLogger("sglang_fp4ext")
 
 BACKEND_NAME = "fp4ext"
 METHOD_CLASS = "sglang.srt.layers.quantization.modelopt_quant.ModelOptNvFp4FusedMoEMethod"
 
-_PENDING = (
-    "fp4ext: {what} for SGLang's NVFP4 MoE layers lands with issue 9 (SGLang wiring); the "
-    "Triton kernels land with issue 4. Until then use another --moe-runner-backend."
-)
 
 
 def is_fp4ext(backend: Any) -> bool:
@@ -70,14 +80,145 @@ def hook_process_weights_after_loading(original: Callable, self, *args, **kwargs
     """AROUND ``process_weights_after_loading``: fp4ext prepares its own layout."""
     if not is_fp4ext(_backend_of(self)):
         return original(self, *args, **kwargs)
-    raise NotImplementedError(_PENDING.format(what="weight processing"))
+    layer = kwargs["layer"] if "layer" in kwargs else args[0]
+    process_weights(self, layer)
 
 
 def hook_apply(original: Callable, self, *args, **kwargs):
     """AROUND ``apply`` (called with keywords ``layer=``, ``dispatch_output=``)."""
     if not is_fp4ext(_backend_of(self)):
         return original(self, *args, **kwargs)
-    raise NotImplementedError(_PENDING.format(what="the MoE forward"))
+    names = ("layer", "dispatch_output")
+    bound = dict(zip(names, args))
+    bound.update({k: v for k, v in kwargs.items() if k in names})
+    layer, dispatch_output = bound["layer"], bound["dispatch_output"]
+    info = getattr(layer, "_fp4ext_quant_info", None)
+    if info is None:
+        raise RuntimeError(
+            f"fp4ext: MoE layer {_layer_name(layer)} runs before its weights were processed "
+            "(process_weights_after_loading did not run through sglang_fp4ext)"
+        )
+    return self.runner.run(dispatch_output, info)
+
+
+# ---- weight processing -------------------------------------------------------------------------
+
+_ANNOUNCED: set[str] = set()
+
+
+def _layer_name(layer) -> str:
+    prefix = getattr(layer, "prefix", None) or getattr(layer, "_prefix", None)
+    layer_id = getattr(layer, "layer_id", None)
+    return prefix or f"layer_id={layer_id}"
+
+
+def expert_path(device: torch.device) -> str:
+    """``triton`` where our kernels run (CUDA, SM80+), else ``reference``."""
+    if device.type == "cuda" and target_info.supports_triton_w4a16(
+        target_info.device_capability(device)
+    ):
+        return "triton"
+    return "reference"
+
+
+def _announce(path: str, device: torch.device) -> None:
+    if path in _ANNOUNCED:
+        return
+    _ANNOUNCED.add(path)
+    if path == "triton":
+        cap = target_info.device_capability(device)
+        logger.info("fp4ext MoE layers run %s", target_info.kernel_path(cap))
+    else:
+        logger.warning(
+            "fp4ext MoE layers on %s run the fp32 torch reference (no SM80+ CUDA GPU): correct "
+            "but slow, meant for tests and bring-up",
+            device,
+        )
+
+
+@dataclass
+class Fp4ExtQuantInfo(MoeQuantInfo):
+    """What the runner core needs for one layer: its weights and which path runs them."""
+
+    path: str  # "triton" | "reference"
+    weights: Any  # PreparedMoEWeights for triton, MoEWeights for reference
+
+
+def _check_supported(method, layer) -> None:
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
+
+    cfg = layer.moe_runner_config
+    name = _layer_name(layer)
+    a2a = get_moe_a2a_backend()
+    if not a2a.is_none():
+        raise NotImplementedError(
+            f"fp4ext: MoE layer {name}: --moe-a2a-backend {a2a.value} is not supported; "
+            "fp4ext serves the standard dispatcher (--moe-a2a-backend none) with --ep-size 1 or N"
+        )
+    if not cfg.is_gated or cfg.activation != "silu":
+        raise NotImplementedError(
+            f"fp4ext: MoE layer {name}: activation {cfg.activation!r} (gated={cfg.is_gated}) is "
+            "not supported; fp4ext implements the gated SiLU MLP (SwiGLU) of GLM/DeepSeek/Qwen MoE"
+        )
+    if cfg.apply_router_weight_on_input:
+        raise NotImplementedError(
+            f"fp4ext: MoE layer {name}: apply_router_weight_on_input is not supported"
+        )
+    for knob in ("gemm1_alpha", "gemm1_clamp_limit", "swiglu_limit"):
+        if getattr(cfg, knob, None) is not None:
+            raise NotImplementedError(
+                f"fp4ext: MoE layer {name}: {knob}={getattr(cfg, knob)} (clamped/scaled SwiGLU) is "
+                "not supported"
+            )
+
+
+def process_weights(method, layer) -> None:
+    """Build fp4ext's weights for ``layer`` from SGLang's loaded NVFP4 parameters.
+
+    SGLang loads ModelOpt tensors into ``w13_weight (E, 2I, H/2)`` (rows gate then up: fp4ext's
+    ``load_up_proj_weight_first`` is False), ``w13_weight_scale (E, 2I, H/16)`` row-major e4m3,
+    ``w13_weight_scale_2 (E, 2)`` (gate, up), ``w2_*`` likewise; E = local experts (plus a fused
+    shared expert), so EP needs no slicing. The static input scales are unused (W4A16).
+    """
+    _check_supported(method, layer)
+    if getattr(layer, "inference_moe_w13_interleaved", False) and not getattr(
+        layer, "_w13_deinterleaved", False
+    ):
+        from sglang.srt.layers.quantization.modelopt_quant import deinterleave_w13
+
+        layer.w13_weight.data = deinterleave_w13(layer.w13_weight.data, up_first=False)
+        layer.w13_weight_scale.data = deinterleave_w13(layer.w13_weight_scale.data, up_first=False)
+        layer._w13_deinterleaved = True
+
+    weights = MoEWeights(
+        w13=layer.w13_weight.data,
+        w13_scale=layer.w13_weight_scale.data,
+        w13_scale_2=layer.w13_weight_scale_2.data.float().reshape(-1, 2),
+        w2=layer.w2_weight.data,
+        w2_scale=layer.w2_weight_scale.data,
+        w2_scale_2=layer.w2_weight_scale_2.data.float().reshape(-1),
+    )
+    device = weights.device
+    path = expert_path(device)
+    if path == "triton":
+        from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
+
+        prepared = PreparedMoEWeights.from_moe_weights(weights)
+        # The kernel layout holds everything now: drop the checkpoint-layout copies.
+        for name in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"):
+            param = getattr(layer, name)
+            param.data = torch.empty(0, dtype=param.dtype, device=device)
+        info = Fp4ExtQuantInfo(path=path, weights=prepared)
+    else:
+        info = Fp4ExtQuantInfo(path=path, weights=weights)
+    # SGLang's CUTLASS path would swizzle into these; fp4ext never reads them (1/9 of the expert
+    # bytes on GLM-5 until freed).
+    for name in ("w13_blockscale_swizzled", "w2_blockscale_swizzled"):
+        if getattr(layer, name, None) is not None:
+            setattr(layer, name, None)
+    layer.dispatcher.set_quant_config({"input_global_scale": None})
+    layer._fp4ext_quant_info = info
+    _announce(path, device)
 
 
 @dataclass(frozen=True)
@@ -149,7 +290,36 @@ class Fp4ExtRunnerCore(DispatchMoeRunnerCore):
         return resolve_moe_runner_backend(BACKEND_NAME)
 
     def run_from_dispatch(self, dispatch_output, quant_info, runner_config, hooks=None):
-        raise NotImplementedError(_PENDING.format(what="the runner core"))
+        from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
+        from sglang.srt.layers.moe.topk import TopKOutputChecker
+
+        if hooks is not None:
+            raise NotImplementedError("fp4ext does not run MoE LoRA adapters")
+        if not dispatch_output.format.is_standard():
+            raise NotImplementedError(
+                f"fp4ext consumes the standard dispatch output, got {dispatch_output.format!r}"
+            )
+        topk = dispatch_output.topk_output
+        if TopKOutputChecker.format_is_bypassed(topk):
+            topk = topk.to_standard(layer_id=runner_config.layer_id)
+        elif not TopKOutputChecker.format_is_standard(topk):
+            raise NotImplementedError(f"fp4ext needs standard top-k output, got {type(topk)}")
+        x = dispatch_output.hidden_states
+        topk_ids = topk.topk_ids
+        if topk_ids.dtype != torch.int32:  # the torch-native top-k fallback gives int64
+            topk_ids = topk_ids.to(torch.int32)
+        topk_weights = topk.topk_weights
+        # The routed scaling factor is already folded into topk_weights for NVFP4 (SGLang's
+        # _fuses_routed_scaling_factor_in_topk): never apply runner_config.routed_scaling_factor.
+        if quant_info.path == "triton":
+            from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
+
+            out = fused_moe_nvfp4(x, quant_info.weights, topk_ids, topk_weights)
+        else:
+            from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+
+            out = fused_moe_nvfp4_torch(x, quant_info.weights, topk_ids, topk_weights).to(x.dtype)
+        return StandardCombineInput(hidden_states=out)
 
 
 def make_runner_core(config: MoeRunnerConfig) -> Fp4ExtRunnerCore:

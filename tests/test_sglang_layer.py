@@ -1,0 +1,97 @@
+"""fp4ext inside SGLang's own NVFP4 MoE layer on the CPU (issue 9, CPU tier).
+
+SGLang's ``FusedMoE`` with ``ModelOptFp4Config`` and ``--moe-runner-backend fp4ext``: expert
+tensors in ModelOpt's per-expert checkpoint layout go through SGLang's own weight loaders
+(``make_expert_params_mapping`` + ``weight_loader``), SGLang's post-load processing runs our hook,
+and ``forward`` with the output of SGLang's ``TopK`` runs our runner core. The result is compared
+with the reference MoE evaluated on the quantised weights *before* they went through SGLang, so
+gate/up order, scale columns and id mapping are all checked.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, tiny_model_dir
+
+pytestmark = pytest.mark.sglang
+
+_LOAD_AND_RUN = """
+from sglang_fp4ext.moe.weights import random_moe_weights
+from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+from sglang_fp4ext.testing.compare import error_stats
+from sglang.srt.layers.moe.topk import TopK
+
+E, H, I, K, T, SHARED = {E}, {H}, {I}, {K}, {T}, {SHARED}
+g = torch.Generator().manual_seed({SEED})
+w = random_moe_weights(E + SHARED, H, I, generator=g)
+layer = FusedMoE(num_experts=E + SHARED, hidden_size=H, intermediate_size=I, layer_id=0,
+                 top_k=K + SHARED, params_dtype=torch.bfloat16, quant_config=QUANT_CONFIG,
+                 prefix="model.layers.3.mlp.experts", num_fused_shared_experts=SHARED)
+params = dict(layer.named_parameters())
+mapping = FusedMoE.make_expert_params_mapping(
+    ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
+    ckpt_up_proj_name="up_proj", num_experts=E + SHARED)
+# ModelOpt's per-expert checkpoint tensors (hardware-and-model.md section 8.1).
+ckpt = {{}}
+for e in range(E + SHARED):
+    for proj, rows in (("gate_proj", slice(0, I)), ("up_proj", slice(I, 2 * I))):
+        col = 0 if proj == "gate_proj" else 1
+        ckpt[f"experts.{{e}}.{{proj}}.weight"] = w.w13[e, rows]
+        ckpt[f"experts.{{e}}.{{proj}}.weight_scale"] = w.w13_scale[e, rows]
+        ckpt[f"experts.{{e}}.{{proj}}.weight_scale_2"] = w.w13_scale_2[e, col]
+        ckpt[f"experts.{{e}}.{{proj}}.input_scale"] = w.w13_input_scale[e]
+    ckpt[f"experts.{{e}}.down_proj.weight"] = w.w2[e]
+    ckpt[f"experts.{{e}}.down_proj.weight_scale"] = w.w2_scale[e]
+    ckpt[f"experts.{{e}}.down_proj.weight_scale_2"] = w.w2_scale_2[e]
+    ckpt[f"experts.{{e}}.down_proj.input_scale"] = w.w2_input_scale[e]
+loaded = 0
+for name, tensor in ckpt.items():
+    for param_name, weight_name, expert_id, shard_id in mapping:
+        if weight_name not in name:
+            continue
+        pname = name.replace(weight_name, param_name).removeprefix("experts.")
+        param = params[pname]
+        param.weight_loader(param, tensor.clone(), pname, shard_id=shard_id, expert_id=expert_id)
+        loaded += 1
+        break
+layer.quant_method.process_weights_after_loading(layer)
+
+x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+router_logits = torch.randn(T, E, generator=g)
+topk = TopK(top_k=K, layer_id=0, renormalize=True)
+topk_output = topk.forward_native(x, router_logits) if hasattr(topk, "forward_native") else topk(x, router_logits)
+ids, weights = topk_output.topk_ids, topk_output.topk_weights
+if SHARED:
+    # SGLang's fused shared expert occupies the last slot: local id E, weight 1.
+    ids = torch.cat([ids, torch.full((T, 1), E, dtype=ids.dtype)], dim=1)
+    weights = torch.cat([weights, torch.ones(T, 1, dtype=weights.dtype)], dim=1)
+    topk_output = topk_output._replace(topk_ids=ids, topk_weights=weights)
+out = layer.forward(x, topk_output)
+ref = fused_moe_nvfp4_torch(x, w, ids.to(torch.int32), weights)
+st = error_stats(out.float(), ref)
+print(json.dumps({{"loaded": loaded, "max_rel": st.max_rel, "rms_rel": st.rms_rel,
+                   "out_dtype": str(out.dtype), "shape": list(out.shape),
+                   "path": layer._fp4ext_quant_info.path,
+                   "swizzled_freed": layer.w13_blockscale_swizzled is None,
+                   "ids": ids.tolist()}}))
+"""
+
+
+@pytest.mark.parametrize("shared", [0, 1], ids=["routed-only", "fused-shared"])
+def test_fused_moe_layer_matches_reference(tmp_path, seed, shared):
+    E, H, I, K, T = 8, 256, 128, 2, 5
+    code = prelude_cpu_layer(tiny_model_dir(tmp_path), "fp4ext", free_port()) + _LOAD_AND_RUN.format(
+        E=E, H=H, I=I, K=K, T=T, SHARED=shared, SEED=seed
+    )
+    r = run_child(code)
+    assert r["loaded"] == (E + shared) * 12  # 3 projections x 4 tensors per expert
+    assert r["path"] == "reference"  # no GPU here: the announced torch path
+    assert r["swizzled_freed"] is True
+    assert r["out_dtype"] == "torch.bfloat16" and r["shape"] == [T, H]
+    if shared:
+        assert all(row[-1] == E for row in r["ids"])
+    # Same fp32 math on the same weights; the only difference is the final bf16 rounding of the
+    # output (relative 2^-9 per element), so RMS stays well under 1e-2 of the output RMS.
+    assert r["rms_rel"] < 5e-3, r
+    assert r["max_rel"] < 1e-2, r
