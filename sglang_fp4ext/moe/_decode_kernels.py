@@ -39,6 +39,17 @@ _TWO_P26 = tl.constexpr(67108864.0)  # 2^26
 
 
 @triton.jit
+def _to_bf16(x, COMPUTE_F32: tl.constexpr):
+    """fp32 -> bf16, round to nearest even. The interpreter's cast truncates (measured, Triton
+    3.8), so there the rounding is done on the bits first (finite inputs) and the cast is exact."""
+    if COMPUTE_F32:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
 def _e4m3_bits_to_f32(s):
     """e4m3 bytes -> fp32 (times 2^100), by bit placement: exact, no fp8 dtype needed (sm_80)."""
     s = s.to(tl.uint32)
@@ -126,7 +137,8 @@ def _gemm_tile(q_ptr, s_ptr, x_ptr, rows, xrow, xmask, kc0, kc1, K, q_row_stride
 
 
 @triton.jit
-def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I, BN: tl.constexpr, BT: tl.constexpr):
+def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I, BN: tl.constexpr, BT: tl.constexpr,
+                    COMPUTE_F32: tl.constexpr):
     """Rows are interleaved gate/up: scale, split, silu(gate) * up, store bf16 to inter[pair, j]."""
     alpha = tl.load(a_ptr + rows) * _TWO_P26
     y = acc * alpha[:, None]
@@ -134,7 +146,7 @@ def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I, BN: tl.con
     h = g / (1.0 + tl.exp(-g)) * u
     j = nb * (BN // 2) + tl.arange(0, BN // 2)
     ptr = inter_ptr + pairs[None, :].to(tl.int64) * I + j[:, None]
-    tl.store(ptr, h.to(tl.bfloat16), mask=(j[:, None] < I) & pmask[None, :])
+    tl.store(ptr, _to_bf16(h, COMPUTE_F32), mask=(j[:, None] < I) & pmask[None, :])
 
 
 @triton.jit
@@ -167,7 +179,7 @@ def _moe_gemm1(
         acc = _gemm_tile(qe, se, x_ptr, rows, tok, pmask, kc0, kc1, H, q_row_stride, s_chunk_stride,
                          stride_x, BN, BT, COMPUTE_F32)
         if SPLIT_K == 1:
-            _silu_mul_store(acc, ae, rows, pairs, pmask, inter_ptr, nb, I, BN, BT)
+            _silu_mul_store(acc, ae, rows, pairs, pmask, inter_ptr, nb, I, BN, BT, COMPUTE_F32)
         else:
             wp = ws_ptr + (ks * P + pairs[None, :]).to(tl.int64) * NP + rows[:, None]
             tl.store(wp, acc, mask=pmask[None, :])
@@ -183,7 +195,7 @@ def _moe_gemm1(
                 for s in tl.static_range(SPLIT_K):
                     wp = ws_ptr + (s * P + pairs[None, :]).to(tl.int64) * NP + rows[:, None]
                     acc += tl.load(wp, mask=pmask[None, :], other=0.0, cache_modifier=".cg")
-                _silu_mul_store(acc, ae, rows, pairs, pmask, inter_ptr, nb, I, BN, BT)
+                _silu_mul_store(acc, ae, rows, pairs, pmask, inter_ptr, nb, I, BN, BT, COMPUTE_F32)
             tl.atomic_xchg(cp, 0)
 
 
@@ -260,5 +272,5 @@ def _moe_gemm2(
                         rp = ws_ptr + ((tok64 * TOP_K + j) * SPLIT_K + s)[:, None] * NP + rows[None, :]
                         o += tl.load(rp, mask=vj[:, None], other=0.0, cache_modifier=".cg")
             op = out_ptr + tok64[:, None] * stride_out + rows[None, :]
-            tl.store(op, o.to(tl.bfloat16), mask=last[:, None] & (rows[None, :] < H))
+            tl.store(op, _to_bf16(o, COMPUTE_F32), mask=last[:, None] & (rows[None, :] < H))
             tl.store(cp, tl.zeros([BT], dtype=tl.int32), mask=last)

@@ -199,5 +199,6 @@ def dequantize_kernel_matrix(m: KernelMatrix) -> torch.Tensor:
     vals = torch.stack([lut[b & 0xF], lut[b >> 4]], dim=3)  # [E, Np, nc, half, 128]
     s = m.scale.view(torch.float8_e4m3fn).float().permute(0, 2, 1, 3)  # [E, Np, nc, 16]
     s = s.view(E, Np, nc, 2, 8).repeat_interleave(16, dim=4)  # per element of each half
-    w = (vals * s).reshape(E, Np, nc * K_CHUNK) * m.alpha[:, :, None]
+    # ModelOpt's order: the fp32 product of the two scales first, then times the code.
+    w = (vals * (s * m.alpha[:, :, None, None, None])).reshape(E, Np, nc * K_CHUNK)
     return w[:, : m.n, : m.k].contiguous()

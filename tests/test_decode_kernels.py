@@ -1,0 +1,178 @@
+"""Decode kernels vs the fp32 torch reference MoE (``fused_moe_nvfp4_torch``), small shapes.
+
+On a CPU machine the kernels run under ``TRITON_INTERPRET=1`` (conftest); on a GPU machine the same
+tests run compiled. Covered: T = 0, 1, odd T; top_k 8 and 9 (fused shared expert = last expert);
+``-1`` ids incl. tokens with no local expert; every token on one expert (several token groups);
+non-power-of-two H and I (padding); both grids; split-K in both GEMMs; the opt-in atomic combine;
+int64 ids and bf16 routing weights; counters left at zero; validation errors.
+
+Tolerance: the kernels round the GEMM1 output (SiLU·mul) to bf16 before GEMM2 and the result to
+bf16, each a relative error <= 2^-9 per element; everything else is exact (FP4 x e4m3 decode) or
+fp32 accumulation. Random signs make the rounding errors average out: rms_rel 2.2-2.5e-3 and
+max_rel 2.6-3.5e-3 measured,
+so rms_rel 5e-3 and max_rel (normalised by max|ref|) 1e-2 leave margin without hiding a wrong
+expert, slot or scale (those give errors of order 1).
+"""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from sglang_fp4ext.moe import fused_moe as fm
+from sglang_fp4ext.moe.config import KernelConfig
+from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
+from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+from sglang_fp4ext.moe.weights import random_moe_weights
+from sglang_fp4ext.testing.compare import assert_close
+
+MAX_REL, RMS_REL = 1e-2, 5e-3
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+_WEIGHTS: dict = {}
+
+
+def _weights(E, H, I):
+    """Weights are the slow part on the CPU: one fixed random set per shape (data varies per test)."""
+    key = (E, H, I)
+    if key not in _WEIGHTS:
+        g = torch.Generator().manual_seed(1234 + E * 7 + H + I)
+        w = random_moe_weights(E, H, I, generator=g)
+        _WEIGHTS[key] = (w.to(DEV), PreparedMoEWeights.from_moe_weights(w).to(DEV))
+    return _WEIGHTS[key]
+
+
+def _routing(T, E, k, g, *, shared=False, drop=0.0, one_expert=None):
+    """Distinct random experts per token; optional shared last column, -1 drops, one-expert mode."""
+    n_routed = E - 1 if shared else E
+    kr = k - 1 if shared else k
+    ids = torch.stack([torch.randperm(n_routed, generator=g)[:kr] for _ in range(T)]) if T else (
+        torch.zeros(0, kr, dtype=torch.long))
+    if one_expert is not None:
+        ids[:, 0] = one_expert
+        ids[:, 1:] = torch.where(ids[:, 1:] == one_expert, (one_expert + 1) % n_routed, ids[:, 1:])
+    if drop:
+        ids = torch.where(torch.rand(ids.shape, generator=g) < drop, -1, ids)
+    if shared:
+        ids = torch.cat([ids, torch.full((T, 1), E - 1, dtype=ids.dtype)], dim=1)
+    w = torch.rand(T, k, generator=g) + 0.05
+    return ids.to(torch.int32), w
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    E: int
+    H: int
+    I: int
+    T: int
+    k: int
+    cfg: KernelConfig | None = None
+    shared: bool = False
+    drop: float = 0.0
+    one_expert: int | None = None
+    deterministic: bool = True
+
+
+CASES = [
+    Case("T1_k8_slots", E=16, H=256, I=128, T=1, k=8, cfg=KernelConfig(grid="slots")),
+    Case("T1_k8_heuristic", E=16, H=256, I=128, T=1, k=8),
+    Case(
+        "T5_k9_shared_drop_splitk_nonpow2", E=10, H=272, I=80, T=5, k=9, shared=True, drop=0.3,
+        cfg=KernelConfig(grid="slots", split_k1=2, split_k2=2, block_n1=32, block_n2=128),
+    ),
+    Case(
+        "T7_k8_experts_grid_splitk", E=12, H=512, I=96, T=7, k=8, drop=0.2,
+        cfg=KernelConfig(grid="experts", split_k1=2, block_n1=128, block_n2=128, block_p=16),
+    ),
+    Case(
+        "T20_all_on_one_expert", E=8, H=256, I=64, T=20, k=2, one_expert=3,
+        cfg=KernelConfig(grid="experts", block_t=16, block_p=16, split_k2=2),
+    ),
+    Case(
+        "T6_atomic_combine", E=10, H=272, I=80, T=6, k=9, shared=True, drop=0.2,
+        cfg=KernelConfig(grid="experts", split_k1=2, split_k2=2), deterministic=False,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_matches_reference(case, seed):
+    g = torch.Generator().manual_seed(seed)
+    w, pw = _weights(case.E, case.H, case.I)
+    ids, tw = _routing(case.T, case.E, case.k, g, shared=case.shared, drop=case.drop,
+                       one_expert=case.one_expert)
+    x = torch.randn(case.T, case.H, generator=g).to(torch.bfloat16)
+    x, ids, tw = x.to(DEV), ids.to(DEV), tw.to(DEV)
+    out = torch.full((case.T, case.H), float("nan"), dtype=torch.bfloat16, device=DEV)  # poison
+    res = fused_moe_nvfp4(x, pw, ids, tw, out=out, config=case.cfg, deterministic=case.deterministic)
+    assert res is out
+    ref = fused_moe_nvfp4_torch(x, w, ids, tw)
+    st = assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=case.name)
+    print(case.name, st)
+    # Graph safety: every arrival counter is back at zero after the call.
+    for name in ("cnt1", "cnt2"):
+        buf = fm._WORKSPACES.get((str(out.device), name))
+        assert buf is None or int(buf.abs().sum()) == 0, f"{name} not reset"
+    if not case.deterministic:
+        assert float(fm._WORKSPACES[(str(out.device), "acc2")].abs().sum()) == 0.0
+
+
+def test_no_local_expert_gives_zeros_and_deterministic_repeat(seed):
+    """EP rank with nothing local for some tokens: their rows are zeros; repeat is bit-identical."""
+    g = torch.Generator().manual_seed(seed)
+    w, pw = _weights(16, 256, 128)
+    ids, tw = _routing(3, 16, 8, g)
+    ids[1] = -1
+    x = torch.randn(3, 256, generator=g).to(torch.bfloat16)
+    x, ids, tw = x.to(DEV), ids.to(DEV), tw.to(DEV)
+    out = torch.full((3, 256), float("nan"), dtype=torch.bfloat16, device=DEV)
+    fused_moe_nvfp4(x, pw, ids, tw, out=out)
+    assert out[1].eq(0).all()
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
+    again = fused_moe_nvfp4(x, pw, ids, tw)
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+    everything_dropped = torch.full_like(ids, -1)
+    z = fused_moe_nvfp4(x, pw, everything_dropped, tw)
+    assert z.eq(0).all()
+
+
+def test_int64_ids_bf16_weights(seed):
+    g = torch.Generator().manual_seed(seed)
+    w, pw = _weights(16, 256, 128)
+    ids, tw = _routing(2, 16, 8, g)
+    x = torch.randn(2, 256, generator=g).to(torch.bfloat16)
+    x, ids, tw = x.to(DEV), ids.long().to(DEV), tw.to(torch.bfloat16).to(DEV)
+    out = fused_moe_nvfp4(x, pw, ids, tw)
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
+
+
+def test_zero_tokens_returns_empty():
+    _, pw = _weights(16, 256, 128)
+    x = torch.empty(0, 256, dtype=torch.bfloat16, device=DEV)
+    ids = torch.empty(0, 8, dtype=torch.int32, device=DEV)
+    out = fused_moe_nvfp4(x, pw, ids, torch.empty(0, 8, device=DEV))
+    assert out.shape == (0, 256) and out.dtype == torch.bfloat16
+
+
+def test_validation_errors():
+    w, pw = _weights(16, 256, 128)
+    x = torch.zeros(2, 256, dtype=torch.bfloat16, device=DEV)
+    ids = torch.zeros(2, 8, dtype=torch.int32, device=DEV)
+    tw = torch.ones(2, 8, device=DEV)
+    with pytest.raises(TypeError, match="PreparedMoEWeights"):
+        fused_moe_nvfp4(x, w, ids, tw)
+    with pytest.raises(ValueError, match="bfloat16"):
+        fused_moe_nvfp4(x.float(), pw, ids, tw)
+    with pytest.raises(ValueError, match="hidden size"):
+        fused_moe_nvfp4(torch.zeros(2, 128, dtype=torch.bfloat16, device=DEV), pw, ids, tw)
+    with pytest.raises(ValueError, match="topk_ids must be int32 or int64"):
+        fused_moe_nvfp4(x, pw, ids.float(), tw)
+    with pytest.raises(ValueError, match=r"\(T, top_k\)"):
+        fused_moe_nvfp4(x, pw, ids[:1], tw[:1])
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_moe_nvfp4(x, pw, ids.t().contiguous().t(), tw)
+    with pytest.raises(ValueError, match="out must be"):
+        fused_moe_nvfp4(x, pw, ids, tw, out=torch.empty(3, 256, dtype=torch.bfloat16, device=DEV))
+    with pytest.raises(ValueError, match="topk_weights must be"):
+        fused_moe_nvfp4(x, pw, ids, tw.to(torch.int32))
