@@ -135,7 +135,9 @@ class Target:
 DEFAULT_TARGET = Target("sm_90", None, 132)
 
 
+@functools.cache
 def current_target(device=None) -> Target:
+    """The Target of a CUDA device (cached per device), or DEFAULT_TARGET without a GPU."""
     from sglang_fp4ext import target_info
 
     cap = target_info.device_capability(device)

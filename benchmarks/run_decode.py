@@ -1,0 +1,193 @@
+"""NVFP4 fused-MoE decode benchmark: our Triton kernels vs a torch bf16 grouped-GEMM MoE.
+
+For each shape (GLM-5 TP8 and EP8 per GPU) and token count T: random NVFP4 experts (``--copies``
+layer copies, together far beyond L2), uniform top-8 routing (EP8: ids of other ranks are -1),
+correctness against the fp32 reference at a few T, then CUDA-graph replay timing of ours and of
+the peer. The bytes floor counts the distinct local experts of the routing actually used x the
+NVFP4 bytes per expert (codes + e4m3 scales + fp32 globals), at the device-to-device copy
+bandwidth measured in the same run. Optionally ``--tune-seconds`` sweeps configs around the
+heuristic per (shape, T) and writes a config table (``configs/<device>.json`` format).
+
+Prints a short table last; writes the full JSON to ``--out`` (default ``$OUT`` if set, else
+``benchmarks/results``).
+
+    PYTHONPATH=. python benchmarks/run_decode.py --tokens 1,2,4,8,16,32,64,128,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from sglang_fp4ext.bench import SHAPES, nvfp4_bytes_per_expert, random_packed_weights, uniform_routing
+from sglang_fp4ext.bench.peers import TorchGroupedMMMoE, has_grouped_mm
+from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, time_graph_replay
+from sglang_fp4ext.moe.config import KernelConfig, config_for, current_target, heuristic_config
+from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
+from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+from sglang_fp4ext.testing.compare import error_stats
+
+
+def _candidates(base: KernelConfig, T: int, kc1: int, kc2: int):
+    """Configs around ``base``: GEMM1 tiles/splits, then GEMM2, then stages/warps (deduplicated)."""
+    out = []
+    for bn in (32, 64, 128):
+        for sk in (1, 2, 4, 8, 16):
+            if sk <= max(1, kc1 // 2):
+                out.append(dataclasses.replace(base, block_n1=bn, split_k1=sk))
+    return out
+
+
+def _gemm2_candidates(base: KernelConfig, kc2: int):
+    out = []
+    for bn in (32, 64, 128):
+        for sk in (1, 2, 4):
+            if sk <= max(1, kc2):
+                out.append(dataclasses.replace(base, block_n2=bn, split_k2=sk))
+    return out
+
+
+def _misc_candidates(base: KernelConfig):
+    out = [dataclasses.replace(base, stages1=s, stages2=s) for s in (2, 4)]
+    out += [dataclasses.replace(base, warps1=8), dataclasses.replace(base, warps2=8)]
+    if base.block_t == 16:
+        out.append(dataclasses.replace(base, block_t=32))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="glm5_tp8,glm5_ep8")
+    ap.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256")
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--check-tokens", default="1,16,256")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--tune-seconds", type=float, default=0.0)
+    ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
+    ap.add_argument("--name", default="decode_h200")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    tokens = [int(t) for t in args.tokens.split(",")]
+    check_tokens = {int(t) for t in args.check_tokens.split(",") if t}
+    target = current_target()
+    import triton
+
+    bw = copy_bandwidth_Bps()
+    meta = {
+        "device": torch.cuda.get_device_name(), "target": dataclasses.asdict(target),
+        "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+        "copy_bandwidth_TBps": bw / 1e12, "copies": args.copies, "replays": args.replays,
+        "clocks_start": gpu_clocks(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    print(f"[bench] {meta['device']} copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    rows, checks, tuned = [], [], {}
+    tune_deadline = time.time() + args.tune_seconds
+    for sname in args.shapes.split(","):
+        bs = SHAPES[sname]
+        gen = torch.Generator(device="cuda").manual_seed(2026)
+        packs = [random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen)
+                 for _ in range(args.copies)]
+        prepared = [PreparedMoEWeights.from_moe_weights(p) for p in packs]
+        shape = prepared[0].shape(bs.top_k)
+        kc1, kc2 = prepared[0].w13.k_pad // 256, prepared[0].w2.k_pad // 256
+        peers = None
+        if not args.no_peer and has_grouped_mm():
+            peers = [TorchGroupedMMMoE(p) for p in packs]
+        per_expert = nvfp4_bytes_per_expert(bs.H, bs.I)
+        for T in tokens:
+            routes = [uniform_routing(T, bs, device="cuda", generator=gen) for _ in range(args.copies)]
+            xs = [torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
+                  for _ in range(args.copies)]
+            outs = [torch.empty(T, bs.H, dtype=torch.bfloat16, device="cuda") for _ in range(args.copies)]
+
+            def ours(i, cfg=None):
+                ids, tw, _ = routes[i]
+                return fused_moe_nvfp4(xs[i], prepared[i], ids, tw, out=outs[i], config=cfg)
+
+            if T in check_tokens:
+                ids, tw, _ = routes[0]
+                outs[0].fill_(float("nan"))
+                ours(0)
+                ref = fused_moe_nvfp4_torch(xs[0], packs[0], ids, tw)
+                st = error_stats(outs[0], ref)
+                rec = {"shape": sname, "T": T, "ours": dataclasses.asdict(st)}
+                if peers is not None:
+                    rec["peer"] = dataclasses.asdict(error_stats(peers[0](xs[0], ids, tw), ref))
+                checks.append(rec)
+                print(f"[check] {sname} T={T} ours {st}", flush=True)
+                del ref
+            cfg = config_for(T, shape, target)
+            source = "table/heuristic"
+            if time.time() < tune_deadline:
+                best = (time_graph_replay(lambda i: ours(i, cfg), args.copies, replays=5).us_per_call, cfg)
+                stages = [lambda b: _candidates(b, T, kc1, kc2), lambda b: _gemm2_candidates(b, kc2),
+                          _misc_candidates]
+                for make in stages:
+                    for cand in make(best[1]):
+                        if time.time() > tune_deadline or cand == best[1]:
+                            continue
+                        try:
+                            us = time_graph_replay(lambda i: ours(i, cand), args.copies, replays=5).us_per_call
+                        except Exception as exc:  # a config that fails to compile/launch is skipped
+                            print(f"[tune] {sname} T={T} {cand!r} failed: {exc}", flush=True)
+                            continue
+                        if us < best[0]:
+                            best = (us, cand)
+                cfg = best[1]
+                source = "tuned"
+                tuned.setdefault(shape.key(), {})[str(T)] = cfg.to_dict()
+                print(f"[tune] {sname} T={T} best {best[0]:.1f} us {cfg!r}", flush=True)
+            t_ours = time_graph_replay(lambda i: ours(i, cfg), args.copies, replays=args.replays)
+            t_peer = None
+            if peers is not None:
+                t_peer = time_graph_replay(lambda i: peers[i](xs[i], routes[i][0], routes[i][1]),
+                                           args.copies, replays=args.replays)
+            distinct = sum(r[2] for r in routes) / len(routes)
+            nbytes = distinct * per_expert
+            floor_us = nbytes / bw * 1e6
+            row = {
+                "shape": sname, "T": T, "distinct_experts": distinct, "bytes": nbytes,
+                "floor_us": floor_us, "us": t_ours.us_per_call, "us_min": t_ours.us_min,
+                "us_max": t_ours.us_max, "fraction_of_copy_bw": floor_us / t_ours.us_per_call,
+                "achieved_TBps": nbytes / t_ours.us_per_call / 1e6,
+                "peer_us": None if t_peer is None else t_peer.us_per_call,
+                "speedup_vs_peer": None if t_peer is None else t_peer.us_per_call / t_ours.us_per_call,
+                "config": repr(cfg), "config_source": source,
+                "heuristic": repr(heuristic_config(T, shape, target)),
+            }
+            rows.append(row)
+            print(f"[time] {sname} T={T} {row['us']:.1f} us floor {floor_us:.1f} "
+                  f"frac {row['fraction_of_copy_bw']:.2f} peer {row['peer_us']}", flush=True)
+        del packs, prepared, peers
+        torch.cuda.empty_cache()
+    meta["clocks_end"] = gpu_clocks()
+    result = {"meta": meta, "rows": rows, "checks": checks}
+    if tuned:
+        result["tuned_table"] = {"device_name": meta["device"], "shapes": tuned}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    if tuned:
+        (out / (meta["device"].replace(" ", "_") + ".json")).write_text(
+            json.dumps(result["tuned_table"], indent=1))
+    print(f"\n{'shape':9} {'T':>4} {'D':>6} {'us':>8} {'floor':>7} {'frac':>5} {'peer_us':>8} {'x_peer':>6}")
+    for r in rows:
+        peer = f"{r['peer_us']:8.1f} {r['speedup_vs_peer']:6.2f}" if r["peer_us"] else "       -      -"
+        print(f"{r['shape']:9} {r['T']:4d} {r['distinct_experts']:6.1f} {r['us']:8.1f} "
+              f"{r['floor_us']:7.1f} {r['fraction_of_copy_bw']:5.2f} {peer}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
