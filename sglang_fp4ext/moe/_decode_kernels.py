@@ -19,8 +19,8 @@ so one token does not pad a 64-row tile. FP4 is decoded in registers with intege
 
 Determinism: split-K partials (GEMM1) and the top-k combine (GEMM2) go through an fp32 workspace
 and a per-tile arrival counter; the last program to arrive sums in a fixed order, finishes the
-tile and resets the counter to 0, so the next launch (or CUDA-graph replay) starts clean. With
-``ATOMIC`` (opt-in, not bit-reproducible) GEMM2 adds into an fp32 accumulator with atomics instead.
+tile and resets the counter to 0, so the next launch (or CUDA-graph replay) starts clean. Results
+are bit-identical run to run; there is no atomic-accumulation variant.
 
 Under the interpreter ``COMPUTE_F32`` casts both dot operands to fp32 (the interpreter computes bf16
 ``tl.dot`` on raw bits); the decoded weights are exact in bf16, so both paths multiply the same
@@ -206,13 +206,12 @@ def _moe_gemm2(
     stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
     KC, CPS,
     TOP_K: tl.constexpr, K_POW2: tl.constexpr, SLOT_MODE: tl.constexpr, BN: tl.constexpr,
-    BT: tl.constexpr, BLOCK_P: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
-    COMPUTE_F32: tl.constexpr,
+    BT: tl.constexpr, BLOCK_P: tl.constexpr, SPLIT_K: tl.constexpr, COMPUTE_F32: tl.constexpr,
 ):
     """GEMM2 x routing weight + top-k combine into ``out`` (T, H) bf16.
 
-    Deterministic: ws (P, SPLIT_K, NP) fp32 holds each pair's weighted partial. ATOMIC: ws (T, NP)
-    fp32 accumulator, zero between calls. cnt: (T, grid1) int32 arrivals, zero between calls.
+    ws: (P, SPLIT_K, NP) fp32, each pair's weighted partial; cnt: (T, grid1) int32 arrivals, zero
+    between calls.
     """
     pid0 = tl.program_id(0)
     nb = tl.program_id(1)
@@ -243,12 +242,8 @@ def _moe_gemm2(
         tw = tl.load(tw_ptr + pairs, mask=pmask, other=0.0).to(tl.float32)
         y = acc * alpha[:, None] * tw[None, :]
         tok = pairs // TOP_K
-        if ATOMIC:
-            ap = ws_ptr + tok[None, :].to(tl.int64) * NP + rows[:, None]
-            tl.atomic_add(ap, y, mask=pmask[None, :], sem="relaxed")
-        else:
-            wp = ws_ptr + (pairs[None, :].to(tl.int64) * SPLIT_K + ks) * NP + rows[:, None]
-            tl.store(wp, y, mask=pmask[None, :])
+        wp = ws_ptr + (pairs[None, :].to(tl.int64) * SPLIT_K + ks) * NP + rows[:, None]
+        tl.store(wp, y, mask=pmask[None, :])
         tl.debug_barrier()  # every thread's partials are written before the release below
         cp = cnt_ptr + tok * tl.num_programs(1) + nb
         old = tl.atomic_add(cp, 1, mask=pmask, sem="acq_rel")
@@ -259,18 +254,13 @@ def _moe_gemm2(
         if tl.sum(last.to(tl.int32), 0) > 0:  # some token of this group is complete: combine it
             tl.debug_barrier()
             tok64 = tok.to(tl.int64)
-            if ATOMIC:
-                accp = ws_ptr + tok64[:, None] * NP + rows[None, :]
-                o = tl.load(accp, mask=last[:, None], other=0.0, cache_modifier=".cg")
-                tl.store(accp, tl.zeros([BT, BN], dtype=tl.float32), mask=last[:, None])
-            else:
-                o = tl.zeros([BT, BN], dtype=tl.float32)
-                for j in tl.static_range(TOP_K):  # fixed order: slot j, then split s
-                    idj = tl.load(ids_ptr + tok * TOP_K + j, mask=last, other=-1).to(tl.int32)
-                    vj = last & (idj >= 0) & (idj < E)
-                    for s in tl.static_range(SPLIT_K):
-                        rp = ws_ptr + ((tok64 * TOP_K + j) * SPLIT_K + s)[:, None] * NP + rows[None, :]
-                        o += tl.load(rp, mask=vj[:, None], other=0.0, cache_modifier=".cg")
+            o = tl.zeros([BT, BN], dtype=tl.float32)
+            for j in tl.static_range(TOP_K):  # fixed order: slot j, then split s
+                idj = tl.load(ids_ptr + tok * TOP_K + j, mask=last, other=-1).to(tl.int32)
+                vj = last & (idj >= 0) & (idj < E)
+                for s in tl.static_range(SPLIT_K):
+                    rp = ws_ptr + ((tok64 * TOP_K + j) * SPLIT_K + s)[:, None] * NP + rows[None, :]
+                    o += tl.load(rp, mask=vj[:, None], other=0.0, cache_modifier=".cg")
             op = out_ptr + tok64[:, None] * stride_out + rows[None, :]
             tl.store(op, _to_bf16(o, COMPUTE_F32), mask=last[:, None] & (rows[None, :] < H))
             tl.store(cp, tl.zeros([BT], dtype=tl.int32), mask=last)

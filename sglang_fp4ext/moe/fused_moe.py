@@ -164,7 +164,6 @@ def fused_moe_nvfp4(
     *,
     out: torch.Tensor | None = None,
     config: KernelConfig | None = None,
-    deterministic: bool = True,
     target: Target | None = None,
 ) -> torch.Tensor:
     """NVFP4 W4A16 MoE decode. Args:
@@ -172,8 +171,8 @@ def fused_moe_nvfp4(
     hidden_states: (T, H) bf16; weights: :class:`PreparedMoEWeights` (E experts);
     topk_ids: (T, top_k) int32/int64 in [-1, E); topk_weights: (T, top_k) fp32/bf16/fp16;
     out: optional (T, H) bf16 destination; config: force a :class:`KernelConfig` (else
-    :func:`config_for`); deterministic: False uses fp32 atomics for the top-k combine (faster for
-    large T, not bit-reproducible). Returns ``out``.
+    :func:`config_for`); target: the GPU description for the config choice (default: this
+    device). Always deterministic: the same inputs give bit-identical outputs. Returns ``out``.
     """
     _validate(hidden_states, weights, topk_ids, topk_weights, out)
     T, H = hidden_states.shape
@@ -200,10 +199,7 @@ def fused_moe_nvfp4(
     ws1 = _workspace(dev, "ws1", config.split_k1 * P * w13.n_pad if config.split_k1 > 1 else 1,
                      torch.float32, zero=False)
     cnt1 = _workspace(dev, "cnt1", g1[0] * g1[1], torch.int32, zero=True)
-    if deterministic:
-        ws2 = _workspace(dev, "ws2", P * config.split_k2 * w2.n_pad, torch.float32, zero=False)
-    else:
-        ws2 = _workspace(dev, "acc2", T * w2.n_pad, torch.float32, zero=True)
+    ws2 = _workspace(dev, "ws2", P * config.split_k2 * w2.n_pad, torch.float32, zero=False)
     cnt2 = _workspace(dev, "cnt2", T * g2[1], torch.int32, zero=True)
 
     K._moe_gemm1[g1](
@@ -223,7 +219,7 @@ def fused_moe_nvfp4(
         kc2, cps2,
         TOP_K=top_k, K_POW2=triton_next_pow2(top_k), SLOT_MODE=config.grid == "slots",
         BN=config.block_n2, BT=config.block_t, BLOCK_P=config.block_p, SPLIT_K=config.split_k2,
-        ATOMIC=not deterministic, COMPUTE_F32=interp,
+        COMPUTE_F32=interp,
         num_warps=config.warps2, num_stages=config.stages2,
     )
     return out
