@@ -73,8 +73,48 @@ def run_child(code: str, *, env: dict[str, str] | None = None, timeout: float = 
     return result
 
 
-def prelude_cpu_layer(model_dir: Path, backend: str, port: int) -> str:
-    """Code that resolves ServerArgs for ``backend`` and initialises SGLang's state on CPU."""
+def run_children(codes: list[str], *, env: dict[str, str] | None = None, timeout: float = 300):
+    """Run several children at once (ranks of one gloo group); return their JSON results."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS",)}
+    full_env.update(env or {})
+    full_env.setdefault("PYTHONWARNINGS", "ignore")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(c)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+        )
+        for c in codes
+    ]
+    results = []
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (out, err) in zip(procs, outs):
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        if p.returncode != 0 or not lines:
+            raise AssertionError(
+                f"child failed (rc={p.returncode})\n--- stdout ---\n{out[-4000:]}\n"
+                f"--- stderr ---\n{err[-8000:]}"
+            )
+        r = json.loads(lines[-1])
+        r["_stderr"] = err
+        results.append(r)
+    return results
+
+
+def prelude_cpu_layer(
+    model_dir: Path, backend: str, port: int, *, tp: int = 1, ep: int = 1, rank: int = 0
+) -> str:
+    """Code that resolves ServerArgs for ``backend`` and initialises SGLang's state on CPU.
+
+    ``tp``/``ep`` > 1 with one child per ``rank`` builds a gloo group of ``tp`` processes.
+    """
     return f"""
 import json, torch
 from sglang.srt.plugins import load_plugins
@@ -84,11 +124,11 @@ from sglang.srt.runtime_context import SpawnRanks, override_platform
 from sglang.srt.server_args import ServerArgs
 server_args = ServerArgs(model_path={str(model_dir)!r}, device="cpu",
                          attention_backend="torch_native", skip_tokenizer_init=True,
-                         moe_runner_backend={backend!r})
+                         moe_runner_backend={backend!r}, tp_size={tp}, ep_size={ep})
 server_args.resolve_once()
-runtime_context.publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+runtime_context.publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank={rank}))
 from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
-init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+init_distributed_environment(world_size={tp}, rank={rank}, local_rank={rank}, backend="gloo",
                              distributed_init_method="tcp://127.0.0.1:{port}")
 initialize_model_parallel()
 from sglang.srt.layers.moe import initialize_moe_config

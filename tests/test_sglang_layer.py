@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, tiny_model_dir
+from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, run_children, tiny_model_dir
 
 pytestmark = pytest.mark.sglang
 
@@ -68,12 +68,19 @@ if SHARED:
     weights = torch.cat([weights, torch.ones(T, 1, dtype=weights.dtype)], dim=1)
     topk_output = topk_output._replace(topk_ids=ids, topk_weights=weights)
 out = layer.forward(x, topk_output)
+if {REDUCE}:
+    # Per-rank partial sums (GLM-5's DeepseekV2MoE uses reduce_results=False): SGLang's
+    # tensor-parallel all-reduce makes the layer output.
+    from sglang.srt.distributed import tensor_model_parallel_all_reduce
+    out = tensor_model_parallel_all_reduce(out.contiguous())
 ref = fused_moe_nvfp4_torch(x, w, ids.to(torch.int32), weights)
 st = error_stats(out.float(), ref)
 print(json.dumps({{"loaded": loaded, "max_rel": st.max_rel, "rms_rel": st.rms_rel,
                    "out_dtype": str(out.dtype), "shape": list(out.shape),
                    "path": layer._fp4ext_quant_info.path,
                    "swizzled_freed": layer.w13_blockscale_swizzled is None,
+                   "local_experts": int(layer.w13_weight.shape[0]),
+                   "local_inter": int(layer.w2_weight.shape[2]) * 2,
                    "ids": ids.tolist()}}))
 """
 
@@ -82,7 +89,7 @@ print(json.dumps({{"loaded": loaded, "max_rel": st.max_rel, "rms_rel": st.rms_re
 def test_fused_moe_layer_matches_reference(tmp_path, seed, shared):
     E, H, I, K, T = 8, 256, 128, 2, 5
     code = prelude_cpu_layer(tiny_model_dir(tmp_path), "fp4ext", free_port()) + _LOAD_AND_RUN.format(
-        E=E, H=H, I=I, K=K, T=T, SHARED=shared, SEED=seed
+        E=E, H=H, I=I, K=K, T=T, SHARED=shared, SEED=seed, REDUCE=False
     )
     r = run_child(code)
     assert r["loaded"] == (E + shared) * 12  # 3 projections x 4 tensors per expert
@@ -95,3 +102,27 @@ def test_fused_moe_layer_matches_reference(tmp_path, seed, shared):
     # output (relative 2^-9 per element), so RMS stays well under 1e-2 of the output RMS.
     assert r["rms_rel"] < 5e-3, r
     assert r["max_rel"] < 1e-2, r
+
+
+@pytest.mark.parametrize("tp,ep", [(2, 1), (2, 2)], ids=["TP2", "EP2"])
+def test_two_process_tp_ep_matches_single_process_reference(tmp_path, seed, tp, ep):
+    """2 gloo processes: TP=2 shards the intermediate size, EP=2 gives each rank 4 local experts
+    (non-local ids become -1 in SGLang's dispatcher); after SGLang's all-reduce the output equals
+    the reference on the full, unsharded weights."""
+    E, H, I, K, T = 8, 256, 128, 2, 6
+    port, model = free_port(), tiny_model_dir(tmp_path)
+    body = _LOAD_AND_RUN.format(E=E, H=H, I=I, K=K, T=T, SHARED=0, SEED=seed, REDUCE=True)
+    codes = [prelude_cpu_layer(model, "fp4ext", port, tp=tp, ep=ep, rank=r) + body for r in range(tp)]
+    # No GPU: SGLang's CPU engine flag makes get_device() answer "cpu" (the EP dispatcher builds
+    # its local-id map there), and pointing SGLang at no NCCL library makes PyNccl disable itself
+    # so the groups run on gloo alone.
+    env = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_NCCL_SO_PATH": str(tmp_path / "no-libnccl.so")}
+    results = run_children(codes, env=env)
+    for r in results:
+        if ep == 1:
+            assert (r["local_experts"], r["local_inter"]) == (E, I // tp)
+        else:
+            assert (r["local_experts"], r["local_inter"]) == (E // ep, I)
+        # As the single-process test, plus one fp32->bf16 rounding of each rank's partial sum.
+        assert r["rms_rel"] < 5e-3, r
+        assert r["max_rel"] < 1.5e-2, r
