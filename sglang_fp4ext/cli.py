@@ -162,14 +162,14 @@ def _print_info(info: dict[str, Any]) -> None:
         if g["smem_per_block"]:
             rows.append(("smem per block", f"{g['smem_per_block']:,} B (opt-in)"))
     rows.append(("fp4ext kernel path", g["kernel_path"]))
+    spec_lines = g["spec"].splitlines() if g["spec"] else []
     if g["name"] is not None:
-        rows.append(("spec row", "unknown GPU: no spec row" if g["spec"] is None else ""))
+        rows.append(("spec row", spec_lines[0] if spec_lines else "unknown GPU: no spec row"))
     width = max(len(k) for k, _ in rows) + 2
     for k, v in rows:
         print(k if k.startswith("[") else f"  {k:<{width}}{v}")
-    if g["spec"]:
-        for line in g["spec"].splitlines():
-            print(f"    {line}")
+    for line in spec_lines[1:]:
+        print(f"  {'':<{width}}{line}")
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
