@@ -155,8 +155,9 @@ def _moe_gemm1(
     P, E, H, I, NP,
     stride_x, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
     KC, CPS,
-    TOP_K: tl.constexpr, SLOT_MODE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
-    BLOCK_P: tl.constexpr, SPLIT_K: tl.constexpr, COMPUTE_F32: tl.constexpr,
+    TOP_K, SPLIT_K,
+    SLOT_MODE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
 ):
     """GEMM1 + SiLU·mul. ws: (SPLIT_K, P, NP) fp32; cnt: (grid0, grid1) int32, zero between calls."""
     pid0 = tl.program_id(0)
@@ -192,7 +193,7 @@ def _moe_gemm1(
             for c in range(0, nchunk):
                 pairs, pmask = _pairs_of_expert(ids_ptr, e, c, P, BT, BLOCK_P)
                 acc = tl.zeros([BN, BT], dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):
+                for s in range(0, SPLIT_K):  # fixed order
                     wp = ws_ptr + (s * P + pairs[None, :]).to(tl.int64) * NP + rows[:, None]
                     acc += tl.load(wp, mask=pmask[None, :], other=0.0, cache_modifier=".cg")
                 _silu_mul_store(acc, ae, rows, pairs, pmask, inter_ptr, nb, I, BN, BT, COMPUTE_F32)
@@ -205,8 +206,9 @@ def _moe_gemm2(
     T, P, E, H, I, NP,
     stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
     KC, CPS,
-    TOP_K: tl.constexpr, K_POW2: tl.constexpr, SLOT_MODE: tl.constexpr, BN: tl.constexpr,
-    BT: tl.constexpr, BLOCK_P: tl.constexpr, SPLIT_K: tl.constexpr, COMPUTE_F32: tl.constexpr,
+    TOP_K, SPLIT_K,
+    K_POW2: tl.constexpr, SLOT_MODE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    BLOCK_P: tl.constexpr, COMPUTE_F32: tl.constexpr,
 ):
     """GEMM2 x routing weight + top-k combine into ``out`` (T, H) bf16.
 
@@ -255,10 +257,10 @@ def _moe_gemm2(
             tl.debug_barrier()
             tok64 = tok.to(tl.int64)
             o = tl.zeros([BT, BN], dtype=tl.float32)
-            for j in tl.static_range(TOP_K):  # fixed order: slot j, then split s
+            for j in range(0, TOP_K):  # fixed order: slot j, then split s
                 idj = tl.load(ids_ptr + tok * TOP_K + j, mask=last, other=-1).to(tl.int32)
                 vj = last & (idj >= 0) & (idj < E)
-                for s in tl.static_range(SPLIT_K):
+                for s in range(0, SPLIT_K):
                     rp = ws_ptr + ((tok64 * TOP_K + j) * SPLIT_K + s)[:, None] * NP + rows[None, :]
                     o += tl.load(rp, mask=vj[:, None], other=0.0, cache_modifier=".cg")
             op = out_ptr + tok64[:, None] * stride_out + rows[None, :]

@@ -207,19 +207,18 @@ def fused_moe_nvfp4(
         P, E, H, I, w13.n_pad,
         hidden_states.stride(0), w13.q.stride(0), w13.q.stride(1), w13.scale.stride(0),
         w13.scale.stride(1),
-        kc1, cps1,
-        TOP_K=top_k, SLOT_MODE=config.grid == "slots", BN=config.block_n1, BT=config.block_t,
-        BLOCK_P=config.block_p, SPLIT_K=config.split_k1, COMPUTE_F32=interp,
+        kc1, cps1, top_k, config.split_k1,
+        SLOT_MODE=config.grid == "slots", BN=config.block_n1, BT=config.block_t,
+        BLOCK_P=config.block_p, COMPUTE_F32=interp,
         num_warps=config.warps1, num_stages=config.stages1,
     )
     K._moe_gemm2[g2](
         inter, topk_ids, topk_weights, w2.q, w2.scale, w2.alpha, out, ws2, cnt2,
         T, P, E, H, I, w2.n_pad,
         out.stride(0), w2.q.stride(0), w2.q.stride(1), w2.scale.stride(0), w2.scale.stride(1),
-        kc2, cps2,
-        TOP_K=top_k, K_POW2=triton_next_pow2(top_k), SLOT_MODE=config.grid == "slots",
-        BN=config.block_n2, BT=config.block_t, BLOCK_P=config.block_p, SPLIT_K=config.split_k2,
-        COMPUTE_F32=interp,
+        kc2, cps2, top_k, config.split_k2,
+        K_POW2=triton_next_pow2(top_k), SLOT_MODE=config.grid == "slots",
+        BN=config.block_n2, BT=config.block_t, BLOCK_P=config.block_p, COMPUTE_F32=interp,
         num_warps=config.warps2, num_stages=config.stages2,
     )
     return out

@@ -1,0 +1,114 @@
+"""Ahead-of-time compilation of the decode kernels for sm_80, sm_90, sm_100 and sm_120 (no GPU).
+
+Every kernel specialisation used by a tuned table or by the heuristic for the GLM-5 TP8/EP8 shapes
+(token buckets 1, 16, 256; H200 and RTX PRO 6000 targets) is compiled for sm_90 and sm_120 with
+``triton.compile(ASTSource, target=GPUTarget(...))``; sm_80 and sm_100 compile one slot-grid and
+one expert-grid specialisation (compiles cost ~3 s each on the 2-core CI machine). The PTX must use
+tensor-core MMA and, on sm_120 (RTX PRO 6000), shared memory per block must stay within 101,376
+bytes. Kernels decorated under ``TRITON_INTERPRET=1`` cannot be compiled, so each architecture
+compiles in a subprocess without that variable (two at a time).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_fp4ext.moe import config as C
+from sglang_fp4ext.moe.config import MoEShape, Target, heuristic_config
+from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SCRIPT = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang_fp4ext.moe import _decode_kernels as K
+
+cc, variants = int(sys.argv[1]), json.loads(sys.stdin.read())
+P1 = dict(x_ptr="*bf16", ids_ptr="*i32", q_ptr="*u8", s_ptr="*u8", a_ptr="*fp32",
+          inter_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
+P2 = dict(inter_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32", q_ptr="*u8", s_ptr="*u8",
+          a_ptr="*fp32", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
+out = []
+for v in variants:
+    fn, ptrs = (K._moe_gemm1, P1) if v["kernel"] == 1 else (K._moe_gemm2, P2)
+    consts = v["constexprs"]
+    sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
+    k = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", cc, 32),
+                       options=dict(num_warps=v["num_warps"], num_stages=v["num_stages"]))
+    ptx = k.asm["ptx"]
+    out.append(dict(v, shared=k.metadata.shared, mma=("mma.sync" in ptx) or ("wgmma" in ptx)
+                    or ("tcgen05.mma" in ptx)))
+print(json.dumps(out))
+"""
+
+
+def _variants():
+    """Distinct kernel specialisations of all table + heuristic configs."""
+    shapes = {MoEShape(257, 6144, 256, 9), MoEShape(256, 6144, 256, 8), MoEShape(32, 6144, 2048, 8)}
+    cfgs = set()
+    for path in sorted(C._CONFIG_DIR.glob("*.json")):
+        for key, buckets in C.load_table(json.loads(path.read_text())["device_name"]).items():
+            E, H, I, k = (int(kv.split("=")[1]) for kv in key.split(","))
+            cfgs |= {(k, c) for c in buckets.values()}
+    for s in shapes:
+        for tgt in (Target("sm_90", None, 132), Target("sm_120", None, 188)):
+            cfgs |= {(s.top_k, heuristic_config(b, s, tgt)) for b in (1, 16, 256)}
+    seen, out = set(), []
+    for k, c in sorted(cfgs, key=repr):
+        slot = c.grid == "slots"
+        # top_k and split_k are runtime arguments: they do not multiply the variants.
+        v1 = dict(kernel=1, num_warps=c.warps1, num_stages=c.stages1, constexprs=dict(
+            SLOT_MODE=slot, BN=c.block_n1, BT=c.block_t, BLOCK_P=c.block_p, COMPUTE_F32=False))
+        v2 = dict(kernel=2, num_warps=c.warps2, num_stages=c.stages2, constexprs=dict(
+            K_POW2=1 << (k - 1).bit_length(), SLOT_MODE=slot, BN=c.block_n2,
+            BT=c.block_t, BLOCK_P=c.block_p, COMPUTE_F32=False))
+        for v in (v1, v2):
+            key = json.dumps(v, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append(v)
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    variants = _variants()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    subset = [v for g in (True, False) for v in variants if v["constexprs"]["SLOT_MODE"] is g][:1]
+    subset += [v for v in variants if not v["constexprs"]["SLOT_MODE"]][:1]
+    subset += [v for v in variants if v["kernel"] == 2][:1]
+    todo = {80: subset, 90: variants, 100: subset, 120: variants}
+    results = {}
+    for pair in ((90, 80), (120, 100)):
+        procs = {
+            cc: subprocess.Popen([sys.executable, "-c", _SCRIPT, str(cc)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for cc in pair
+        }
+        for cc, p in procs.items():
+            out, err = p.communicate(json.dumps(todo[cc]), timeout=900)
+            assert p.returncode == 0, f"sm_{cc} compile failed:\n{err[-4000:]}"
+            results[cc] = json.loads(out.strip().splitlines()[-1])
+    return todo, results
+
+
+@pytest.mark.parametrize("cc", [80, 90, 100, 120])
+def test_every_config_compiles_with_tensor_cores(compiled, cc):
+    todo, results = compiled
+    assert len(results[cc]) == len(todo[cc]) > 0
+    for r in results[cc]:
+        assert r["mma"], f"sm_{cc}: no tensor-core mma in PTX for {r}"
+
+
+def test_sm120_shared_memory_fits(compiled):
+    _, results = compiled
+    worst = max(results[120], key=lambda r: r["shared"])
+    assert worst["shared"] <= SM120_SMEM_PER_BLOCK, worst

@@ -1,0 +1,117 @@
+"""KernelConfig: frozen/hashable/repr round trip, validation, the heuristic, tables, overrides."""
+
+import dataclasses
+import json
+
+import pytest
+
+from sglang_fp4ext.moe import config as C
+from sglang_fp4ext.moe.config import KernelConfig, MoEShape, Target, config_for, heuristic_config
+
+H200 = Target("sm_90", "NVIDIA H200", 132)
+PRO6000 = Target("sm_120", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 188)
+TP8 = MoEShape(E=257, H=6144, I=256, top_k=9)
+EP8 = MoEShape(E=32, H=6144, I=2048, top_k=8)
+TOKENS = [0, 1, 2, 3, 4, 8, 16, 31, 64, 128, 256, 1000]
+
+
+def test_frozen_hashable_repr_round_trip():
+    cfg = KernelConfig(grid="experts", block_n1=128, split_k2=4)
+    assert eval(repr(cfg), {"KernelConfig": KernelConfig}) == cfg
+    assert hash(cfg) == hash(KernelConfig(grid="experts", block_n1=128, split_k2=4))
+    assert KernelConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.block_t = 32
+
+
+@pytest.mark.parametrize(
+    "kwargs,msg",
+    [
+        ({"grid": "tokens"}, "grid"),
+        ({"block_t": 24}, "power of two"),
+        ({"block_t": 8}, "block_t"),
+        ({"block_n1": 16}, "block_n1 must be >= 32"),
+        ({"block_n2": 256}, "block_n2"),
+        ({"split_k1": 3}, "split_k1"),
+        ({"stages2": 0}, "stages2"),
+        ({"block_p": 8}, "block_p"),
+    ],
+)
+def test_invalid_configs_rejected(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        KernelConfig(**kwargs)
+    with pytest.raises(ValueError, match="unknown"):
+        KernelConfig.from_dict({"blockn": 1})
+
+
+@pytest.mark.parametrize("shape", [TP8, EP8, MoEShape(10, 272, 80, 9)], ids=["tp8", "ep8", "small"])
+@pytest.mark.parametrize("target", [H200, PRO6000], ids=["h200", "pro6000"])
+def test_heuristic_is_deterministic_and_fills_the_gpu(shape, target):
+    for T in TOKENS:
+        a, b = heuristic_config(T, shape, target), heuristic_config(T, shape, target)
+        assert a == b and isinstance(a, KernelConfig)
+        # Same bucket -> same config.
+        assert a == heuristic_config(C.token_bucket(T), shape, target)
+        P = C.token_bucket(T) * shape.top_k
+        assert a.grid == ("slots" if P <= shape.E else "experts")
+    # GLM-5 TP8 at T = 1: 9 experts x row tiles x splits reach >= 2 programs per SM (Little's law).
+    if shape is TP8:
+        c = heuristic_config(1, shape, target)
+        n_tiles = 9 * (512 // c.block_n1) * c.split_k1
+        assert n_tiles >= 2 * target.num_sms
+
+
+def test_token_bucket():
+    assert [C.token_bucket(t) for t in (0, 1, 2, 3, 5, 16, 17, 256)] == [1, 1, 2, 4, 8, 16, 32, 256]
+
+
+def test_override_and_reset():
+    forced = KernelConfig(grid="experts", block_n1=32)
+    with C.override_config(forced):
+        assert config_for(7, TP8, H200) is forced
+    assert config_for(7, TP8, H200) != forced or heuristic_config(7, TP8, H200) == forced
+    C.set_config_override(forced)
+    try:
+        assert config_for(1, EP8, PRO6000) is forced
+    finally:
+        C.reset_config_override()
+    assert config_for(1, EP8, Target("sm_90", "no such GPU", 132)) == heuristic_config(
+        1, EP8, Target("sm_90", "no such GPU", 132))
+    with pytest.raises(TypeError):
+        C.set_config_override({"grid": "slots"})
+
+
+def _tables():
+    return sorted(C._CONFIG_DIR.glob("*.json"))
+
+
+def test_tables_parse_and_are_used(tmp_path, monkeypatch):
+    for path in _tables():
+        raw = json.loads(path.read_text())
+        assert C.table_path(raw["device_name"]) == path
+        table = C.load_table(raw["device_name"])
+        assert table, f"{path.name} has no shapes"
+        for key, buckets in table.items():
+            E, H, I, k = (int(kv.split("=")[1]) for kv in key.split(","))
+            shape = MoEShape(E, H, I, k)
+            assert shape.key() == key
+            tgt = Target("sm_90", raw["device_name"], 132)
+            for b, cfg in buckets.items():
+                assert C.token_bucket(b) == b
+                assert config_for(b, shape, tgt) == cfg
+            # Beyond the largest bucket: the largest bucket's config.
+            big = max(buckets)
+            assert config_for(4 * big, shape, tgt) == buckets[big]
+    # A table written to a temporary config dir is picked up by device name.
+    monkeypatch.setattr(C, "_CONFIG_DIR", tmp_path)
+    C.load_table.cache_clear()
+    try:
+        cfg = KernelConfig(grid="experts", block_n1=128, split_k1=2)
+        doc = {"device_name": "Test GPU", "shapes": {EP8.key(): {"16": cfg.to_dict()}}}
+        (tmp_path / "Test_GPU.json").write_text(json.dumps(doc))
+        tgt = Target("sm_90", "Test GPU", 132)
+        assert config_for(9, EP8, tgt) == cfg  # bucket 16
+        assert config_for(16, EP8, tgt) == cfg
+        assert config_for(1, EP8, tgt) == heuristic_config(1, EP8, tgt)  # bucket 1 not tuned
+    finally:
+        C.load_table.cache_clear()
