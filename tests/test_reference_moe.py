@@ -209,5 +209,8 @@ def test_random_moe_weights_realistic(seed):
     out = fused_moe_nvfp4_torch(x, w, ids, tw)
     rms = out.pow(2).mean().sqrt().item()
     assert 0.05 < rms < 2.0, f"output RMS {rms} is not O(0.1-1)"
+    big = random_moe_weights(19, 32, 16)  # more experts than one generation chunk (16)
+    assert big.num_experts == 19 and big.w13_scale.shape == (19, 32, 2)
+    assert (big.w2_input_scale > 0).all() and torch.isfinite(big.dequantize()[0]).all()
     w_again = random_moe_weights(8, 128, 64, generator=torch.Generator().manual_seed(seed))
     assert torch.equal(w.w13, w_again.w13) and torch.equal(w.w2_input_scale, w_again.w2_input_scale)

@@ -173,22 +173,35 @@ def random_moe_weights(
     hidden states (or bf16 ones of that size) the gate/up outputs are O(1) and the MoE output
     O(0.1-1). Input scales are calibrated the way ModelOpt does it -- ``amax / (6 * 448)`` of each
     expert's inputs -- on ``calib_tokens`` fresh N(0, 1) tokens per expert, the GEMM2 input
-    (``silu(gate) * up``) computed with the quantized weights. Generated on the CPU (so a seeded
-    ``generator`` gives the same weights everywhere), then moved to ``device``.
+    (``silu(gate) * up``) computed with the quantized weights.
+
+    Everything is drawn and quantized on the generator's device (``device`` when no generator is
+    given), ``_CHUNK`` experts at a time so GLM-5-sized sets stay within memory, then moved to
+    ``device``. The same seeded generator gives the same weights on the same device.
     """
     e, h, i = num_experts, hidden_size, intermediate_size
     if e < 1 or h < 16 or i < 16:
         raise ValueError(f"need E >= 1, H >= 16, I >= 16; got E={e}, H={h}, I={i}")
     g = generator
-    if g is not None and g.device.type != "cpu":
-        raise ValueError("random_moe_weights needs a CPU generator (weights are drawn on the CPU)")
-    w13 = torch.randn(e, 2 * i, h, generator=g) * (scale / h**0.5)
-    w2 = torch.randn(e, h, i, generator=g) * (scale / i**0.5)
-    packed = quantize_moe_weights(w13, w2)
-    x = torch.randn(e, calib_tokens, h, generator=g)
-    w13_q, _ = packed.dequantize()
-    gate_up = torch.bmm(x, w13_q.transpose(1, 2))
-    act = torch.nn.functional.silu(gate_up[..., :i]) * gate_up[..., i:]
-    packed.w13_input_scale = x.abs().amax(dim=(1, 2)) / (E2M1_MAX * E4M3_MAX)
-    packed.w2_input_scale = act.abs().amax(dim=(1, 2)) / (E2M1_MAX * E4M3_MAX)
-    return packed.to(device)
+    dev = g.device if g is not None else torch.device(device)
+    parts = []
+    for start in range(0, e, _CHUNK):
+        n = min(_CHUNK, e - start)
+        w13 = torch.randn(n, 2 * i, h, generator=g, device=dev) * (scale / h**0.5)
+        w2 = torch.randn(n, h, i, generator=g, device=dev) * (scale / i**0.5)
+        x = torch.randn(n, calib_tokens, h, generator=g, device=dev)
+        packed = quantize_moe_weights(w13, w2)
+        w13_q, _ = packed.dequantize()
+        gate_up = torch.bmm(x, w13_q.transpose(1, 2))
+        act = torch.nn.functional.silu(gate_up[..., :i]) * gate_up[..., i:]
+        packed.w13_input_scale = x.abs().amax(dim=(1, 2)) / (E2M1_MAX * E4M3_MAX)
+        packed.w2_input_scale = act.abs().amax(dim=(1, 2)) / (E2M1_MAX * E4M3_MAX)
+        parts.append(packed.to(device))
+    return MoEWeights(
+        **{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(MoEWeights)}
+    )
+
+
+# Experts drawn and quantized per step in random_moe_weights (bounds temporaries: GLM-5 TP8's
+# 257 experts of 2x256x6144 fp32 would otherwise need ~5 GB at once, several times over).
+_CHUNK = 16
