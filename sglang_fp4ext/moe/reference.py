@@ -6,10 +6,11 @@ For each token ``t`` and slot ``j`` with expert ``e = topk_ids[t, j] >= 0``::
     out[t]  += topk_weights[t, j] * ((silu(gate) * up) @ W2[e].T)
 
 ``x`` is upcast to fp32, weights are dequantized with ``MoEWeights.dequantize_experts`` (each
-expert present once), every product and sum is fp32. ``topk_ids == -1`` marks a slot whose expert
-lives on another rank (skipped). ``topk_weights`` are used as given (SGLang has already applied
-renormalisation and the routed scaling factor). A fused shared expert is just one more column
-of ``topk_ids`` pointing at the last expert (``k = top_k + 1``).
+expert present once), every product and sum is fp32 (matmuls follow torch's fp32 matmul
+precision: keep TF32 off, PyTorch's default, when this is the oracle). ``topk_ids == -1`` marks
+a slot whose expert lives on another rank (skipped). ``topk_weights`` are used as given (SGLang
+has already applied renormalisation and the routed scaling factor). A fused shared expert is
+just one more column of ``topk_ids`` pointing at the last expert (``k = top_k + 1``).
 
 ``quantize_activations=True`` emulates W4A4: the GEMM1 input (per expert, with that expert's
 ``w13_input_scale``) and the GEMM2 input (``silu(gate) * up``, with ``w2_input_scale``) are

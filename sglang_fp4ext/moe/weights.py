@@ -19,6 +19,8 @@ field               shape, dtype                meaning
 ==================  ==========================  =====================================================
 
 Dequantised weight = ``e2m1(code) * float(block_scale) * scale_2`` (ModelOpt's rule).
+ModelOpt's exports give gate and up one shared ``scale_2`` (both columns equal); the pack and
+``quantize_moe_weights`` allow them to differ, the general case.
 A fused shared expert is simply one more expert (the last one) in every tensor.
 
 Helpers: ``MoEWeights.dequantize()`` (fp32 weights back), ``quantize_moe_weights`` (float

@@ -39,11 +39,12 @@ Scales (ModelOpt's math, fp32, in this exact operation order)
       global_scale = amax(|x|) / (6 * 448)            # 6 = E2M1 max, 448 = E4M3 max
 
   so the largest block scale is (close to) 448. An all-zero tensor has no global scale (ModelOpt
-  yields NaN); this codec refuses it. Device note (measured, torch 2.11/2.14): PyTorch divides a
-  CUDA tensor by a Python scalar as ``amax * fl32(1/2688)``, on the CPU exactly, so ModelOpt's
-  global scale -- and through it an occasional code -- can differ by one ulp between CPU and GPU
-  (real checkpoints are quantized on GPUs). This codec uses ModelOpt's expression, so it matches
-  ModelOpt on whichever device both run; compare a GPU kernel with this twin on the GPU.
+  yields NaN); this codec refuses it. Device note (measured on the H200, torch 2.11): PyTorch
+  divides a CUDA tensor by a Python scalar as ``amax * fl32(1/2688)``, the CPU divides exactly,
+  so ModelOpt's global scale -- and through it an occasional code -- can differ by one ulp
+  between CPU and GPU (real checkpoints are quantized on GPUs). This codec uses ModelOpt's
+  expression, so it matches ModelOpt on whichever device both run; compare a GPU kernel with
+  this twin on the GPU.
 * Block scale, one FP8-E4M3 (``float8_e4m3fn``) per 16 elements (checkpoint ``weight_scale``)::
 
       s = amax(|x[block]|) / (6 * global_scale)        # fp32; (6 * global_scale) rounded first
