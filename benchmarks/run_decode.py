@@ -27,7 +27,12 @@ from pathlib import Path
 
 import torch
 
-from sglang_fp4ext.bench import SHAPES, nvfp4_bytes_per_expert, random_packed_weights, uniform_routing
+from sglang_fp4ext.bench import (
+    SHAPES,
+    nvfp4_bytes_per_expert,
+    random_packed_weights,
+    uniform_routing,
+)
 from sglang_fp4ext.bench.peers import TorchGroupedMMMoE, has_grouped_mm
 from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, time_graph_replay
 from sglang_fp4ext.moe.config import KernelConfig, config_for, current_target, heuristic_config
@@ -38,18 +43,29 @@ from sglang_fp4ext.testing.compare import error_stats
 
 def _gemm1_candidates(base: KernelConfig, kc1: int):
     """GEMM1 row tile x split-K around ``base`` (coordinate descent: GEMM1, GEMM2, then misc)."""
-    return [dataclasses.replace(base, block_n1=bn, split_k1=sk)
-            for bn in (64, 128) for sk in (1, 2, 4, 8) if sk <= max(1, kc1 // 2)]
+    return [
+        dataclasses.replace(base, block_n1=bn, split_k1=sk)
+        for bn in (64, 128)
+        for sk in (1, 2, 4, 8)
+        if sk <= max(1, kc1 // 2)
+    ]
 
 
 def _gemm2_candidates(base: KernelConfig, kc2: int):
-    return [dataclasses.replace(base, block_n2=bn, split_k2=sk)
-            for bn in (64, 128) for sk in (1, 2, 4) if sk <= kc2]
+    return [
+        dataclasses.replace(base, block_n2=bn, split_k2=sk)
+        for bn in (64, 128)
+        for sk in (1, 2, 4)
+        if sk <= kc2
+    ]
 
 
 def _misc_candidates(base: KernelConfig):
-    out = [dataclasses.replace(base, stages1=2, stages2=2), dataclasses.replace(base, warps1=8),
-           dataclasses.replace(base, warps2=8)]
+    out = [
+        dataclasses.replace(base, stages1=2, stages2=2),
+        dataclasses.replace(base, warps1=8),
+        dataclasses.replace(base, warps2=8),
+    ]
     if base.block_t == 16:
         out.append(dataclasses.replace(base, block_t=32))
     return out
@@ -77,10 +93,16 @@ def main(argv=None) -> int:
 
     bw = copy_bandwidth_Bps()
     meta = {
-        "device": torch.cuda.get_device_name(), "target": dataclasses.asdict(target),
-        "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-        "copy_bandwidth_TBps": bw / 1e12, "copies": args.copies, "replays": args.replays,
-        "clocks_start": gpu_clocks(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "device": torch.cuda.get_device_name(),
+        "target": dataclasses.asdict(target),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "copy_bandwidth_TBps": bw / 1e12,
+        "copies": args.copies,
+        "replays": args.replays,
+        "clocks_start": gpu_clocks(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     print(f"[bench] {meta['device']} copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     rows, checks, tuned = [], [], {}
@@ -89,8 +111,10 @@ def main(argv=None) -> int:
         bs = SHAPES[sname]
         tune_deadline = time.time() + args.tune_seconds / len(snames)  # per-shape budget
         gen = torch.Generator(device="cuda").manual_seed(2026)
-        packs = [random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen)
-                 for _ in range(args.copies)]
+        packs = [
+            random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen)
+            for _ in range(args.copies)
+        ]
         prepared = [PreparedMoEWeights.from_moe_weights(p) for p in packs]
         shape = prepared[0].shape(bs.top_k)
         kc1, kc2 = prepared[0].w13.k_pad // 256, prepared[0].w2.k_pad // 256
@@ -99,10 +123,17 @@ def main(argv=None) -> int:
             peers = [TorchGroupedMMMoE(p) for p in packs]
         per_expert = nvfp4_bytes_per_expert(bs.H, bs.I)
         for T in tokens:
-            routes = [uniform_routing(T, bs, device="cuda", generator=gen) for _ in range(args.copies)]
-            xs = [torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
-                  for _ in range(args.copies)]
-            outs = [torch.empty(T, bs.H, dtype=torch.bfloat16, device="cuda") for _ in range(args.copies)]
+            routes = [
+                uniform_routing(T, bs, device="cuda", generator=gen) for _ in range(args.copies)
+            ]
+            xs = [
+                torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
+                for _ in range(args.copies)
+            ]
+            outs = [
+                torch.empty(T, bs.H, dtype=torch.bfloat16, device="cuda")
+                for _ in range(args.copies)
+            ]
 
             def ours(i, cfg=None):
                 ids, tw, _ = routes[i]
@@ -123,15 +154,23 @@ def main(argv=None) -> int:
             cfg = config_for(T, shape, target)
             source = "table/heuristic"
             if time.time() < tune_deadline:
-                best = (time_graph_replay(lambda i: ours(i, cfg), args.copies, replays=5).us_per_call, cfg)
-                stages = [lambda b: _gemm1_candidates(b, kc1), lambda b: _gemm2_candidates(b, kc2),
-                          _misc_candidates]
+                best = (
+                    time_graph_replay(lambda i: ours(i, cfg), args.copies, replays=5).us_per_call,
+                    cfg,
+                )
+                stages = [
+                    lambda b: _gemm1_candidates(b, kc1),
+                    lambda b: _gemm2_candidates(b, kc2),
+                    _misc_candidates,
+                ]
                 for make in stages:
                     for cand in make(best[1]):
                         if time.time() > tune_deadline or cand == best[1]:
                             continue
                         try:
-                            us = time_graph_replay(lambda i: ours(i, cand), args.copies, replays=5).us_per_call
+                            us = time_graph_replay(
+                                lambda i: ours(i, cand), args.copies, replays=5
+                            ).us_per_call
                         except Exception as exc:  # a config that fails to compile/launch is skipped
                             print(f"[tune] {sname} T={T} {cand!r} failed: {exc}", flush=True)
                             continue
@@ -145,25 +184,40 @@ def main(argv=None) -> int:
             t_ours = time_graph_replay(lambda i: ours(i, cfg), args.copies, replays=args.replays)
             t_peer = None
             if peers is not None:
-                t_peer = time_graph_replay(lambda i: peers[i](xs[i], routes[i][0], routes[i][1]),
-                                           args.copies, replays=args.replays)
+                t_peer = time_graph_replay(
+                    lambda i: peers[i](xs[i], routes[i][0], routes[i][1]),
+                    args.copies,
+                    replays=args.replays,
+                )
             distinct = sum(r[2] for r in routes) / len(routes)
             nbytes = distinct * per_expert
             floor_us = nbytes / bw * 1e6
             row = {
-                "shape": sname, "T": T, "distinct_experts": distinct, "bytes": nbytes,
-                "floor_us": floor_us, "us": t_ours.us_per_call, "us_min": t_ours.us_min,
-                "us_max": t_ours.us_max, "fraction_of_copy_bw": floor_us / t_ours.us_per_call,
+                "shape": sname,
+                "T": T,
+                "distinct_experts": distinct,
+                "bytes": nbytes,
+                "floor_us": floor_us,
+                "us": t_ours.us_per_call,
+                "us_min": t_ours.us_min,
+                "us_max": t_ours.us_max,
+                "fraction_of_copy_bw": floor_us / t_ours.us_per_call,
                 "achieved_TBps": nbytes / t_ours.us_per_call / 1e6,
                 "peer_us": None if t_peer is None else t_peer.us_per_call,
-                "speedup_vs_peer": None if t_peer is None else t_peer.us_per_call / t_ours.us_per_call,
-                "config": repr(cfg), "config_source": source,
+                "speedup_vs_peer": None
+                if t_peer is None
+                else t_peer.us_per_call / t_ours.us_per_call,
+                "config": repr(cfg),
+                "config_source": source,
                 "heuristic": repr(heuristic_config(T, shape, target)),
             }
             rows.append(row)
-            print(f"[time] {sname} T={T} {row['us']:.1f} us floor {floor_us:.1f} "
-                  f"frac {row['fraction_of_copy_bw']:.2f} peer {row['peer_us']}", flush=True)
-        del packs, prepared, peers
+            print(
+                f"[time] {sname} T={T} {row['us']:.1f} us floor {floor_us:.1f} "
+                f"frac {row['fraction_of_copy_bw']:.2f} peer {row['peer_us']}",
+                flush=True,
+            )
+        packs = prepared = peers = None  # free before the next shape
         torch.cuda.empty_cache()
     meta["clocks_end"] = gpu_clocks()
     result = {"meta": meta, "rows": rows, "checks": checks}
@@ -174,12 +228,22 @@ def main(argv=None) -> int:
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     if tuned:
         (out / (meta["device"].replace(" ", "_") + ".json")).write_text(
-            json.dumps(result["tuned_table"], indent=1))
-    print(f"\n{'shape':9} {'T':>4} {'D':>6} {'us':>8} {'floor':>7} {'frac':>5} {'peer_us':>8} {'x_peer':>6}")
+            json.dumps(result["tuned_table"], indent=1)
+        )
+    print(
+        f"\n{'shape':9} {'T':>4} {'D':>6} {'us':>8} {'floor':>7} {'frac':>5} "
+        f"{'peer_us':>8} {'x_peer':>6}"
+    )
     for r in rows:
-        peer = f"{r['peer_us']:8.1f} {r['speedup_vs_peer']:6.2f}" if r["peer_us"] else "       -      -"
-        print(f"{r['shape']:9} {r['T']:4d} {r['distinct_experts']:6.1f} {r['us']:8.1f} "
-              f"{r['floor_us']:7.1f} {r['fraction_of_copy_bw']:5.2f} {peer}")
+        peer = (
+            f"{r['peer_us']:8.1f} {r['speedup_vs_peer']:6.2f}"
+            if r["peer_us"]
+            else "       -      -"
+        )
+        print(
+            f"{r['shape']:9} {r['T']:4d} {r['distinct_experts']:6.1f} {r['us']:8.1f} "
+            f"{r['floor_us']:7.1f} {r['fraction_of_copy_bw']:5.2f} {peer}"
+        )
     return 0
 
 

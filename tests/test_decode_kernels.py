@@ -33,7 +33,7 @@ _WEIGHTS: dict = {}
 
 
 def _weights(E, H, I):
-    """Weights are the slow part on the CPU: one fixed random set per shape (data varies per test)."""
+    """Weights are the slow part on the CPU: one random set per shape (inputs vary per test)."""
     key = (E, H, I)
     if key not in _WEIGHTS:
         g = torch.Generator().manual_seed(1234 + E * 7 + H + I)
@@ -46,8 +46,11 @@ def _routing(T, E, k, g, *, shared=False, drop=0.0, one_expert=None):
     """Distinct random experts per token; optional shared last column, -1 drops, one-expert mode."""
     n_routed = E - 1 if shared else E
     kr = k - 1 if shared else k
-    ids = torch.stack([torch.randperm(n_routed, generator=g)[:kr] for _ in range(T)]) if T else (
-        torch.zeros(0, kr, dtype=torch.long))
+    ids = (
+        torch.stack([torch.randperm(n_routed, generator=g)[:kr] for _ in range(T)])
+        if T
+        else (torch.zeros(0, kr, dtype=torch.long))
+    )
     if one_expert is not None:
         ids[:, 0] = one_expert
         ids[:, 1:] = torch.where(ids[:, 1:] == one_expert, (one_expert + 1) % n_routed, ids[:, 1:])
@@ -77,19 +80,45 @@ CASES = [
     Case("T1_k8_slots", E=16, H=256, I=128, T=1, k=8, cfg=KernelConfig(grid="slots")),
     Case("T1_k8_heuristic", E=16, H=256, I=128, T=1, k=8),
     Case(
-        "T5_k9_shared_drop_splitk_nonpow2", E=10, H=272, I=80, T=5, k=9, shared=True, drop=0.3,
+        "T5_k9_shared_drop_splitk_nonpow2",
+        E=10,
+        H=272,
+        I=80,
+        T=5,
+        k=9,
+        shared=True,
+        drop=0.3,
         cfg=KernelConfig(grid="slots", split_k1=2, split_k2=2, block_n1=32, block_n2=128),
     ),
     Case(
-        "T7_k8_experts_grid_splitk", E=12, H=512, I=96, T=7, k=8, drop=0.2,
+        "T7_k8_experts_grid_splitk",
+        E=12,
+        H=512,
+        I=96,
+        T=7,
+        k=8,
+        drop=0.2,
         cfg=KernelConfig(grid="experts", split_k1=2, block_n1=128, block_n2=128, block_p=16),
     ),
     Case(
-        "T20_all_on_one_expert", E=8, H=256, I=64, T=20, k=2, one_expert=3,
+        "T20_all_on_one_expert",
+        E=8,
+        H=256,
+        I=64,
+        T=20,
+        k=2,
+        one_expert=3,
         cfg=KernelConfig(grid="experts", block_t=16, block_p=16, split_k2=2),
     ),
     Case(
-        "T6_k9_experts_grid_both_splits", E=10, H=272, I=80, T=6, k=9, shared=True, drop=0.2,
+        "T6_k9_experts_grid_both_splits",
+        E=10,
+        H=272,
+        I=80,
+        T=6,
+        k=9,
+        shared=True,
+        drop=0.2,
         cfg=KernelConfig(grid="experts", split_k1=2, split_k2=2),
     ),
 ]
@@ -99,8 +128,9 @@ CASES = [
 def test_matches_reference(case, seed):
     g = torch.Generator().manual_seed(seed)
     w, pw = _weights(case.E, case.H, case.I)
-    ids, tw = _routing(case.T, case.E, case.k, g, shared=case.shared, drop=case.drop,
-                       one_expert=case.one_expert)
+    ids, tw = _routing(
+        case.T, case.E, case.k, g, shared=case.shared, drop=case.drop, one_expert=case.one_expert
+    )
     x = torch.randn(case.T, case.H, generator=g).to(torch.bfloat16)
     x, ids, tw = x.to(DEV), ids.to(DEV), tw.to(DEV)
     out = torch.full((case.T, case.H), float("nan"), dtype=torch.bfloat16, device=DEV)  # poison

@@ -76,7 +76,8 @@ def test_override_and_reset():
     finally:
         C.reset_config_override()
     assert config_for(1, EP8, Target("sm_90", "no such GPU", 132)) == heuristic_config(
-        1, EP8, Target("sm_90", "no such GPU", 132))
+        1, EP8, Target("sm_90", "no such GPU", 132)
+    )
     with pytest.raises(TypeError):
         C.set_config_override({"grid": "slots"})
 

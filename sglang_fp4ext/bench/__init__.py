@@ -68,8 +68,12 @@ def random_packed_weights(E: int, H: int, I: int, *, device, generator=None) -> 
         return jitter / (2.9 * K**0.5)
 
     return MoEWeights(
-        w13=codes(E, 2 * I, H // 2), w13_scale=scales(E, 2 * I, H // 16), w13_scale_2=glob(H, E, 2),
-        w2=codes(E, H, I // 2), w2_scale=scales(E, H, I // 16), w2_scale_2=glob(I, E),
+        w13=codes(E, 2 * I, H // 2),
+        w13_scale=scales(E, 2 * I, H // 16),
+        w13_scale_2=glob(H, E, 2),
+        w2=codes(E, H, I // 2),
+        w2_scale=scales(E, H, I // 16),
+        w2_scale_2=glob(I, E),
     )
 
 

@@ -93,7 +93,9 @@ def gpu_clocks() -> dict:
         q = "clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu"
         r = subprocess.run(
             ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         vals = [v.strip() for v in r.stdout.strip().splitlines()[0].split(",")]
         return dict(zip(q.split(","), vals))

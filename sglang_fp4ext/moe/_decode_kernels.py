@@ -58,7 +58,9 @@ def _e4m3_bits_to_f32(s):
 
 
 @triton.jit
-def _decode_chunk(q_ptr, s_ptr, rows, kc, q_row_stride, s_chunk_stride, BN: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def _decode_chunk(
+    q_ptr, s_ptr, rows, kc, q_row_stride, s_chunk_stride, BN: tl.constexpr, DOT_DTYPE: tl.constexpr
+):
     """Decode one 256-wide K chunk of ``BN`` weight rows -> (low half, high half), (BN, 128) each.
 
     Byte ``i`` of a row chunk holds element ``i`` (low nibble) and ``128 + i`` (high nibble); a
@@ -68,7 +70,13 @@ def _decode_chunk(q_ptr, s_ptr, rows, kc, q_row_stride, s_chunk_stride, BN: tl.c
     """
     g = tl.arange(0, 8)
     i = tl.arange(0, 16)
-    qp = q_ptr + rows[:, None, None] * q_row_stride + kc * 128 + g[None, :, None] * 16 + i[None, None, :]
+    qp = (
+        q_ptr
+        + rows[:, None, None] * q_row_stride
+        + kc * 128
+        + g[None, :, None] * 16
+        + i[None, None, :]
+    )
     b = tl.load(qp).to(tl.uint32)  # (BN, 8, 16): group g of 16 elements shares scale g
     sp = s_ptr + kc * s_chunk_stride + rows[:, None] * 16 + g[None, :]
     s_lo = _e4m3_bits_to_f32(tl.load(sp))
@@ -119,26 +127,56 @@ def _pairs_of_expert(ids_ptr, e, c, P, BT: tl.constexpr, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def _gemm_tile(q_ptr, s_ptr, x_ptr, rows, xrow, xmask, kc0, kc1, K, q_row_stride, s_chunk_stride, stride_x,
-               BN: tl.constexpr, BT: tl.constexpr, COMPUTE_F32: tl.constexpr):
+def _gemm_tile(
+    q_ptr,
+    s_ptr,
+    x_ptr,
+    rows,
+    xrow,
+    xmask,
+    kc0,
+    kc1,
+    K,
+    q_row_stride,
+    s_chunk_stride,
+    stride_x,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
     """acc (BN, BT) fp32 = W[rows, chunks kc0..kc1) @ X[xrow, same K]^T, weights times 2^-26."""
     DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
     acc = tl.zeros([BN, BT], dtype=tl.float32)
     kk = tl.arange(0, 128)
     for kc in range(kc0, kc1):
-        w_lo, w_hi = _decode_chunk(q_ptr, s_ptr, rows, kc, q_row_stride, s_chunk_stride, BN, DOT_DTYPE)
+        w_lo, w_hi = _decode_chunk(
+            q_ptr, s_ptr, rows, kc, q_row_stride, s_chunk_stride, BN, DOT_DTYPE
+        )
         k_lo = kc * 256 + kk
         xp = x_ptr + xrow[:, None] * stride_x + k_lo[None, :]
         x_lo = tl.load(xp, mask=xmask[:, None] & (k_lo[None, :] < K), other=0.0).to(DOT_DTYPE)
-        x_hi = tl.load(xp + 128, mask=xmask[:, None] & (k_lo[None, :] + 128 < K), other=0.0).to(DOT_DTYPE)
+        x_hi = tl.load(xp + 128, mask=xmask[:, None] & (k_lo[None, :] + 128 < K), other=0.0).to(
+            DOT_DTYPE
+        )
         acc = tl.dot(w_lo, tl.trans(x_lo), acc)
         acc = tl.dot(w_hi, tl.trans(x_hi), acc)
     return acc
 
 
 @triton.jit
-def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I, BN: tl.constexpr, BT: tl.constexpr,
-                    COMPUTE_F32: tl.constexpr):
+def _silu_mul_store(
+    acc,
+    a_ptr,
+    rows,
+    pairs,
+    pmask,
+    inter_ptr,
+    nb,
+    I,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
     """Rows are interleaved gate/up: scale, split, silu(gate) * up, store bf16 to inter[pair, j]."""
     alpha = tl.load(a_ptr + rows) * _TWO_P26
     y = acc * alpha[:, None]
@@ -151,15 +189,35 @@ def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I, BN: tl.con
 
 @triton.jit
 def _moe_gemm1(
-    x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr,
-    P, E, H, I, NP,
-    stride_x, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
-    KC, CPS,
-    TOP_K, SPLIT_K,
-    SLOT_MODE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BLOCK_P: tl.constexpr,
+    x_ptr,
+    ids_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    inter_ptr,
+    ws_ptr,
+    cnt_ptr,
+    P,
+    E,
+    H,
+    I,
+    NP,
+    stride_x,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    CPS,
+    TOP_K,
+    SPLIT_K,
+    SLOT_MODE: tl.constexpr,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    BLOCK_P: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
-    """GEMM1 + SiLU·mul. ws: (SPLIT_K, P, NP) fp32; cnt: (grid0, grid1) int32, zero between calls."""
+    """GEMM1 + SiLU·mul. ws: (SPLIT_K, P, NP) fp32; cnt: (grid0, grid1) int32, 0 between calls."""
     pid0 = tl.program_id(0)
     nb = tl.program_id(1)
     ks = tl.program_id(2)
@@ -177,8 +235,23 @@ def _moe_gemm1(
     for c in range(0, nchunk):
         pairs, pmask = _pairs_of_expert(ids_ptr, e, c, P, BT, BLOCK_P)
         tok = (pairs // TOP_K).to(tl.int64)
-        acc = _gemm_tile(qe, se, x_ptr, rows, tok, pmask, kc0, kc1, H, q_row_stride, s_chunk_stride,
-                         stride_x, BN, BT, COMPUTE_F32)
+        acc = _gemm_tile(
+            qe,
+            se,
+            x_ptr,
+            rows,
+            tok,
+            pmask,
+            kc0,
+            kc1,
+            H,
+            q_row_stride,
+            s_chunk_stride,
+            stride_x,
+            BN,
+            BT,
+            COMPUTE_F32,
+        )
         if SPLIT_K == 1:
             _silu_mul_store(acc, ae, rows, pairs, pmask, inter_ptr, nb, I, BN, BT, COMPUTE_F32)
         else:
@@ -202,13 +275,36 @@ def _moe_gemm1(
 
 @triton.jit
 def _moe_gemm2(
-    inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt_ptr,
-    T, P, E, H, I, NP,
-    stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
-    KC, CPS,
-    TOP_K, SPLIT_K,
-    K_POW2: tl.constexpr, SLOT_MODE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
-    BLOCK_P: tl.constexpr, COMPUTE_F32: tl.constexpr,
+    inter_ptr,
+    ids_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    T,
+    P,
+    E,
+    H,
+    I,
+    NP,
+    stride_out,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    CPS,
+    TOP_K,
+    SPLIT_K,
+    K_POW2: tl.constexpr,
+    SLOT_MODE: tl.constexpr,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
 ):
     """GEMM2 x routing weight + top-k combine into ``out`` (T, H) bf16.
 
@@ -239,8 +335,23 @@ def _moe_gemm2(
     nchunk = tl.cdiv(m, BT)
     for c in range(0, nchunk):
         pairs, pmask = _pairs_of_expert(ids_ptr, e, c, P, BT, BLOCK_P)
-        acc = _gemm_tile(qe, se, inter_ptr, rows, pairs.to(tl.int64), pmask, kc0, kc1, I, q_row_stride,
-                         s_chunk_stride, I, BN, BT, COMPUTE_F32)
+        acc = _gemm_tile(
+            qe,
+            se,
+            inter_ptr,
+            rows,
+            pairs.to(tl.int64),
+            pmask,
+            kc0,
+            kc1,
+            I,
+            q_row_stride,
+            s_chunk_stride,
+            I,
+            BN,
+            BT,
+            COMPUTE_F32,
+        )
         tw = tl.load(tw_ptr + pairs, mask=pmask, other=0.0).to(tl.float32)
         y = acc * alpha[:, None] * tw[None, :]
         tok = pairs // TOP_K
@@ -249,8 +360,11 @@ def _moe_gemm2(
         tl.debug_barrier()  # every thread's partials are written before the release below
         cp = cnt_ptr + tok * tl.num_programs(1) + nb
         old = tl.atomic_add(cp, 1, mask=pmask, sem="acq_rel")
-        idt = tl.load(ids_ptr + tok[:, None] * TOP_K + kj[None, :], mask=pmask[:, None] & (kj[None, :] < TOP_K),
-                      other=-1).to(tl.int32)
+        idt = tl.load(
+            ids_ptr + tok[:, None] * TOP_K + kj[None, :],
+            mask=pmask[:, None] & (kj[None, :] < TOP_K),
+            other=-1,
+        ).to(tl.int32)
         nval = tl.sum(((idt >= 0) & (idt < E)).to(tl.int32), 1)
         last = pmask & (old == nval * SPLIT_K - 1)
         if tl.sum(last.to(tl.int32), 0) > 0:  # some token of this group is complete: combine it

@@ -15,10 +15,10 @@ token buckets (powers of two). A call with ``T`` tokens uses bucket ``next_pow2(
 bucket of the table when ``T`` is beyond it. Missing shapes or devices fall back to the heuristic.
 
 **Heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
-experts. Rows are cut into ``block_n`` tiles and K into ``split_k`` parts until the expected number of
-busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reaches about
-three programs per SM, keeping at least 2 K chunks of 256 per split so each program streams enough
-bytes to keep loads in flight (kernel-techniques §5, Little's law).
+experts. Rows are cut into ``block_n`` tiles and K into ``split_k`` parts until the expected number
+of busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reaches
+about three programs per SM, keeping at least 2 K chunks of 256 per split so each program streams
+enough bytes to keep loads in flight (kernel-techniques §5, Little's law).
 """
 
 from __future__ import annotations
@@ -79,7 +79,16 @@ class KernelConfig:
     def __post_init__(self):
         if self.grid not in ("slots", "experts"):
             raise ValueError(f"KernelConfig.grid must be 'slots' or 'experts', got {self.grid!r}")
-        for name in ("block_t", "block_p", "block_n1", "block_n2", "split_k1", "split_k2", "warps1", "warps2"):
+        for name in (
+            "block_t",
+            "block_p",
+            "block_n1",
+            "block_n2",
+            "split_k1",
+            "split_k2",
+            "warps1",
+            "warps2",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or not _pow2(v):
                 raise ValueError(f"KernelConfig.{name} must be a power of two, got {v!r}")
@@ -87,14 +96,20 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.block_t must be in [16, 128], got {self.block_t}")
         for name in ("block_n1", "block_n2"):
             if not 16 <= getattr(self, name) <= ROW_ALIGN:
-                raise ValueError(f"KernelConfig.{name} must be in [16, {ROW_ALIGN}], got {getattr(self, name)}")
+                raise ValueError(
+                    f"KernelConfig.{name} must be in [16, {ROW_ALIGN}], got {getattr(self, name)}"
+                )
         if self.block_n1 < 32:
-            raise ValueError("KernelConfig.block_n1 must be >= 32 (gate and up halves of >= 16 rows)")
+            raise ValueError(
+                "KernelConfig.block_n1 must be >= 32 (gate and up halves of >= 16 rows)"
+            )
         if self.block_p < 16:
             raise ValueError(f"KernelConfig.block_p must be >= 16, got {self.block_p}")
         for name in ("stages1", "stages2"):
             if not 1 <= getattr(self, name) <= 8:
-                raise ValueError(f"KernelConfig.{name} must be in [1, 8], got {getattr(self, name)}")
+                raise ValueError(
+                    f"KernelConfig.{name} must be in [1, 8], got {getattr(self, name)}"
+                )
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelConfig":
@@ -143,7 +158,9 @@ def current_target(device=None) -> Target:
     cap = target_info.device_capability(device)
     if cap is None:
         return DEFAULT_TARGET
-    return Target(f"sm_{cap[0]}{cap[1]}", target_info.device_name(device), target_info.num_sms(device))
+    return Target(
+        f"sm_{cap[0]}{cap[1]}", target_info.device_name(device), target_info.num_sms(device)
+    )
 
 
 def token_bucket(T: int) -> int:
@@ -181,9 +198,17 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     bn1, sk1 = pick(2 * shape.I, shape.H, 64)
     bn2, sk2 = pick(shape.H, shape.I, 128)
     return KernelConfig(
-        grid=grid, block_t=block_t, block_p=block_p,
-        block_n1=bn1, split_k1=sk1, warps1=4, stages1=2,
-        block_n2=bn2, split_k2=sk2, warps2=4, stages2=2,
+        grid=grid,
+        block_t=block_t,
+        block_p=block_p,
+        block_n1=bn1,
+        split_k1=sk1,
+        warps1=4,
+        stages1=2,
+        block_n2=bn2,
+        split_k2=sk2,
+        warps2=4,
+        stages2=2,
     )
 
 

@@ -76,14 +76,16 @@ class PreparedMoEWeights:
 _WORKSPACES: dict[tuple[str, str], torch.Tensor] = {}
 
 
-def _workspace(device: torch.device, name: str, numel: int, dtype: torch.dtype, zero: bool) -> torch.Tensor:
+def _workspace(
+    device: torch.device, name: str, numel: int, dtype: torch.dtype, zero: bool
+) -> torch.Tensor:
     key = (str(device), name)
     buf = _WORKSPACES.get(key)
     if buf is None or buf.numel() < numel or buf.dtype != dtype:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
-                f"fused_moe_nvfp4: workspace {name!r} must grow to {numel} elements during CUDA-graph "
-                "capture; run the same token count once eagerly before capturing"
+                f"fused_moe_nvfp4: workspace {name!r} must grow to {numel} elements during "
+                "CUDA-graph capture; run the same token count once eagerly before capturing"
             )
         alloc = torch.zeros if zero else torch.empty
         buf = alloc(max(numel, 1), dtype=dtype, device=device)
@@ -111,7 +113,9 @@ def _validate(x, weights, topk_ids, topk_weights, out):
         )
     for name, t in (("hidden_states", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"fused_moe_nvfp4: {name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(
+                f"fused_moe_nvfp4: {name} must be a torch.Tensor, got {type(t).__name__}"
+            )
         if t.dim() != 2:
             _fail(f"{name} must be 2-D, got shape {tuple(t.shape)}")
         if not t.is_contiguous():
@@ -119,15 +123,18 @@ def _validate(x, weights, topk_ids, topk_weights, out):
     if x.dtype != torch.bfloat16:
         _fail(f"hidden_states must be bfloat16, got {x.dtype}")
     if x.shape[1] != weights.hidden_size:
-        _fail(f"hidden_states has H={x.shape[1]} but the weights have hidden size {weights.hidden_size}")
+        _fail(
+            f"hidden_states has H={x.shape[1]} but the weights have hidden size "
+            f"{weights.hidden_size}"
+        )
     if topk_ids.dtype not in (torch.int32, torch.int64):
         _fail(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
     if topk_weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         _fail(f"topk_weights must be float32, bfloat16 or float16, got {topk_weights.dtype}")
     if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
         _fail(
-            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be "
-            f"(T, top_k) with T={x.shape[0]} tokens"
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must "
+            f"both be (T, top_k) with T={x.shape[0]} tokens"
         )
     if topk_ids.shape[1] < 1:
         _fail("top_k must be >= 1")
@@ -136,12 +143,17 @@ def _validate(x, weights, topk_ids, topk_weights, out):
         if t.device != dev:
             _fail(f"{name} is on {t.device} but the weights are on {dev}")
     if dev.type != "cuda" and not target_info.is_interpreter():
-        _fail(f"tensors must be on a CUDA device (got {dev}); CPU runs only under TRITON_INTERPRET=1")
+        _fail(
+            f"tensors must be on a CUDA device (got {dev}); CPU runs only under TRITON_INTERPRET=1"
+        )
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
             _fail("out must be a bfloat16 tensor")
         if tuple(out.shape) != tuple(x.shape) or not out.is_contiguous() or out.device != dev:
-            _fail(f"out must be contiguous {tuple(x.shape)} on {dev}, got {tuple(out.shape)} on {out.device}")
+            _fail(
+                f"out must be contiguous {tuple(x.shape)} on {dev}, "
+                f"got {tuple(out.shape)} on {out.device}"
+            )
 
 
 # ---- launch ----
@@ -184,7 +196,9 @@ def fused_moe_nvfp4(
         return out
     shape = weights.shape(top_k)
     if config is None:
-        config = config_for(T, shape, target or (current_target(dev) if dev.type == "cuda" else None))
+        config = config_for(
+            T, shape, target or (current_target(dev) if dev.type == "cuda" else None)
+        )
     from sglang_fp4ext.moe import _decode_kernels as K  # triton imported only when launching
 
     w13, w2 = weights.w13, weights.w2
@@ -196,30 +210,81 @@ def fused_moe_nvfp4(
     interp = target_info.is_interpreter()
 
     inter = _workspace(dev, "inter", P * I, torch.bfloat16, zero=False)
-    ws1 = _workspace(dev, "ws1", config.split_k1 * P * w13.n_pad if config.split_k1 > 1 else 1,
-                     torch.float32, zero=False)
+    ws1 = _workspace(
+        dev,
+        "ws1",
+        config.split_k1 * P * w13.n_pad if config.split_k1 > 1 else 1,
+        torch.float32,
+        zero=False,
+    )
     cnt1 = _workspace(dev, "cnt1", g1[0] * g1[1], torch.int32, zero=True)
     ws2 = _workspace(dev, "ws2", P * config.split_k2 * w2.n_pad, torch.float32, zero=False)
     cnt2 = _workspace(dev, "cnt2", T * g2[1], torch.int32, zero=True)
 
     K._moe_gemm1[g1](
-        hidden_states, topk_ids, w13.q, w13.scale, w13.alpha, inter, ws1, cnt1,
-        P, E, H, I, w13.n_pad,
-        hidden_states.stride(0), w13.q.stride(0), w13.q.stride(1), w13.scale.stride(0),
+        hidden_states,
+        topk_ids,
+        w13.q,
+        w13.scale,
+        w13.alpha,
+        inter,
+        ws1,
+        cnt1,
+        P,
+        E,
+        H,
+        I,
+        w13.n_pad,
+        hidden_states.stride(0),
+        w13.q.stride(0),
+        w13.q.stride(1),
+        w13.scale.stride(0),
         w13.scale.stride(1),
-        kc1, cps1, top_k, config.split_k1,
-        SLOT_MODE=config.grid == "slots", BN=config.block_n1, BT=config.block_t,
-        BLOCK_P=config.block_p, COMPUTE_F32=interp,
-        num_warps=config.warps1, num_stages=config.stages1,
+        kc1,
+        cps1,
+        top_k,
+        config.split_k1,
+        SLOT_MODE=config.grid == "slots",
+        BN=config.block_n1,
+        BT=config.block_t,
+        BLOCK_P=config.block_p,
+        COMPUTE_F32=interp,
+        num_warps=config.warps1,
+        num_stages=config.stages1,
     )
     K._moe_gemm2[g2](
-        inter, topk_ids, topk_weights, w2.q, w2.scale, w2.alpha, out, ws2, cnt2,
-        T, P, E, H, I, w2.n_pad,
-        out.stride(0), w2.q.stride(0), w2.q.stride(1), w2.scale.stride(0), w2.scale.stride(1),
-        kc2, cps2, top_k, config.split_k2,
-        K_POW2=triton_next_pow2(top_k), SLOT_MODE=config.grid == "slots",
-        BN=config.block_n2, BT=config.block_t, BLOCK_P=config.block_p, COMPUTE_F32=interp,
-        num_warps=config.warps2, num_stages=config.stages2,
+        inter,
+        topk_ids,
+        topk_weights,
+        w2.q,
+        w2.scale,
+        w2.alpha,
+        out,
+        ws2,
+        cnt2,
+        T,
+        P,
+        E,
+        H,
+        I,
+        w2.n_pad,
+        out.stride(0),
+        w2.q.stride(0),
+        w2.q.stride(1),
+        w2.scale.stride(0),
+        w2.scale.stride(1),
+        kc2,
+        cps2,
+        top_k,
+        config.split_k2,
+        K_POW2=triton_next_pow2(top_k),
+        SLOT_MODE=config.grid == "slots",
+        BN=config.block_n2,
+        BT=config.block_t,
+        BLOCK_P=config.block_p,
+        COMPUTE_F32=interp,
+        num_warps=config.warps2,
+        num_stages=config.stages2,
     )
     return out
 

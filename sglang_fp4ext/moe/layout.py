@@ -4,13 +4,13 @@ One NVFP4 matrix per projection and expert, ``(N, K)`` logical, becomes a :class
 (all tensors contiguous, ``E`` experts, ``Np`` = N rounded up to :data:`ROW_ALIGN`, ``Kp`` = K
 rounded up to :data:`K_CHUNK`):
 
-=========  ===========================  =============================================================
+=========  ===========================  ============================================================
 field      shape, dtype                 meaning
-=========  ===========================  =============================================================
+=========  ===========================  ============================================================
 ``q``      (E, Np, Kp/2) uint8          FP4 codes, K-contiguous, nibble order permuted per K chunk
-``scale``  (E, Kp/256, Np, 16) uint8    e4m3 block-scale bytes, chunk-major (16 bytes per row, chunk)
+``scale``  (E, Kp/256, Np, 16) uint8    e4m3 block-scale bytes, chunk-major: 16 per row and chunk
 ``alpha``  (E, Np) float32              per-row fp32 global scale (``scale_2``); 0 on padding rows
-=========  ===========================  =============================================================
+=========  ===========================  ============================================================
 
 **K chunks.** K is cut into chunks of 256 elements (128 packed bytes, 16 block scales). Within
 chunk ``c`` of a row, byte ``i`` (0 <= i < 128) holds element ``256c + i`` in its low nibble and
@@ -60,7 +60,24 @@ K_CHUNK = 256
 ROW_ALIGN = 128
 
 #: Value of each 4-bit E2M1 code (bit 3 = sign).
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+E2M1_VALUES = (
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    -0.0,
+    -0.5,
+    -1.0,
+    -1.5,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
+)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -117,12 +134,18 @@ def prepare_matrix(q: torch.Tensor, scale: torch.Tensor, alpha: torch.Tensor) ->
         scale: (E, N, K/16) float8_e4m3fn (or its uint8 bytes), row-major block scales.
         alpha: (E, N) float32 per-row global scale.
     """
-    _check(q.dim() == 3 and q.dtype == torch.uint8, f"q must be (E, N, K/2) uint8, got {tuple(q.shape)} {q.dtype}")
+    _check(
+        q.dim() == 3 and q.dtype == torch.uint8,
+        f"q must be (E, N, K/2) uint8, got {tuple(q.shape)} {q.dtype}",
+    )
     E, N, K2 = q.shape
     K = 2 * K2
     _check(K % 16 == 0, f"K={K} must be a multiple of 16 (NVFP4 block size)")
     sb = _as_bytes(scale)
-    _check(tuple(sb.shape) == (E, N, K // 16), f"scale must be (E, N, K/16)={(E, N, K // 16)}, got {tuple(scale.shape)}")
+    _check(
+        tuple(sb.shape) == (E, N, K // 16),
+        f"scale must be (E, N, K/16)={(E, N, K // 16)}, got {tuple(scale.shape)}",
+    )
     _check(tuple(alpha.shape) == (E, N), f"alpha must be (E, N)={(E, N)}, got {tuple(alpha.shape)}")
     Np, Kp = _round_up(N, ROW_ALIGN), _round_up(K, K_CHUNK)
     nc = Kp // K_CHUNK
@@ -155,15 +178,23 @@ def unprepare_matrix(m: KernelMatrix) -> tuple[torch.Tensor, torch.Tensor, torch
     return q, s.contiguous().view(torch.float8_e4m3fn), m.alpha[:, : m.n].contiguous()
 
 
-def prepare_w13(w13: torch.Tensor, w13_scale: torch.Tensor, w13_scale_2: torch.Tensor) -> KernelMatrix:
+def prepare_w13(
+    w13: torch.Tensor, w13_scale: torch.Tensor, w13_scale_2: torch.Tensor
+) -> KernelMatrix:
     """SGLang's stacked ``[gate; up]`` w13 -> kernel layout with gate/up rows interleaved.
 
     ``w13`` (E, 2I, H/2) uint8, ``w13_scale`` (E, 2I, H/16) e4m3, ``w13_scale_2`` (E, 2) fp32.
     """
-    _check(w13.dim() == 3 and w13.shape[1] % 2 == 0, f"w13 must be (E, 2I, H/2), got {tuple(w13.shape)}")
+    _check(
+        w13.dim() == 3 and w13.shape[1] % 2 == 0,
+        f"w13 must be (E, 2I, H/2), got {tuple(w13.shape)}",
+    )
     E, I2 = w13.shape[:2]
     I = I2 // 2
-    _check(tuple(w13_scale_2.shape) == (E, 2), f"w13_scale_2 must be (E, 2), got {tuple(w13_scale_2.shape)}")
+    _check(
+        tuple(w13_scale_2.shape) == (E, 2),
+        f"w13_scale_2 must be (E, 2), got {tuple(w13_scale_2.shape)}",
+    )
 
     def inter(t):  # [E, 2I, ...] gate rows then up rows -> rows g0 u0 g1 u1 ...
         return torch.stack([t[:, :I], t[:, I:]], dim=2).reshape(t.shape)
@@ -186,7 +217,9 @@ def prepare_w2(w2: torch.Tensor, w2_scale: torch.Tensor, w2_scale_2: torch.Tenso
     """Down projection ``w2`` (E, H, I/2), ``w2_scale`` (E, H, I/16), ``w2_scale_2`` (E,)."""
     _check(w2.dim() == 3, f"w2 must be (E, H, I/2), got {tuple(w2.shape)}")
     E, H = w2.shape[:2]
-    _check(tuple(w2_scale_2.shape) == (E,), f"w2_scale_2 must be (E,), got {tuple(w2_scale_2.shape)}")
+    _check(
+        tuple(w2_scale_2.shape) == (E,), f"w2_scale_2 must be (E,), got {tuple(w2_scale_2.shape)}"
+    )
     return prepare_matrix(w2, w2_scale, w2_scale_2.to(torch.float32)[:, None].expand(E, H))
 
 
