@@ -1,0 +1,704 @@
+"""CUDA-graph capture policy for ``--moe-runner-backend fp4ext``: which sizes SGLang captures.
+
+SGLang 0.5.23 replays one full CUDA graph per decode batch size and a breakable graph (BCG: graph
+segments split at eager breaks such as attention) per prefill token bucket, padding each batch up
+to the next captured size. :func:`compute_policy` decides, from a frozen :class:`PolicyInputs`, a
+frozen :class:`CapturePolicy` (hashable, ``eval(repr(p)) == p``):
+
+* **Decode batch sizes** (requests per step): every size ``1..DECODE_DENSE_MAX``, then SGLang's
+  own steps (``DECODE_STEPS``), plus every token-count bucket boundary where the fp4ext decode
+  kernels change config (read from :func:`sglang_fp4ext.moe.config.token_bucket`, so a padded
+  batch always runs the config of its real bucket), up to the decode maximum SGLang resolved
+  (its memory default, already clamped to ``--max-running-requests``).
+* **Prefill token buckets** (BCG): powers of two from ``PREFILL_MIN_TOKENS`` below one tile, then
+  multiples of ``PREFILL_TILE_TOKENS`` with steps that keep padding under ``PREFILL_MAX_WASTE``,
+  topped by the prefill maximum itself (full chunks land there exactly). Consecutive buckets are
+  at most 2x apart, so SGLang's refusal of >2x padding never sends a prefill to eager mode. The
+  list must fit ``prefill_budget_mb`` at ``PREFILL_GRAPH_MB_PER_BUCKET`` (SGLang's own per-bucket
+  estimate); by default that is what SGLang's default list would cost, so the policy never needs
+  more graph memory than SGLang's ``mem_fraction_static`` heuristic reserved.
+* **MoE placement**: the fp4ext MoE runs inside graph segments. With ``--moe-a2a-backend none``
+  (the only a2a fp4ext serves) the StandardDispatcher MoE has no ``eager_on_graph`` site, and
+  fp4ext has no host sync, so nothing splits a segment at the MoE.
+* **Padded rows never read expert weights**: their ``topk_ids`` are ``-1``, which the fp4ext
+  kernels skip. SGLang already does this under EP > 1; see "Masking" below for TP.
+
+**Masking padded rows in TP mode.** SGLang masks rows ``>= num_token_non_padded`` to ``-1`` in
+``TopK`` post-processing (``topk.py:_post_process_topk_ids`` / ``_mask_topk_ids_padded_region``)
+whenever a forward batch carries that count. Whether it carries one is decided by a single
+predicate, ``forward_batch_info.enable_num_token_non_padded()`` (True for ``moe_ep_size > 1``,
+DP gather or a custom a2a): it sizes the graph runners' ``num_token_non_padded`` buffer, which
+each replay fills with the real token count, and ``ForwardBatch.moe_num_token_non_padded()``
+hands it to ``TopK`` through the forward context. The least invasive mechanism is therefore one
+AROUND hook on that predicate that also answers True for fp4ext with ``moe_a2a_backend none`` and
+no DP attention (plain TP): the TP layout then runs exactly the code SGLang runs for EP8 with
+TP8 attention. On CUDA, when the router writes the fused shared-expert column (GLM-5 TP8),
+SGLang masks the routed columns only; a padded row's shared slot stays (expert 256), which costs
+no extra weight bytes because every real row reads the shared expert anyway.
+``SGLANG_OPT_MASK_DP_PAD_MOE`` is not the mechanism: it only masks DP-attention pad rows after the
+EP local-id mapping.
+
+**User settings win.** The resolution hook (``handle_gpu_memory_settings``, after SGLang's step)
+leaves every ``(phase, key)`` in ``server_args._cuda_graph_config_locked`` (set from
+``--cuda-graph-config``, ``--cuda-graph-bs-*``, ``--cuda-graph-max-bs-*``, ...) as the user set it,
+leaves a phase alone when its graphs are disabled or the device is not CUDA, and keeps SGLang's
+exact-size decode list under ``--disable-cuda-graph-padding``. A locked ``max_bs`` is kept and the
+policy's sizes stop there. One INFO line states the decisions.
+
+Without SGLang this module still imports; :func:`describe_policy` (``fp4ext info``) shows the
+policy for a model and parallel layout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglang_fp4ext.moe.config import MoEShape, token_bucket
+
+__all__ = [
+    "DECODE_DENSE_MAX",
+    "DECODE_STEPS",
+    "GLM5",
+    "PREFILL_GRAPH_MB_PER_BUCKET",
+    "PREFILL_MAX_WASTE",
+    "PREFILL_MIN_TOKENS",
+    "PREFILL_TILE_TOKENS",
+    "PRESETS",
+    "CapturePolicy",
+    "MoEModel",
+    "PolicyInputs",
+    "compact_sizes",
+    "compute_policy",
+    "decode_batch_sizes",
+    "describe_policy",
+    "hook_status",
+    "install",
+    "kernel_bucket_boundaries",
+    "policy_for",
+    "prefill_token_buckets",
+]
+
+logger = logging.getLogger("sglang_fp4ext")
+
+#: Every decode batch size up to this is captured. GLM-5 deployments on 8x RTX PRO 6000 report
+#: decode at concurrency 1-64 (hardware-and-model.md section 9), and in this range each real row
+#: still adds several new experts to the step (D(B) = E(1 - (1 - k/E)^B) grows from 8 to ~163
+#: of 256 experts between B = 1 and 32), so sizes here are worth an exact graph each.
+DECODE_DENSE_MAX = 32
+#: Above the dense range: (last size, step), SGLang's own decode grid (cuda_graph_hook.py:500-532).
+#: ``None`` = up to the maximum. Every step divides the powers of two it passes.
+DECODE_STEPS: tuple[tuple[int | None, int], ...] = ((256, 8), (512, 16), (None, 32))
+
+#: Token tile of the prefill MoE path. The prefill kernel does not exist yet; 128 is the M tile of
+#: Triton/CUTLASS grouped GEMMs on SM90/SM120. Change it here when the prefill kernel lands.
+PREFILL_TILE_TOKENS = 128
+#: Smallest prefill bucket: SGLang's own smallest (4); BCG capture below it is not exercised.
+PREFILL_MIN_TOKENS = 4
+#: Above one tile, a bucket's step is the largest tile * 2^k within this fraction of its size.
+PREFILL_MAX_WASTE = 1 / 8
+#: Graph memory per prefill bucket: SGLang's estimate in memory_hook.reserve_for_graph_mb
+#: ("len(bs) * 8" MB of non-torch memory; the torch pool is shared by all BCG buckets).
+PREFILL_GRAPH_MB_PER_BUCKET = 8.0
+
+
+# ---- model and inputs --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoEModel:
+    """The MoE facts of a model that the policy and its description need (global, unsharded)."""
+
+    name: str
+    n_routed_experts: int
+    top_k: int
+    n_shared_experts: int
+    hidden_size: int
+    moe_intermediate_size: int
+    use_mla: bool
+
+    def __post_init__(self):
+        for f in ("n_routed_experts", "top_k", "hidden_size", "moe_intermediate_size"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+                raise ValueError(f"MoEModel.{f} must be a positive int, got {getattr(self, f)!r}")
+        if self.top_k > self.n_routed_experts:
+            raise ValueError(
+                f"MoEModel.top_k={self.top_k} exceeds n_routed_experts={self.n_routed_experts}"
+            )
+
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any], name: str | None = None) -> MoEModel:
+        """From a Hugging Face ``config.json`` dict (DeepSeek/GLM/Qwen MoE key names)."""
+
+        def pick(*keys, default=None):
+            for k in keys:
+                if cfg.get(k) is not None:
+                    return cfg[k]
+            if default is not None:
+                return default
+            raise ValueError(f"model config has none of {keys}: not an MoE config?")
+
+        arch = (cfg.get("architectures") or [cfg.get("model_type", "model")])[0]
+        return cls(
+            name=name or arch,
+            n_routed_experts=int(pick("n_routed_experts", "num_experts", "num_local_experts")),
+            top_k=int(pick("num_experts_per_tok", "moe_topk")),
+            n_shared_experts=int(pick("n_shared_experts", "num_shared_experts", default=0)),
+            hidden_size=int(pick("hidden_size")),
+            moe_intermediate_size=int(pick("moe_intermediate_size", "intermediate_size")),
+            use_mla=cfg.get("kv_lora_rank") is not None,
+        )
+
+
+#: GLM-5 (hardware-and-model.md section 5): 256 routed experts, top-8, 1 shared, hidden 6144,
+#: expert FFN 2048, MLA attention.
+GLM5 = MoEModel("glm-5", 256, 8, 1, 6144, 2048, True)
+PRESETS: dict[str, MoEModel] = {"glm-5": GLM5}
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """Everything :func:`compute_policy` reads. ``eval(repr(x)) == x``.
+
+    ``decode_max_bs``: the largest decode graph (SGLang's resolved ``decode.max_bs``; its memory
+    default is already clamped to ``max_running_requests``). ``prefill_max_tokens``: the largest
+    prefill bucket (resolved ``prefill.max_bs``: ``chunked_prefill_size``, at most 8192 for MLA).
+    ``tokens_per_req``: MoE rows per decode request (1, or the draft tokens verified per request
+    under speculative decoding). ``prefill_budget_mb``: graph memory allowed for prefill buckets
+    (None: unbounded). ``dp_attention``: DP attention gathers every rank's padded slot into the
+    MoE, where SGLang has no real-row prefix to mask (``moe_num_token_non_padded()`` is None).
+    """
+
+    model: MoEModel
+    tp: int
+    ep: int
+    decode_max_bs: int
+    prefill_max_tokens: int
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    tokens_per_req: int = 1
+    prefill_budget_mb: float | None = None
+    dp_attention: bool = False
+
+    def __post_init__(self):
+        for f in ("tp", "ep", "decode_max_bs", "prefill_max_tokens", "tokens_per_req"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"PolicyInputs.{f} must be a positive int, got {v!r}")
+        if self.tp % self.ep:
+            raise ValueError(f"PolicyInputs: ep={self.ep} must divide tp={self.tp}")
+        if self.model.n_routed_experts % self.ep:
+            raise ValueError(
+                f"PolicyInputs: ep={self.ep} must divide the {self.model.n_routed_experts} "
+                "routed experts"
+            )
+        if self.prefill_budget_mb is not None and not self.prefill_budget_mb > 0:
+            raise ValueError(
+                f"PolicyInputs.prefill_budget_mb must be > 0 or None, got {self.prefill_budget_mb!r}"
+            )
+
+    @property
+    def fused_shared_expert(self) -> bool:
+        """Whether SGLang is expected to fuse the shared expert into the MoE (one shared expert,
+        256 or 384 routed, EP 1: ``DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason``)."""
+        return (
+            self.model.n_shared_experts == 1
+            and self.model.n_routed_experts in (256, 384)
+            and self.ep == 1
+        )
+
+    def per_rank_shape(self) -> MoEShape:
+        """The MoE shape one rank's kernels see (local experts incl. a fused shared one)."""
+        fused = int(self.fused_shared_expert)
+        moe_tp = self.tp // self.ep
+        return MoEShape(
+            E=self.model.n_routed_experts // self.ep + fused,
+            H=self.model.hidden_size,
+            I=self.model.moe_intermediate_size // moe_tp,
+            top_k=self.model.top_k + fused,
+        )
+
+
+# ---- the policy --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CapturePolicy:
+    """The decisions for one server. ``eval(repr(p)) == p``; all fields hashable.
+
+    ``decode_bs``: decode batch sizes to capture (requests). ``prefill_tokens``: BCG prefill token
+    buckets. ``kernel_buckets``: the fp4ext decode-kernel token buckets the decode sizes are
+    aligned to. ``moe_placement``: ``"in_graph"`` (inside graph segments, never an eager break).
+    ``masking``: who turns padded rows into ``-1`` ids: ``"sglang"`` (EP > 1: SGLang already
+    does), ``"fp4ext"`` (TP: our hook on ``enable_num_token_non_padded``) or ``"none"`` (DP
+    attention, where ``mask_padded_rows`` is False).
+    """
+
+    inputs: PolicyInputs
+    decode_bs: tuple[int, ...]
+    prefill_tokens: tuple[int, ...]
+    kernel_buckets: tuple[int, ...]
+    moe_placement: str = "in_graph"
+    mask_padded_rows: bool = True
+    masking: str = "fp4ext"
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["per_rank_shape"] = asdict(self.inputs.per_rank_shape())
+        return d
+
+    def masking_text(self) -> str:
+        return {
+            "sglang": "padded rows -> -1 ids (SGLang's EP masking)",
+            "fp4ext": "padded rows -> -1 ids (fp4ext hook on enable_num_token_non_padded, TP)",
+            "none": "padded rows not masked (DP attention)",
+        }[self.masking]
+
+    def summary(self) -> str:
+        """One line: the policy's decisions (sizes, placement, masking)."""
+        return (
+            f"decode bs {compact_sizes(self.decode_bs)} ({len(self.decode_bs)} graphs); "
+            f"prefill tokens {compact_sizes(self.prefill_tokens)} "
+            f"({len(self.prefill_tokens)} buckets, tile {PREFILL_TILE_TOKENS}); "
+            f"MoE {'inside graph segments' if self.moe_placement == 'in_graph' else 'eager'}; "
+            f"{self.masking_text()}"
+        )
+
+
+def kernel_bucket_boundaries(max_tokens: int) -> tuple[int, ...]:
+    """Token counts up to ``max_tokens`` where the fp4ext decode kernel config changes.
+
+    ``config_for(T)`` depends on ``T`` only through ``token_bucket(T)``, so the configs change
+    just after each value of that function; read through it, never copied.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    bounds = set()
+    t = 1
+    while t <= max_tokens:
+        b = token_bucket(t)
+        if b <= max_tokens:
+            bounds.add(b)
+        t = max(b, t) + 1
+    return tuple(sorted(bounds))
+
+
+def decode_batch_sizes(max_bs: int, *, tokens_per_req: int = 1) -> tuple[int, ...]:
+    """Dense ``1..DECODE_DENSE_MAX``, then ``DECODE_STEPS``, plus kernel-bucket boundaries."""
+    if max_bs < 1:
+        raise ValueError(f"decode max batch size must be >= 1, got {max_bs}")
+    sizes = set(range(1, min(DECODE_DENSE_MAX, max_bs) + 1))
+    s = DECODE_DENSE_MAX
+    for last, step in DECODE_STEPS:
+        end = max_bs if last is None else min(last, max_bs)
+        while s + step <= end:
+            s += step
+            sizes.add(s)
+        if last is None or s < last:
+            break
+    # A batch of B requests runs B * tokens_per_req MoE rows: capture the largest B whose rows stay
+    # inside each kernel bucket, so padding never moves a batch into the next bucket's config.
+    for b in kernel_bucket_boundaries(max_bs * tokens_per_req):
+        if b // tokens_per_req >= 1:
+            sizes.add(b // tokens_per_req)
+    sizes.add(max_bs)
+    return tuple(sorted(sizes))
+
+
+def _prefill_grid(max_tokens: int, waste: float) -> list[int]:
+    tile = PREFILL_TILE_TOKENS
+    small = [b for b in kernel_bucket_boundaries(max_tokens) if PREFILL_MIN_TOKENS <= b < tile]
+    grid = []
+    s = tile
+    while s <= max_tokens:
+        grid.append(s)
+        step = tile
+        while step * 2 <= s * waste:
+            step *= 2
+        s += step
+    buckets = sorted(set(small + grid + [max_tokens]))
+    return [b for b in buckets if PREFILL_MIN_TOKENS <= b <= max_tokens] or [max_tokens]
+
+
+def prefill_token_buckets(
+    max_tokens: int, *, budget_mb: float | None = None
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Prefill buckets and notes. Over budget: coarser steps (waste 1/8 -> 1/4 -> 1/2 -> 1, still
+    <= 2x apart), then only the smallest buckets that fit (large prefills are compute-bound and
+    gain least from a graph)."""
+    if max_tokens < 1:
+        raise ValueError(f"prefill max tokens must be >= 1, got {max_tokens}")
+    notes = []
+    waste = PREFILL_MAX_WASTE
+    buckets = _prefill_grid(max_tokens, waste)
+    if budget_mb is None:
+        return tuple(buckets), ()
+    fits = max(1, math.floor(budget_mb / PREFILL_GRAPH_MB_PER_BUCKET))
+    while len(buckets) > fits and waste < 1.0:
+        waste = min(1.0, waste * 2)
+        buckets = _prefill_grid(max_tokens, waste)
+    if waste != PREFILL_MAX_WASTE:
+        notes.append(f"prefill steps widened to waste <= {waste:g} to fit {budget_mb:g} MB")
+    if len(buckets) > fits:
+        buckets = buckets[:fits]
+        notes.append(
+            f"prefill buckets above {buckets[-1]} tokens dropped (eager) to fit {budget_mb:g} MB"
+        )
+    return tuple(buckets), tuple(notes)
+
+
+def compute_policy(inputs: PolicyInputs) -> CapturePolicy:
+    """The capture policy for ``inputs``; a pure, deterministic function."""
+    prefill, notes = prefill_token_buckets(
+        inputs.prefill_max_tokens, budget_mb=inputs.prefill_budget_mb
+    )
+    if inputs.dp_attention:
+        masking = "none"
+        notes += (
+            (
+                "DP attention: padded slots are not masked (SGLang's "
+                "SGLANG_OPT_MASK_DP_PAD_MOE=1 drops DP pad rows under EP > 1)"
+            ),
+        )
+    else:
+        masking = "sglang" if inputs.ep > 1 else "fp4ext"
+    return CapturePolicy(
+        inputs=inputs,
+        decode_bs=decode_batch_sizes(inputs.decode_max_bs, tokens_per_req=inputs.tokens_per_req),
+        prefill_tokens=prefill,
+        kernel_buckets=kernel_bucket_boundaries(inputs.decode_max_bs * inputs.tokens_per_req),
+        moe_placement="in_graph",
+        mask_padded_rows=masking != "none",
+        masking=masking,
+        notes=notes,
+    )
+
+
+# ---- description (fp4ext info) -----------------------------------------------------------------
+
+
+def compact_sizes(sizes) -> str:
+    """``1-32, 40-256/8, 272-512/16``: runs of a constant step written once."""
+    sizes = list(sizes)
+    if not sizes:
+        return "none"
+    parts, i = [], 0
+    while i < len(sizes):
+        j = i
+        if i + 1 < len(sizes):
+            step = sizes[i + 1] - sizes[i]
+            while j + 1 < len(sizes) and sizes[j + 1] - sizes[j] == step:
+                j += 1
+        if j - i >= 2:
+            step = sizes[i + 1] - sizes[i]
+            parts.append(f"{sizes[i]}-{sizes[j]}" + ("" if step == 1 else f"/{step}"))
+            i = j + 1
+        else:
+            parts.append(str(sizes[i]))
+            i += 1
+    return ", ".join(parts)
+
+
+def _resolve_model(model: str | MoEModel | Mapping[str, Any] | Path) -> MoEModel:
+    if isinstance(model, MoEModel):
+        return model
+    if isinstance(model, Mapping):
+        return MoEModel.from_hf_config(model)
+    key = str(model).lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return MoEModel.from_hf_config(json.loads(path.read_text()), name=str(model))
+    raise ValueError(
+        f"unknown model {model!r}: give a preset ({', '.join(PRESETS)}), a config.json path or "
+        "its directory, or a config dict"
+    )
+
+
+def _sglang_default_prefill_count(max_tokens: int) -> int | None:
+    """How many prefill buckets SGLang's default list has for ``max_tokens`` (None without
+    SGLang)."""
+    try:
+        from sglang.srt.arg_groups.cuda_graph_hook import generate_prefill_cuda_graph_batch_sizes
+    except Exception:  # SGLang missing or broken: no default budget
+        return None
+    return len(generate_prefill_cuda_graph_batch_sizes(max_tokens))
+
+
+def policy_for(
+    model: str | MoEModel | Mapping[str, Any] | Path = "glm-5",
+    tp: int = 8,
+    ep: int = 1,
+    max_running_requests: int | None = None,
+    *,
+    chunked_prefill_size: int = 8192,
+    decode_max_bs: int | None = None,
+    prefill_max_tokens: int | None = None,
+    tokens_per_req: int = 1,
+    prefill_budget_mb: float | None = None,
+) -> CapturePolicy:
+    """The policy a server would get, from a model and a parallel layout (no server needed).
+
+    Defaults follow SGLang 0.5.23's resolution on a 90-160 GiB GPU (memory_hook.py): decode up to
+    512 (TP >= 4; 256 below), clamped to ``max_running_requests``; prefill up to
+    ``chunked_prefill_size`` (at most 8192 for MLA models); budget = SGLang's default prefill list
+    at ``PREFILL_GRAPH_MB_PER_BUCKET`` each. Pass the server's values where they differ.
+    """
+    m = _resolve_model(model)
+    if decode_max_bs is None:
+        decode_max_bs = 512 if tp >= 4 else 256
+        if max_running_requests is not None:
+            decode_max_bs = min(decode_max_bs, max_running_requests)
+    if prefill_max_tokens is None:
+        prefill_max_tokens = min(8192, chunked_prefill_size) if m.use_mla else chunked_prefill_size
+    if prefill_budget_mb is None:
+        n = _sglang_default_prefill_count(prefill_max_tokens)
+        prefill_budget_mb = None if n is None else max(n, 1) * PREFILL_GRAPH_MB_PER_BUCKET
+    return compute_policy(
+        PolicyInputs(
+            model=m,
+            tp=tp,
+            ep=ep,
+            decode_max_bs=decode_max_bs,
+            prefill_max_tokens=prefill_max_tokens,
+            max_running_requests=max_running_requests,
+            chunked_prefill_size=chunked_prefill_size,
+            tokens_per_req=tokens_per_req,
+            prefill_budget_mb=prefill_budget_mb,
+        )
+    )
+
+
+def describe_policy(
+    model: str | MoEModel | Mapping[str, Any] | Path = "glm-5",
+    tp: int = 8,
+    ep: int = 1,
+    max_running_requests: int | None = None,
+    **kwargs,
+) -> str:
+    """A small text table of :func:`policy_for` (for ``fp4ext info``); same arguments."""
+    p = policy_for(model, tp, ep, max_running_requests, **kwargs)
+    i, shape = p.inputs, p.inputs.per_rank_shape()
+    # NVFP4 expert weights: 0.5 B per weight + one e4m3 scale per 16 weights, 3 projections.
+    mb_per_expert = 3 * shape.H * shape.I * (0.5 + 1 / 16) / 1e6
+    budget = "unbounded" if i.prefill_budget_mb is None else f"{i.prefill_budget_mb:g} MB"
+    m = i.model
+    model_row = (
+        f"{m.name}: {m.n_routed_experts} experts top-{m.top_k}, {m.n_shared_experts} shared, "
+        f"H={m.hidden_size}, I={m.moe_intermediate_size}"
+    )
+    layout_row = (
+        f"TP{i.tp} EP{i.ep}; per rank E={shape.E} I={shape.I} top_k={shape.top_k} "
+        f"({mb_per_expert:.2f} MB per expert)"
+    )
+    prefill_row = (
+        f"{compact_sizes(p.prefill_tokens)} tokens ({len(p.prefill_tokens)}, "
+        f"tile {PREFILL_TILE_TOKENS}, budget {budget})"
+    )
+    rows = [
+        ("model", model_row),
+        ("layout", layout_row),
+        (
+            "decode graphs",
+            f"{compact_sizes(p.decode_bs)} ({len(p.decode_bs)}, max {i.decode_max_bs})",
+        ),
+        ("kernel buckets", compact_sizes(p.kernel_buckets) + " tokens (all captured)"),
+        ("prefill buckets", prefill_row),
+        ("MoE placement", "inside graph segments (no eager break)"),
+        (
+            "padded rows",
+            p.masking_text() + (": no expert weights read" if p.mask_padded_rows else ""),
+        ),
+    ]
+    rows += [("note", n) for n in p.notes]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+# ---- SGLang integration ------------------------------------------------------------------------
+
+RESOLUTION_STEP = "handle_gpu_memory_settings"
+MASK_TARGET = "sglang.srt.model_executor.forward_batch_info.enable_num_token_non_padded"
+
+
+def _model_from_server_args(server_args) -> MoEModel | None:
+    from sglang.srt.arg_groups.overrides import model_config_of
+
+    hf = model_config_of(server_args).hf_config
+    cfg = hf.to_dict() if hasattr(hf, "to_dict") else dict(vars(hf))
+    try:
+        return MoEModel.from_hf_config(cfg)
+    except (ValueError, TypeError):
+        return None
+
+
+def policy_from_server_args(server_args) -> tuple[CapturePolicy | None, str]:
+    """The policy for a server being resolved (after SGLang's memory step), or ``(None, why)``
+    when it does not apply (another backend, no CUDA device, not an MoE model)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    from sglang_fp4ext.sglang_backend import is_fp4ext
+
+    cfg = resolving_view(server_args)
+    if not is_fp4ext(cfg.moe_runner_backend):
+        return None, "backend is not fp4ext"
+    if cfg.device not in (None, "cuda"):
+        return None, f"device {cfg.device!r} has no CUDA graphs"
+    graphs = cfg.cuda_graph_config
+    if graphs is None or graphs.decode.max_bs is None or graphs.prefill.max_bs is None:
+        return None, "SGLang resolved no CUDA-graph maxima"
+    model = _model_from_server_args(server_args)
+    if model is None:
+        return None, "not an MoE model"
+    tokens_per_req = 1
+    if cfg.speculative_algorithm is not None and cfg.speculative_num_draft_tokens:
+        tokens_per_req = int(cfg.speculative_num_draft_tokens)
+    # Budget: what SGLang's own prefill list for the same maximum costs (its step just generated
+    # that list, unless the user gave one).
+    default_prefill = graphs.prefill.bs or [graphs.prefill.max_bs]
+    policy = compute_policy(
+        PolicyInputs(
+            model=model,
+            tp=int(cfg.tp_size),
+            ep=int(cfg.ep_size),
+            decode_max_bs=int(graphs.decode.max_bs),
+            prefill_max_tokens=int(graphs.prefill.max_bs),
+            max_running_requests=cfg.max_running_requests,
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            tokens_per_req=tokens_per_req,
+            prefill_budget_mb=len(default_prefill) * PREFILL_GRAPH_MB_PER_BUCKET,
+            # --dp-size N --enable-dp-attention resolves to attn_dp_size = N before this step.
+            dp_attention=int(cfg.attn_dp_size or 1) > 1,
+        )
+    )
+    return policy, ""
+
+
+def resolve_capture_policy(server_args, previous) -> None:
+    """Resolution hook on ``handle_gpu_memory_settings``: SGLang's step, then the policy."""
+    previous(server_args)
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+
+    policy, why = policy_from_server_args(server_args)
+    if policy is None:
+        logger.debug("fp4ext capture policy not applied: %s", why)
+        return
+    cfg = resolving_view(server_args)
+    graphs = cfg.cuda_graph_config
+    locked = set(getattr(server_args, "_cuda_graph_config_locked", ()) or ())
+    kept, applied = [], []
+
+    decode = None
+    if graphs.decode.backend == Backend.DISABLED:
+        kept.append("decode graphs disabled")
+    elif (Phase.DECODE, "bs") in locked:
+        kept.append("decode bs (user)")
+    elif cfg.disable_cuda_graph_padding:
+        kept.append("decode bs (--disable-cuda-graph-padding)")
+    else:
+        decode = list(policy.decode_bs)
+        applied.append(f"decode bs {compact_sizes(decode)} ({len(decode)})")
+
+    prefill = None
+    if graphs.prefill.backend == Backend.DISABLED:
+        kept.append("prefill graphs disabled")
+    elif (Phase.PREFILL, "bs") in locked:
+        kept.append("prefill bs (user)")
+    else:
+        prefill = list(policy.prefill_tokens)
+        applied.append(
+            f"prefill tokens {compact_sizes(prefill)} ({len(prefill)}, tile {PREFILL_TILE_TOKENS})"
+        )
+
+    new = graphs
+    if decode is not None and decode != list(graphs.decode.bs or ()):
+        new = with_phase(new, Phase.DECODE, bs=decode)
+    if prefill is not None and prefill != list(graphs.prefill.bs or ()):
+        new = with_phase(new, Phase.PREFILL, bs=prefill)
+    if new is not graphs:
+        declare_resolution(server_args, "sglang_fp4ext.capture_policy", cuda_graph_config=new)
+    i = policy.inputs
+    logger.info(
+        "fp4ext capture policy (TP%d EP%d, %s): %s; MoE inside graph segments; %s%s%s",
+        i.tp,
+        i.ep,
+        i.model.name,
+        "; ".join(applied) if applied else "no sizes changed",
+        policy.masking_text(),
+        "; kept: " + ", ".join(kept) if kept else "",
+        "; " + "; ".join(policy.notes) if policy.notes else "",
+    )
+
+
+def _fp4ext_tp_mode() -> bool:
+    """fp4ext selected (published config), a2a none, no DP attention: plain TP MoE."""
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
+    from sglang.srt.runtime_context import get_exec, get_parallel
+
+    from sglang_fp4ext.sglang_backend import is_fp4ext
+
+    try:
+        # The published flag, not get_moe_runner_backend(): speculative decoding swaps that global
+        # while the draft runs, and the buffers must not flip between target and draft.
+        backend = get_exec().moe.moe_runner_backend
+    except ValueError:  # nothing published yet (tests, early startup)
+        return False
+    if not is_fp4ext(backend):
+        return False
+    return get_parallel().attn_dp_size == 1 and get_moe_a2a_backend().is_none()
+
+
+def hook_enable_num_token_non_padded(original, *args, **kwargs):
+    """AROUND ``forward_batch_info.enable_num_token_non_padded``: also on for fp4ext in TP mode,
+    so SGLang carries the real token count and masks padded rows to ``-1`` (see module doc)."""
+    return original(*args, **kwargs) or _fp4ext_tp_mode()
+
+
+def hook_status() -> dict[str, bool]:
+    """For each capture-policy hook: is it in effect in this process?"""
+    import pkgutil
+
+    from sglang.srt.arg_groups.resolution_hooks import _HOOKS
+
+    from sglang_fp4ext.sglang_backend import _chain_has_hook
+
+    try:
+        live = pkgutil.resolve_name(MASK_TARGET)
+        masked = _chain_has_hook(live, hook_enable_num_token_non_padded)
+    except Exception:  # target moved: reported as not installed
+        masked = False
+    return {
+        f"resolution:{RESOLUTION_STEP}": resolve_capture_policy in _HOOKS.get(RESOLUTION_STEP, ()),
+        MASK_TARGET: masked,
+    }
+
+
+def install() -> list[str]:
+    """Register the policy's resolution hook and masking hook; idempotent. Returns what it did.
+
+    Call in the main process before ``ServerArgs.resolve_once`` (the plugin's ``register()``) and
+    in every worker (the masking hook acts in the scheduler). ``HookRegistry.apply_hooks()`` is
+    the caller's (SGLang's loader runs it after the plugins).
+    """
+    from sglang.srt.arg_groups.resolution_hooks import _HOOKS, register_resolution_hook
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    done = []
+    if resolve_capture_policy not in _HOOKS.get(RESOLUTION_STEP, ()):
+        register_resolution_hook(RESOLUTION_STEP)(resolve_capture_policy)
+        done.append(f"capture policy (resolution hook {RESOLUTION_STEP})")
+    registered = HookRegistry._hooks.get(MASK_TARGET, ())
+    if not any(hook is hook_enable_num_token_non_padded for _, hook, _ in registered):
+        HookRegistry.register(MASK_TARGET, hook_enable_num_token_non_padded, HookType.AROUND)
+        done.append("padded-row masking (hook enable_num_token_non_padded)")
+    return done
