@@ -1,0 +1,506 @@
+"""NVFP4 W4A16 fused-MoE prefill path: validate -> config -> workspaces -> 6 launches.
+
+``fused_moe_nvfp4_prefill(hidden_states, weights, topk_ids, topk_weights)`` computes the same
+``(T, H)`` bf16 partial sum as the decode entry point ``fused_moe.fused_moe_nvfp4`` and reads the
+same :class:`~sglang_fp4ext.moe.fused_moe.PreparedMoEWeights` (one load-time preparation serves both
+paths), but is built for hundreds of tokens per expert: the pair slots are grouped by expert on the
+device and each expert runs as a tiled GEMM with ``block_m`` tokens per MMA tile
+(``_prefill_kernels.py`` describes the kernels). Ids ``< 0`` (experts of another EP rank) and ids
+``>= E`` contribute nothing; a token with no local expert gets zeros. ``topk_weights`` is used as
+given. The torch twin is ``sglang_fp4ext.moe.reference.fused_moe_nvfp4_torch``; the grouping's
+twin is :func:`group_by_expert_torch`.
+
+CUDA graphs: no host synchronisation, no data-dependent allocation or grid. Workspaces are
+allocated per call from PyTorch's caching allocator, sized from ``(T, top_k, E, H, I)`` and the
+config only (inside a capture they come from the graph's private pool):
+
+================  ==============================  =============================================
+workspace         shape, dtype                    meaning
+================  ==============================  =============================================
+``hist``          (NB, NBINS) int32               per-block expert histogram, then its prefix
+``counts``        (NBINS,) int32                  valid pairs per expert (0 on spare bins)
+``start``         (NBINS,) int32                  first sorted row of each expert
+``sorted_pair``   (P,) int32                      pair slots grouped by expert (first
+                                                  ``sum(counts)`` entries are meaningful)
+``inter``         (P, I) bf16                     SiLU·mul output, sorted-row order
+``partial``       (P, H) bf16 | (T, H) fp32       ordered: weighted GEMM2 row per pair slot;
+                                                  atomic: fp32 accumulator (zeroed per call)
+================  ==============================  =============================================
+
+with ``P = T * top_k``, ``NB = cdiv(P, block_p)``, ``NBINS = next_pow2(E + 1)``. The ordered
+partials cost ``2 P H`` bytes (906 MB at T = 8192, top_k = 9, H = 6144), as SGLang's Triton MoE.
+
+Determinism: the default ``combine="ordered"`` is bit-identical run to run. ``combine="atomic"``
+(opt-in, never chosen by the heuristic) adds the top-k rows with fp32 ``atomic_add`` in arrival
+order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from sglang_fp4ext import target_info
+from sglang_fp4ext.moe.config import MoEShape, Target, current_target
+from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
+from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
+
+__all__ = [
+    "PrefillConfig",
+    "prefill_heuristic_config",
+    "fused_moe_nvfp4_prefill",
+    "group_by_expert",
+    "group_by_expert_torch",
+    "max_m_tiles",
+    "num_bins",
+]
+
+# Combine kernel tile: a memory-bound pass, 16-byte bf16 vectors along H.
+_COMBINE_BT, _COMBINE_BH = 8, 256
+# Rows of the block histogram the single scan program handles per step.
+_SCAN_ROWS = 16
+# Tests set this: fill the float workspaces with NaN so a read of an unwritten row shows up.
+_POISON_WORKSPACES = False
+
+
+def _pow2(x) -> bool:
+    return isinstance(x, int) and x >= 1 and (x & (x - 1)) == 0
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tiles and launch parameters of one prefill call. ``eval(repr(cfg)) == cfg``.
+
+    ``block_m``: tokens per MMA tile (the grouping granularity; the MMA's N side). ``block_n*``:
+    weight rows per program (M side; GEMM1 rows are interleaved gate/up, so ``block_n1 / 2``
+    intermediate columns). ``block_k*``: K per main-loop step, 256 (one layout chunk) or 128 (half
+    a chunk). ``warps*``/``stages*``: Triton ``num_warps``/``num_stages``. Suffix 1 = GEMM1, 2 =
+    GEMM2. ``block_p``: pair slots per grouping program (sorted in registers). ``combine``:
+    ``"ordered"`` (deterministic) or ``"atomic"`` (fp32 atomics, opt-in).
+    """
+
+    block_m: int = 128
+    block_n1: int = 128
+    block_k1: int = 128
+    warps1: int = 8
+    stages1: int = 2
+    block_n2: int = 128
+    block_k2: int = 128
+    warps2: int = 8
+    stages2: int = 2
+    block_p: int = 1024
+    combine: str = "ordered"
+
+    def __post_init__(self):
+        for f in fields(self):
+            if f.name != "combine" and not isinstance(getattr(self, f.name), int):
+                raise ValueError(
+                    f"PrefillConfig.{f.name} must be an int, got {getattr(self, f.name)!r}"
+                )
+        for name in ("block_m", "block_n1", "block_n2", "warps1", "warps2", "block_p"):
+            if not _pow2(getattr(self, name)):
+                raise ValueError(
+                    f"PrefillConfig.{name} must be a power of two, got {getattr(self, name)!r}"
+                )
+        if not 16 <= self.block_m <= 256:
+            raise ValueError(
+                f"PrefillConfig.block_m must be in [16, 256] (tl.dot needs >= 16), "
+                f"got {self.block_m}"
+            )
+        if not 32 <= self.block_n1 <= ROW_ALIGN:
+            raise ValueError(
+                f"PrefillConfig.block_n1 must be in [32, {ROW_ALIGN}] (gate and up halves of "
+                f">= 16 rows; the layout pads rows to {ROW_ALIGN}), got {self.block_n1}"
+            )
+        if not 16 <= self.block_n2 <= ROW_ALIGN:
+            raise ValueError(
+                f"PrefillConfig.block_n2 must be in [16, {ROW_ALIGN}], got {self.block_n2}"
+            )
+        for name in ("block_k1", "block_k2"):
+            if getattr(self, name) not in (128, K_CHUNK):
+                raise ValueError(
+                    f"PrefillConfig.{name} must be 128 or {K_CHUNK}, got {getattr(self, name)}"
+                )
+        for name in ("warps1", "warps2"):
+            if not 1 <= getattr(self, name) <= 16:
+                raise ValueError(
+                    f"PrefillConfig.{name} must be in [1, 16], got {getattr(self, name)}"
+                )
+        for name in ("stages1", "stages2"):
+            if not 1 <= getattr(self, name) <= 8:
+                raise ValueError(
+                    f"PrefillConfig.{name} must be in [1, 8], got {getattr(self, name)}"
+                )
+        if not 16 <= self.block_p <= 4096:
+            raise ValueError(f"PrefillConfig.block_p must be in [16, 4096], got {self.block_p}")
+        if self.combine not in ("ordered", "atomic"):
+            raise ValueError(
+                f"PrefillConfig.combine must be 'ordered' or 'atomic', got {self.combine!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PrefillConfig:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown PrefillConfig fields {sorted(unknown)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _distinct_experts(T: int, E: int, k: int) -> float:
+    """Expected distinct experts hit by T tokens with uniform top-k routing."""
+    return E * (1.0 - (1.0 - min(k, E) / E) ** T)
+
+
+def _datacenter_mma(arch: str) -> bool:
+    """sm_90 / sm_10x: warpgroup (wgmma) or tcgen05 MMA with an operand in shared memory and
+    228 KB of shared memory per SM; sm_8x / sm_12x: warp-level ``mma.sync`` with every operand in
+    registers and at most 163 KB (99 KB on sm_120). A :class:`Target` carries only the arch
+    string, so this reads it rather than asking ``target_info`` about a live device."""
+    cc = arch.removeprefix("sm_").rstrip("af")
+    return cc.isdigit() and int(cc) // 10 in (9, 10)
+
+
+def prefill_heuristic_config(T: int, shape: MoEShape, target: Target) -> PrefillConfig:
+    """Deterministic default for ``T`` tokens (any shape); never the atomic combine.
+
+    * ``block_m``: the expected rows per expert ``T k / D(T)`` (uniform routing) rounded up to a
+      power of two, within [16, 128]. Each decoded weight element feeds ``block_m`` MACs, so the
+      FP4 decode (~7 ALU operations per element) is amortised only at large ``block_m``; 128 caps
+      the padding of a part-filled last tile per expert.
+    * K steps of 128 (half a layout chunk), 8 warps, 3 stages everywhere. 256-deep steps hold
+      twice the decoded weights in registers and spill at ``block_m = 128`` (ptxas, Triton 3.8).
+    * Weight rows: 128 (two Hopper warpgroups of 64) on sm_90/sm_100 (AOT, Triton 3.8, sm_90:
+      182,272 B shared, 185/233 registers, no spills); 64 elsewhere: sm_120 and sm_8x run
+      ``mma.sync`` with both operands and the accumulator in registers, and 128 x 128 spills
+      there, while 64 x 128 fits (98,304 B shared <= 101,376 on sm_120, no spills).
+    * ``block_p``: ``P`` rounded up to a power of two within [64, 1024] (the grouping sorts
+      ``block_p`` slots per program in registers).
+    """
+    P = max(T, 1) * shape.top_k
+    D = max(1.0, min(float(P), _distinct_experts(max(T, 1), shape.E, shape.top_k)))
+    block_m = min(128, max(16, _next_pow2(math.ceil(P / D))))
+    block_n = 128 if _datacenter_mma(target.arch) else 64
+    return PrefillConfig(
+        block_m=block_m,
+        block_n1=block_n,
+        block_k1=128,
+        warps1=8,
+        stages1=3,
+        block_n2=block_n,
+        block_k2=128,
+        warps2=8,
+        stages2=3,
+        block_p=min(1024, max(64, _next_pow2(P))),
+        combine="ordered",
+    )
+
+
+def num_bins(E: int) -> int:
+    """Histogram bins: a power of two above ``E`` (the last bin collects ids outside [0, E))."""
+    return _next_pow2(E + 1)
+
+
+def max_m_tiles(P: int, E: int, block_m: int) -> int:
+    """Worst-case M tiles: sum over experts of cdiv(count, block_m) with sum(count) <= P and at
+    most min(E, P) experts non-empty."""
+    return (P + min(E, P) * (block_m - 1)) // block_m
+
+
+# ---- validation ----
+
+
+def _fail(msg: str):
+    raise ValueError(f"fused_moe_nvfp4_prefill: {msg}")
+
+
+def _validate(x, weights, topk_ids, topk_weights, out, config):
+    if not isinstance(weights, PreparedMoEWeights):
+        raise TypeError(
+            "fused_moe_nvfp4_prefill: weights must be PreparedMoEWeights (build it once with "
+            f"PreparedMoEWeights.from_moe_weights(moe_weights)), got {type(weights).__name__}"
+        )
+    if config is not None and not isinstance(config, PrefillConfig):
+        raise TypeError(
+            f"fused_moe_nvfp4_prefill: config must be a PrefillConfig, got {type(config).__name__}"
+        )
+    for name, t in (("hidden_states", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"fused_moe_nvfp4_prefill: {name} must be a torch.Tensor, got {type(t).__name__}"
+            )
+        if t.dim() != 2:
+            _fail(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            _fail(f"{name} must be contiguous")
+    if x.dtype != torch.bfloat16:
+        _fail(f"hidden_states must be bfloat16, got {x.dtype}")
+    if x.shape[1] != weights.hidden_size:
+        _fail(
+            f"hidden_states has H={x.shape[1]} but the weights have hidden size "
+            f"{weights.hidden_size}"
+        )
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        _fail(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if topk_weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        _fail(f"topk_weights must be float32, bfloat16 or float16, got {topk_weights.dtype}")
+    if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        _fail(
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must "
+            f"both be (T, top_k) with T={x.shape[0]} tokens"
+        )
+    if topk_ids.shape[1] < 1:
+        _fail("top_k must be >= 1")
+    dev = weights.device
+    for name, t in (("hidden_states", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != dev:
+            _fail(f"{name} is on {t.device} but the weights are on {dev}")
+    if dev.type != "cuda" and not target_info.is_interpreter():
+        _fail(
+            f"tensors must be on a CUDA device (got {dev}); CPU runs only under TRITON_INTERPRET=1"
+        )
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
+            _fail("out must be a bfloat16 tensor")
+        if tuple(out.shape) != tuple(x.shape) or not out.is_contiguous() or out.device != dev:
+            _fail(
+                f"out must be contiguous {tuple(x.shape)} on {dev}, "
+                f"got {tuple(out.shape)} on {out.device}"
+            )
+
+
+# ---- launch plan ----
+
+
+@dataclass(frozen=True, eq=False)
+class _Launch:
+    """One kernel launch: ``_prefill_kernels.<kernel>[grid](*args, **constexprs, ...)``."""
+
+    kernel: str
+    grid: tuple
+    args: tuple
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+
+    def run(self):
+        from sglang_fp4ext.moe import _prefill_kernels as K  # triton imported only when launching
+
+        getattr(K, self.kernel)[self.grid](
+            *self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
+        )
+
+
+def _group_plan(ids: torch.Tensor, E: int, block_p: int):
+    """Workspaces and the 3 grouping launches for flat ``ids`` (P,)."""
+    P = ids.numel()
+    nbins = num_bins(E)
+    nb = max(1, -(-P // block_p))
+    ws = torch.empty(nb * nbins + 2 * nbins + max(P, 1), dtype=torch.int32, device=ids.device)
+    hist = ws[: nb * nbins]
+    counts = ws[nb * nbins : nb * nbins + nbins]
+    start = ws[nb * nbins + nbins : nb * nbins + 2 * nbins]
+    sorted_pair = ws[nb * nbins + 2 * nbins :][:P]
+    launches = [
+        _Launch("_group_count", (nb,), (ids, hist, P, E), dict(NBINS=nbins, BLOCK_P=block_p), 4, 1),
+        _Launch(
+            "_group_scan",
+            (1,),
+            (hist, counts, start, nb, E),
+            dict(NBINS=nbins, ROWS=_SCAN_ROWS),
+            4,
+            1,
+        ),
+        _Launch(
+            "_group_scatter",
+            (nb,),
+            (ids, hist, start, sorted_pair, P, E),
+            dict(NBINS=nbins, BLOCK_P=block_p),
+            4,
+            1,
+        ),
+    ]
+    return launches, sorted_pair, counts, start
+
+
+def _plan(
+    x,
+    weights: PreparedMoEWeights,
+    topk_ids,
+    topk_weights,
+    out,
+    config: PrefillConfig,
+    compute_f32: bool,
+) -> list[_Launch]:
+    """Workspaces (allocated here, on ``x.device``) and the 6 launches of one call, ``T >= 1``.
+
+    Also used by the AOT test with ``meta`` tensors, so it compiles exactly what a call launches.
+    """
+    T, H = x.shape
+    top_k = topk_ids.shape[1]
+    w13, w2 = weights.w13, weights.w2
+    E, I = weights.num_experts, weights.intermediate_size
+    P = T * top_k
+    dev = x.device
+    nbins = num_bins(E)
+    atomic = config.combine == "atomic"
+
+    launches, sorted_pair, counts, _ = _group_plan(topk_ids.reshape(-1), E, config.block_p)
+    inter = torch.empty(P, I, dtype=torch.bfloat16, device=dev)
+    if atomic:
+        partial = torch.zeros(T, H, dtype=torch.float32, device=dev)
+    else:
+        partial = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
+    if _POISON_WORKSPACES:
+        inter.fill_(float("nan"))
+        if not atomic:
+            partial.fill_(float("nan"))
+    m_tiles = max_m_tiles(P, E, config.block_m)
+    common = dict(NBINS=nbins, BM=config.block_m, COMPUTE_F32=compute_f32)
+    launches.append(
+        _Launch(
+            "_prefill_gemm1",
+            (w13.n_pad // config.block_n1, m_tiles),
+            (
+                x,
+                sorted_pair,
+                counts,
+                w13.q,
+                w13.scale,
+                w13.alpha,
+                inter,
+                H,
+                I,
+                w13.n_pad,
+                w13.k_pad // K_CHUNK,
+                top_k,
+                x.stride(0),
+                w13.q.stride(0),
+                w13.q.stride(1),
+                w13.scale.stride(0),
+                w13.scale.stride(1),
+            ),
+            dict(common, BN=config.block_n1, BK=config.block_k1),
+            config.warps1,
+            config.stages1,
+        )
+    )
+    launches.append(
+        _Launch(
+            "_prefill_gemm2",
+            (w2.n_pad // config.block_n2, m_tiles),
+            (
+                inter,
+                sorted_pair,
+                counts,
+                topk_weights,
+                w2.q,
+                w2.scale,
+                w2.alpha,
+                partial,
+                H,
+                I,
+                w2.n_pad,
+                w2.k_pad // K_CHUNK,
+                top_k,
+                partial.stride(0),
+                w2.q.stride(0),
+                w2.q.stride(1),
+                w2.scale.stride(0),
+                w2.scale.stride(1),
+            ),
+            dict(common, BN=config.block_n2, BK=config.block_k2, ATOMIC=atomic),
+            config.warps2,
+            config.stages2,
+        )
+    )
+    launches.append(
+        _Launch(
+            "_prefill_combine",
+            (-(-T // _COMBINE_BT), -(-H // _COMBINE_BH)),
+            (partial, topk_ids, out, T, H, E, top_k, partial.stride(0), out.stride(0)),
+            dict(BT=_COMBINE_BT, BH=_COMBINE_BH, ATOMIC=atomic, COMPUTE_F32=compute_f32),
+            4,
+            1,
+        )
+    )
+    return launches
+
+
+# ---- public entry points ----
+
+
+def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_p: int = 1024):
+    """Device grouping of pair slots by expert (3 launches; ``_prefill_kernels.py`` 1-3).
+
+    Args:
+        topk_ids: (T, top_k) int32/int64, contiguous; ids outside [0, E) are dropped.
+        num_experts: E.
+        block_p: pair slots per grouping program (power of two >= 16).
+
+    Returns:
+        ``(sorted_pair (P,) int32, counts (NBINS,) int32, start (NBINS,) int32)``; see the module
+        docstring. Only ``sorted_pair[:counts.sum()]`` is written.
+    """
+    if not _pow2(block_p) or block_p < 16:
+        raise ValueError(f"group_by_expert: block_p must be a power of two >= 16, got {block_p}")
+    if not topk_ids.is_contiguous() or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError("group_by_expert: topk_ids must be a contiguous int32/int64 tensor")
+    launches, sorted_pair, counts, start = _group_plan(topk_ids.reshape(-1), num_experts, block_p)
+    for launch in launches:
+        launch.run()
+    return sorted_pair, counts, start
+
+
+def group_by_expert_torch(topk_ids: torch.Tensor, num_experts: int):
+    """Torch twin of :func:`group_by_expert`: (sorted valid pairs (n,) int64, counts (E,) int64,
+    start (E,) int64). Stable: pairs of one expert in slot order."""
+    ids = topk_ids.reshape(-1).long()
+    valid = (ids >= 0) & (ids < num_experts)
+    key = torch.where(valid, ids, num_experts)
+    order = torch.sort(key, stable=True).indices
+    counts = torch.bincount(ids[valid], minlength=num_experts)
+    start = torch.cumsum(counts, 0) - counts
+    return order[: int(valid.sum())], counts, start
+
+
+def fused_moe_nvfp4_prefill(
+    hidden_states: torch.Tensor,
+    weights: PreparedMoEWeights,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: PrefillConfig | None = None,
+) -> torch.Tensor:
+    """NVFP4 W4A16 MoE for large token counts. Args:
+
+    hidden_states: (T, H) bf16; weights: :class:`PreparedMoEWeights` (E experts);
+    topk_ids: (T, top_k) int32/int64 in [-1, E) (a fused shared expert is one more column
+    pointing at expert E-1); topk_weights: (T, top_k) fp32/bf16/fp16; out: optional (T, H) bf16
+    destination; config: force a :class:`PrefillConfig` (else :func:`prefill_heuristic_config`
+    for this device). Returns ``out``.
+    """
+    _validate(hidden_states, weights, topk_ids, topk_weights, out, config)
+    T, H = hidden_states.shape
+    dev = hidden_states.device
+    if out is None:
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    if T == 0:
+        return out
+    if config is None:
+        target = current_target(dev) if dev.type == "cuda" else current_target()
+        config = prefill_heuristic_config(T, weights.shape(topk_ids.shape[1]), target)
+    for launch in _plan(
+        hidden_states, weights, topk_ids, topk_weights, out, config, target_info.is_interpreter()
+    ):
+        launch.run()
+    return out
