@@ -30,6 +30,7 @@ setup(
             "hypothesis>=6",
             "nvidia-modelopt",
             "safetensors",
+            "transformers",
         ],
         "bench": ["pytest-benchmark>=5", "matplotlib"],
     },

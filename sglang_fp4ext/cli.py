@@ -3,6 +3,11 @@
 ``fp4ext info``  what is installed, whether SGLang will load the plugin, which GPU this is, which
                  fp4ext kernel path it runs, and that GPU's spec row (dense and 2:4-sparse peaks
                  kept apart).
+``fp4ext check`` the main job: serve a model through SGLang with ``--moe-runner-backend fp4ext``
+                 and check its greedy tokens. With no arguments it builds a tiny NVFP4 MoE model
+                 (ModelOpt export) and judges every served token against ``transformers`` in
+                 float32 on the dequantised weights; with ``--model-path`` and SGLang launch flags
+                 it compares fp4ext with SGLang's default NVFP4 MoE backend on the same prompts.
 
 Works without SGLang and without a GPU (it says so), so it is also the first thing to run on a
 machine that is being set up.
@@ -173,17 +178,81 @@ def _print_info(info: dict[str, Any]) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    from sglang_fp4ext import capture_policy
+
     with warnings.catch_warnings():
         # CPU machines with only libcuda1 (so sgl_kernel imports): torch warns the driver is
         # "too old", which here only means "no GPU" and is reported as such below.
         warnings.filterwarnings("ignore", message="CUDA initialization")
         info = collect_info()
+        policy = capture_policy.policy_for(
+            args.model, args.tp, args.ep, args.max_running_requests
+        )
     if args.json:
+        info["capture_policy"] = policy.to_dict()
         json.dump(info, sys.stdout, indent=2, default=str)
         print()
     else:
         _print_info(info)
+        print(f"[capture policy: {args.model}, TP{args.tp} EP{args.ep}]")
+        text = capture_policy.describe_policy(
+            args.model, args.tp, args.ep, args.max_running_requests
+        )
+        for line in text.splitlines():
+            print(f"  {line}")
     return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from sglang_fp4ext.testing import e2e
+
+    launch = list(args.sglang_args)
+    if launch[:1] == ["--"]:
+        launch = launch[1:]
+    if args.model_path:
+        cfg = json.loads((Path(args.model_path) / "config.json").read_text())
+        prompts = e2e.prompts_for(cfg["vocab_size"], args.prompts, seed=args.seed)
+        print(f"fp4ext check: {args.model_path}, {args.prompts} prompts x {args.tokens} tokens, "
+              f"fp4ext vs SGLang's default NVFP4 MoE backend")
+        r = e2e.check_against_default_backend(
+            args.model_path, launch, prompts=prompts, max_new_tokens=args.tokens
+        )
+        for i, d in enumerate(r["first_divergence"]):
+            print(f"  prompt {i}: " + ("identical" if d is None else f"diverges at token {d}"))
+        ok = r["fp4ext_layers_logged"]
+        print(f"verdict: {r['identical_prompts']}/{args.prompts} prompts identical; fp4ext served "
+              f"the MoE layers: {'yes' if ok else 'NO'}")
+        return 0 if ok else 1
+
+    from sglang_fp4ext import target_info
+    from sglang_fp4ext.testing.checkpoint import make_tiny_checkpoint
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="fp4ext-check-"))
+    extra, env = ([], None)
+    if not target_info.has_cuda_gpu():
+        extra, env = e2e.cpu_server_args()
+    extra += launch
+    print(f"fp4ext check: tiny {args.arch} NVFP4 model (ModelOpt export) in {work}")
+    print("  [1/3] quantizing and exporting the tiny model ...", flush=True)
+    ckpt = make_tiny_checkpoint(work / "model", arch=args.arch, seed=args.seed,
+                                quantize_shared_experts=False)
+    print("  [2/3] serving it with SGLang --moe-runner-backend fp4ext ...", flush=True)
+    print("  [3/3] judging each token: SGLang with its own MoE on the dequantised weights ...",
+          flush=True)
+    r = e2e.check_checkpoint_against_oracle(
+        ckpt, n_prompts=args.prompts, max_new_tokens=args.tokens, extra_args=extra, env=env,
+        work_dir=work, seed=args.seed,
+    )
+    print(f"  prompts identical to the oracle's greedy tokens: {r['exact_prompts']}/{args.prompts}")
+    print(f"  largest logit gap of a served token below the oracle's best: {r['max_gap']:.4f} "
+          f"(tolerance {e2e.GAP_TOLERANCE}: near-ties flip under bf16)")
+    print(f"  SGLang log says fp4ext served the MoE layers: "
+          f"{'yes' if r['fp4ext_layers_logged'] else 'NO'} ({r['server_log']})")
+    print(f"verdict: {'PASS' if r['ok'] else 'FAIL'}")
+    return 0 if r["ok"] else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,7 +263,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="versions, plugin discovery, GPU and kernel path")
     p_info.add_argument("--json", action="store_true", help="machine-readable output")
+    p_info.add_argument("--model", default="glm-5",
+                        help="model for the capture-policy table: a preset or a config.json path")
+    p_info.add_argument("--tp", type=int, default=8, help="tensor-parallel size (default 8)")
+    p_info.add_argument("--ep", type=int, default=1, help="expert-parallel size (default 1)")
+    p_info.add_argument("--max-running-requests", type=int, default=None)
     p_info.set_defaults(func=_cmd_info)
+    p_check = sub.add_parser(
+        "check", help="serve a model with fp4ext through SGLang and check its tokens"
+    )
+    p_check.add_argument("--model-path", help="an NVFP4 model; default: a bundled tiny model")
+    p_check.add_argument("--arch", default="deepseek_v3", choices=["deepseek_v3", "glm4_moe"],
+                         help="architecture of the tiny model (default deepseek_v3)")
+    p_check.add_argument("--prompts", type=int, default=4)
+    p_check.add_argument("--tokens", type=int, default=16)
+    p_check.add_argument("--seed", type=int, default=0)
+    p_check.add_argument("--work-dir", help="where the tiny model and logs go (default: a temp dir)")
+    p_check.add_argument("sglang_args", nargs=argparse.REMAINDER,
+                         help="extra SGLang launch flags after --, e.g. -- --tp 8")
+    p_check.set_defaults(func=_cmd_check)
     return parser
 
 

@@ -268,8 +268,14 @@ def hook_status() -> dict[str, bool]:
 
 
 def verify_hooks() -> None:
-    """Raise a clear error when any fp4ext hook is not in effect."""
-    missing = [t for t, ok in hook_status().items() if not ok]
+    """Raise a clear error when any fp4ext hook is not in effect (in this, a model process)."""
+    from sglang_fp4ext import capture_policy
+
+    status = hook_status()
+    # The capture policy's resolution hook acts in the launcher process only; its masking hook
+    # must be live where the model runs.
+    status[capture_policy.MASK_TARGET] = capture_policy.hook_status()[capture_policy.MASK_TARGET]
+    missing = [t for t, ok in status.items() if not ok]
     if missing:
         raise RuntimeError(
             "--moe-runner-backend fp4ext is selected but these sglang_fp4ext hooks are not in "
@@ -368,4 +374,8 @@ def install() -> list[str]:
         if not any(hook is spec.hook for _, hook, _ in registered):
             HookRegistry.register(spec.target, spec.hook, HookType.AROUND)
             done.append(f"hook {spec.target.rsplit('.', 2)[-2]}.{spec.target.rsplit('.', 1)[-1]}")
+
+    from sglang_fp4ext import capture_policy
+
+    done += capture_policy.install()
     return done

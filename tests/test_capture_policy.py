@@ -350,8 +350,10 @@ def _expected(r, name, **overrides) -> cp.CapturePolicy:
 
 @pytest.mark.sglang
 def test_install_is_idempotent_and_hooks_are_live(resolved):
+    # The plugin's register() (run by SGLang's loader) already installed the policy: further
+    # direct calls add nothing, and both hooks are live.
     first, second = resolved["plugin"]["install"]
-    assert len(first) == 2 and second == []
+    assert first == [] and second == []
     assert all(resolved["plugin"]["hook_status"].values()), resolved["plugin"]["hook_status"]
 
 
