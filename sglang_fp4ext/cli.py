@@ -231,14 +231,19 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from sglang_fp4ext.testing.checkpoint import make_tiny_checkpoint
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="fp4ext-check-"))
-    extra, env = ([], None)
+    extra, env, dims = [], None, {}
     if not target_info.has_cuda_gpu():
         extra, env = e2e.cpu_server_args()
+        # SGLang 0.5.23's GLM-4.5/DeepSeek MoE blocks multiply by routed_scaling_factor again on
+        # non-CUDA devices although NVFP4 folds it into the top-k weights (README, Measured facts).
+        dims["routed_scaling_factor"] = 1.0
+        print("  no GPU: SGLang's CPU engine; tiny model with routed_scaling_factor 1.0 "
+              "(SGLang applies the factor twice on CPU for NVFP4)")
     extra += launch
     print(f"fp4ext check: tiny {args.arch} NVFP4 model (ModelOpt export) in {work}")
     print("  [1/3] quantizing and exporting the tiny model ...", flush=True)
     ckpt = make_tiny_checkpoint(work / "model", arch=args.arch, seed=args.seed,
-                                quantize_shared_experts=False)
+                                quantize_shared_experts=False, **dims)
     print("  [2/3] serving it with SGLang --moe-runner-backend fp4ext ...", flush=True)
     print("  [3/3] judging each token: SGLang with its own MoE on the dequantised weights ...",
           flush=True)
@@ -273,8 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="serve a model with fp4ext through SGLang and check its tokens"
     )
     p_check.add_argument("--model-path", help="an NVFP4 model; default: a bundled tiny model")
-    p_check.add_argument("--arch", default="deepseek_v3", choices=["deepseek_v3", "glm4_moe"],
-                         help="architecture of the tiny model (default deepseek_v3)")
+    p_check.add_argument("--arch", default="glm4_moe", choices=["glm4_moe", "deepseek_v3"],
+                         help="architecture of the tiny model (default glm4_moe: GLM-4.5 family)")
     p_check.add_argument("--prompts", type=int, default=4)
     p_check.add_argument("--tokens", type=int, default=16)
     p_check.add_argument("--seed", type=int, default=0)
