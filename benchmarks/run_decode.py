@@ -34,7 +34,12 @@ from sglang_fp4ext.bench import (
     uniform_routing,
 )
 from sglang_fp4ext.bench.peers import TorchGroupedMMMoE, has_grouped_mm
-from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, time_graph_replay
+from sglang_fp4ext.bench.timing import (
+    copy_bandwidth_Bps,
+    gpu_clocks,
+    kernel_times_us,
+    time_graph_replay,
+)
 from sglang_fp4ext.moe.config import KernelConfig, config_for, current_target, heuristic_config
 from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
@@ -42,33 +47,69 @@ from sglang_fp4ext.testing.compare import error_stats
 
 
 def _gemm1_candidates(base: KernelConfig, kc1: int):
-    """GEMM1 row tile x split-K around ``base`` (coordinate descent: GEMM1, GEMM2, then misc)."""
-    return [
-        dataclasses.replace(base, block_n1=bn, split_k1=sk)
-        for bn in (64, 128)
-        for sk in (1, 2, 4, 8)
-        if sk <= max(1, kc1 // 2)
-    ]
+    """GEMM1 split-K (a runtime argument: no recompile) and row tile around ``base``."""
+    out = [dataclasses.replace(base, split_k1=sk) for sk in (1, 2, 4, 8, 16) if sk <= kc1]
+    out += [dataclasses.replace(base, block_n1=32, split_k1=sk) for sk in (2, 4, 8) if sk <= kc1]
+    return out
 
 
 def _gemm2_candidates(base: KernelConfig, kc2: int):
+    """GEMM2 row tiles per program and split-K (both runtime arguments)."""
     return [
-        dataclasses.replace(base, block_n2=bn, split_k2=sk)
-        for bn in (64, 128)
-        for sk in (1, 2, 4)
+        dataclasses.replace(base, tiles2=nt, split_k2=sk)
+        for sk in (1, 2, 4, 8)
         if sk <= kc2
+        for nt in (1, 2, 4, 8, 16)
     ]
 
 
 def _misc_candidates(base: KernelConfig):
-    out = [
-        dataclasses.replace(base, stages1=2, stages2=2),
-        dataclasses.replace(base, warps1=8),
-        dataclasses.replace(base, warps2=8),
-    ]
-    if base.block_t == 16:
-        out.append(dataclasses.replace(base, block_t=32))
+    out = [dataclasses.replace(base, stages1=4), dataclasses.replace(base, stages2=4)]
+    if base.block_t < 32:
+        out.append(dataclasses.replace(base, block_t=2 * base.block_t))
+    if base.block_t > 8:
+        out.append(dataclasses.replace(base, block_t=base.block_t // 2))
     return out
+
+
+def _targets(rows) -> dict:
+    """Issue 4 targets: T = 1 >= 0.5 of the measured copy bandwidth, 2-64 >= 0.7, 128-256 >= 0.8."""
+    out = []
+    for r in rows:
+        goal = 0.5 if r["T"] == 1 else (0.7 if r["T"] <= 64 else 0.8)
+        out.append(
+            {
+                "shape": r["shape"],
+                "T": r["T"],
+                "us": round(r["us"], 1),
+                "fraction": round(r["fraction_of_copy_bw"], 3),
+                "target_fraction": goal,
+                "met": r["fraction_of_copy_bw"] >= goal,
+                "x_peer": None if r["speedup_vs_peer"] is None else round(r["speedup_vs_peer"], 2),
+            }
+        )
+    return {
+        "rule": "T=1 >= 0.5 of measured copy bandwidth (TP8 <= 10 us); T=2-64 >= 0.7; "
+        "T=128-256 >= 0.8",
+        "rows": out,
+        "met": sum(o["met"] for o in out),
+        "missed": sum(not o["met"] for o in out),
+    }
+
+
+def _write(args, meta, rows, checks, tuned) -> dict:
+    """Write the results JSON (and the tuned table, configs/<device>.json format) to --out."""
+    result = {"meta": meta, "rows": rows, "checks": checks, "targets": _targets(rows)}
+    if tuned:
+        result["tuned_table"] = {"device_name": meta["device"], "shapes": tuned}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    if tuned:
+        (out / (meta["device"].replace(" ", "_") + ".json")).write_text(
+            json.dumps(result["tuned_table"], indent=1) + "\n"
+        )
+    return result
 
 
 def main(argv=None) -> int:
@@ -77,7 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256")
     ap.add_argument("--copies", type=int, default=4)
     ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--check-tokens", default="1,16,256")
+    ap.add_argument("--check-tokens", default="all", help="T values checked vs the reference")
+    ap.add_argument("--profile", action="store_true", help="per-kernel device times per T")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--tune-seconds", type=float, default=0.0)
     ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
@@ -87,7 +129,10 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     tokens = [int(t) for t in args.tokens.split(",")]
-    check_tokens = {int(t) for t in args.check_tokens.split(",") if t}
+    if args.check_tokens == "all":
+        check_tokens = set(tokens)
+    else:
+        check_tokens = {int(t) for t in args.check_tokens.split(",") if t}
     target = current_target()
     import triton
 
@@ -109,7 +154,6 @@ def main(argv=None) -> int:
     snames = args.shapes.split(",")
     for sname in snames:
         bs = SHAPES[sname]
-        tune_deadline = time.time() + args.tune_seconds / len(snames)  # per-shape budget
         gen = torch.Generator(device="cuda").manual_seed(2026)
         packs = [
             random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen)
@@ -139,23 +183,14 @@ def main(argv=None) -> int:
                 ids, tw, _ = routes[i]
                 return fused_moe_nvfp4(xs[i], prepared[i], ids, tw, out=outs[i], config=cfg)
 
-            if T in check_tokens:
-                ids, tw, _ = routes[0]
-                outs[0].fill_(float("nan"))
-                ours(0)
-                ref = fused_moe_nvfp4_torch(xs[0], packs[0], ids, tw)
-                st = error_stats(outs[0], ref)
-                rec = {"shape": sname, "T": T, "ours": dataclasses.asdict(st)}
-                if peers is not None:
-                    rec["peer"] = dataclasses.asdict(error_stats(peers[0](xs[0], ids, tw), ref))
-                checks.append(rec)
-                print(f"[check] {sname} T={T} ours {st}", flush=True)
-                del ref
             cfg = config_for(T, shape, target)
             source = "table/heuristic"
-            if time.time() < tune_deadline:
+            tune_deadline = time.time() + args.tune_seconds / (len(snames) * len(tokens))
+            if args.tune_seconds > 0:
                 best = (
-                    time_graph_replay(lambda i: ours(i, cfg), args.copies, replays=5).us_per_call,
+                    time_graph_replay(
+                        lambda i: ours(i, cfg), args.copies, replays=5, warmup_ms=20
+                    ).us_per_call,
                     cfg,
                 )
                 stages = [
@@ -169,7 +204,7 @@ def main(argv=None) -> int:
                             continue
                         try:
                             us = time_graph_replay(
-                                lambda i: ours(i, cand), args.copies, replays=5
+                                lambda i: ours(i, cand), args.copies, replays=5, warmup_ms=20
                             ).us_per_call
                         except Exception as exc:  # a config that fails to compile/launch is skipped
                             print(f"[tune] {sname} T={T} {cand!r} failed: {exc}", flush=True)
@@ -179,8 +214,19 @@ def main(argv=None) -> int:
                 cfg = best[1]
                 source = "tuned"
                 print(f"[tune] {sname} T={T} best {best[0]:.1f} us {cfg!r}", flush=True)
-            if args.tune_seconds > 0:  # the table holds exactly the configs timed below
                 tuned.setdefault(shape.key(), {})[str(T)] = cfg.to_dict()
+            if T in check_tokens:  # the config timed below, outputs poisoned first
+                ids, tw, _ = routes[0]
+                outs[0].fill_(float("nan"))
+                ours(0, cfg)
+                ref = fused_moe_nvfp4_torch(xs[0], packs[0], ids, tw)
+                st = error_stats(outs[0], ref)
+                rec = {"shape": sname, "T": T, "ours": dataclasses.asdict(st)}
+                if peers is not None and T in (1, 16, 256):
+                    rec["peer"] = dataclasses.asdict(error_stats(peers[0](xs[0], ids, tw), ref))
+                checks.append(rec)
+                print(f"[check] {sname} T={T} ours {st}", flush=True)
+                del ref
             t_ours = time_graph_replay(lambda i: ours(i, cfg), args.copies, replays=args.replays)
             t_peer = None
             if peers is not None:
@@ -189,6 +235,11 @@ def main(argv=None) -> int:
                     args.copies,
                     replays=args.replays,
                 )
+            kernels = None
+            if args.profile:
+                kt = kernel_times_us(lambda i: ours(i, cfg), args.copies)
+                kernels = {k: round(v, 2) for k, v in kt.items() if "_moe_gemm" in k}
+                print(f"[kernels] {sname} T={T} {kernels}", flush=True)
             distinct = sum(r[2] for r in routes) / len(routes)
             nbytes = distinct * per_expert
             floor_us = nbytes / bw * 1e6
@@ -209,9 +260,11 @@ def main(argv=None) -> int:
                 else t_peer.us_per_call / t_ours.us_per_call,
                 "config": repr(cfg),
                 "config_source": source,
+                "kernel_us": kernels,
                 "heuristic": repr(heuristic_config(T, shape, target)),
             }
             rows.append(row)
+            _write(args, meta, rows, checks, tuned)  # partial results survive a time limit
             print(
                 f"[time] {sname} T={T} {row['us']:.1f} us floor {floor_us:.1f} "
                 f"frac {row['fraction_of_copy_bw']:.2f} peer {row['peer_us']}",
@@ -220,19 +273,10 @@ def main(argv=None) -> int:
         packs = prepared = peers = None  # free before the next shape
         torch.cuda.empty_cache()
     meta["clocks_end"] = gpu_clocks()
-    result = {"meta": meta, "rows": rows, "checks": checks}
-    if tuned:
-        result["tuned_table"] = {"device_name": meta["device"], "shapes": tuned}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
-    if tuned:
-        (out / (meta["device"].replace(" ", "_") + ".json")).write_text(
-            json.dumps(result["tuned_table"], indent=1)
-        )
+    result = _write(args, meta, rows, checks, tuned)
     print(
         f"\n{'shape':9} {'T':>4} {'D':>6} {'us':>8} {'floor':>7} {'frac':>5} "
-        f"{'peer_us':>8} {'x_peer':>6}"
+        f"{'peer_us':>8} {'x_peer':>6} {'g1_us':>7} {'g2_us':>7}"
     )
     for r in rows:
         peer = (
@@ -240,10 +284,15 @@ def main(argv=None) -> int:
             if r["peer_us"]
             else "       -      -"
         )
+        k = r["kernel_us"] or {}
+        g1 = sum(v for n, v in k.items() if "gemm1" in n)
+        g2 = sum(v for n, v in k.items() if "gemm2" in n)
         print(
             f"{r['shape']:9} {r['T']:4d} {r['distinct_experts']:6.1f} {r['us']:8.1f} "
-            f"{r['floor_us']:7.1f} {r['fraction_of_copy_bw']:5.2f} {peer}"
+            f"{r['floor_us']:7.1f} {r['fraction_of_copy_bw']:5.2f} {peer} {g1:7.1f} {g2:7.1f}"
         )
+    t = result["targets"]
+    print(f"targets met {t['met']}, missed {t['missed']}")
     return 0
 
 

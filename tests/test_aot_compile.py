@@ -32,19 +32,24 @@ from sglang_fp4ext.moe import _decode_kernels as K
 
 cc, variants = int(sys.argv[1]), json.loads(sys.stdin.read())
 P1 = dict(x_ptr="*bf16", ids_ptr="*i32", q_ptr="*u8", s_ptr="*u8", a_ptr="*fp32",
-          inter_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
+          inter_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32")
 P2 = dict(inter_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32", q_ptr="*u8", s_ptr="*u8",
-          a_ptr="*fp32", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
+          a_ptr="*fp32", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32",
+          pcnt_ptr="*i32")
+# What the JIT specialises on the real tensors: 16-byte aligned pointers, strides divisible by 16.
+DIV = set(P1) | set(P2) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stride",
+                           "s_e_stride", "s_chunk_stride", "stride_out"}
 out = []
 for v in variants:
     fn, ptrs = (K._moe_gemm1, P1) if v["kernel"] == 1 else (K._moe_gemm2, P2)
     consts = v["constexprs"]
     sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
-    k = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", cc, 32),
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names if n in DIV}
+    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
                        options=dict(num_warps=v["num_warps"], num_stages=v["num_stages"]))
     ptx = k.asm["ptx"]
     out.append(dict(v, shared=k.metadata.shared, mma=("mma.sync" in ptx) or ("wgmma" in ptx)
-                    or ("tcgen05.mma" in ptx)))
+                    or ("tcgen05.mma" in ptx), packed_decode="fma.rn.bf16x2" in ptx))
 print(json.dumps(out))
 """
 
@@ -63,7 +68,7 @@ def _variants():
     seen, out = set(), []
     for k, c in sorted(cfgs, key=repr):
         slot = c.grid == "slots"
-        # top_k and split_k are runtime arguments: they do not multiply the variants.
+        # top_k, split_k and tiles2 are runtime arguments: they do not multiply the variants.
         v1 = dict(
             kernel=1,
             num_warps=c.warps1,
@@ -81,7 +86,6 @@ def _variants():
                 SLOT_MODE=slot,
                 BN=c.block_n2,
                 BT=c.block_t,
-                BLOCK_P=c.block_p,
                 COMPUTE_F32=False,
             ),
         )
@@ -128,6 +132,7 @@ def test_every_config_compiles_with_tensor_cores(compiled, cc):
     assert len(results[cc]) == len(todo[cc]) > 0
     for r in results[cc]:
         assert r["mma"], f"sm_{cc}: no tensor-core mma in PTX for {r}"
+        assert r["packed_decode"], f"sm_{cc}: no inline-PTX bf16x2 decode in PTX for {r}"
 
 
 def test_sm120_shared_memory_fits(compiled):

@@ -203,3 +203,32 @@ def test_validation_errors():
         fused_moe_nvfp4(x, pw, ids, tw, out=torch.empty(3, 256, dtype=torch.bfloat16, device=DEV))
     with pytest.raises(ValueError, match="topk_weights must be"):
         fused_moe_nvfp4(x, pw, ids, tw.to(torch.int32))
+
+
+def test_decode_bit_exact_vs_torch_twin(seed):
+    """The kernels' in-register decode (inline PTX on a GPU, the fp32 bit trick under the
+    interpreter) including the K permutation equals the torch twin bit for bit: every byte value
+    and random e4m3 scales (incl. subnormal and zero scale bytes), times 2^-26."""
+    from sglang_fp4ext.moe import _decode_kernels as K
+    from sglang_fp4ext.moe.layout import dequantize_kernel_matrix, prepare_matrix
+
+    g = torch.Generator().manual_seed(seed)
+    E, N, Kd = 1, 64, 512
+    q = torch.randint(0, 256, (E, N, Kd // 2), dtype=torch.uint8, generator=g)
+    q[0, 0, :] = torch.arange(256, dtype=torch.uint8)  # every byte value in one row
+    sb = torch.randint(0, 256, (E, N, Kd // 16), dtype=torch.uint8, generator=g)
+    sb[(sb & 0x7F) == 0x7F] = 0x38  # no NaN scales (e4m3 0x7F / 0xFF)
+    sb[0, 1, :8] = torch.tensor([0, 1, 2, 7, 0x80, 0x81, 0x08, 0x7E], dtype=torch.uint8)
+    m = prepare_matrix(q, sb.view(torch.float8_e4m3fn), torch.ones(E, N))
+    ref = dequantize_kernel_matrix(m)[0] * 2.0**-26
+    dev = torch.device(DEV)
+    out = torch.full((m.n_pad, m.k_pad), float("nan"), device=dev)
+    qd, sd = m.q.to(dev), m.scale.to(dev)
+    from sglang_fp4ext.target_info import is_interpreter
+
+    K._decode_probe[(m.n_pad // 32, m.k_pad // 256)](
+        qd[0], sd[0], out, m.k_pad // 256, qd.stride(1), sd.stride(1),
+        BN=32, COMPUTE_F32=is_interpreter(), num_warps=2,
+    )
+    got = out.cpu()[:N, :Kd]
+    assert torch.equal(got, ref), (got - ref).abs().max()

@@ -29,9 +29,12 @@ def test_frozen_hashable_repr_round_trip():
     [
         ({"grid": "tokens"}, "grid"),
         ({"block_t": 24}, "power of two"),
-        ({"block_t": 8}, "block_t"),
-        ({"block_n1": 16}, "block_n1 must be >= 32"),
+        ({"block_t": 4}, "block_t"),
+        ({"block_t": 128}, "block_t"),
+        ({"block_n1": 16}, "block_n1 must be in"),
         ({"block_n2": 256}, "block_n2"),
+        ({"block_n2": 32, "warps2": 4}, "fewer than 16 rows"),
+        ({"tiles2": 3}, "tiles2"),
         ({"split_k1": 3}, "split_k1"),
         ({"stages2": 0}, "stages2"),
         ({"block_p": 8}, "block_p"),
@@ -59,6 +62,13 @@ def test_heuristic_is_deterministic_and_fills_the_gpu(shape, target):
         c = heuristic_config(1, shape, target)
         n_tiles = 9 * (512 // c.block_n1) * c.split_k1
         assert n_tiles >= 2 * target.num_sms
+    # GLM-5 at large T: GEMM2 programs take several row tiles (fewer, longer programs), never
+    # fewer than one program per SM.
+    if shape in (TP8, EP8):
+        big = heuristic_config(256, shape, target)
+        n_tiles2 = -(-shape.H // 128) * 128 // big.block_n2
+        assert big.tiles2 > 1
+        assert n_tiles2 // big.tiles2 * shape.E >= target.num_sms
 
 
 def test_token_bucket():

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ReplayTiming", "time_graph_replay", "copy_bandwidth_Bps", "gpu_clocks"]
+__all__ = [
+    "ReplayTiming",
+    "time_graph_replay",
+    "kernel_times_us",
+    "copy_bandwidth_Bps",
+    "gpu_clocks",
+]
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,31 @@ def time_graph_replay(
         times.append(start.elapsed_time(end) * 1000.0 / n_copies)
     del graph
     return ReplayTiming(statistics.median(times), min(times), max(times), replays, n_copies)
+
+
+def kernel_times_us(step: Callable[[int], object], n_copies: int, *, calls: int = 16) -> dict:
+    """Mean device time (us) per launch of each kernel ``step`` runs, by kernel name.
+
+    Eager calls cycling over the ``n_copies`` layer copies under ``torch.profiler`` (device-side
+    kernel durations, so host launch gaps are not counted): splits a call into its kernels.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(n_copies):
+        step(i)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for c in range(calls):
+            step(c % n_copies)
+        torch.cuda.synchronize()
+    out = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time", None)
+        if t is None:
+            t = getattr(ev, "cuda_time", 0.0)
+        if ev.count and t:
+            out[ev.key] = float(t)  # mean per call, us
+    return out
 
 
 def copy_bandwidth_Bps(nbytes: int = 2 << 30, repeats: int = 10) -> float:

@@ -1,26 +1,33 @@
 """Triton kernels of the NVFP4 W4A16 fused-MoE decode path (``@triton.jit`` code only).
 
-Two launches per layer, both with a static grid ``(G, row_blocks, SPLIT_K)`` fixed by ``T``:
+Two launches per layer, both with a static grid fixed by ``T``, ``top_k``, the shape and the config:
 
-* ``_moe_gemm1``: ``inter[p, :] = silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)`` for every pair slot
-  ``p = t * TOP_K + j`` routed to expert ``e = topk_ids[t, j]`` (bf16 ``(P, I)``).
-* ``_moe_gemm2``: ``out[t, :] = sum_j topk_weights[t, j] * inter[p] @ down_e^T`` (bf16 ``(T, H)``).
+* ``_moe_gemm1``, grid ``(G, NB1, SPLIT_K1)``: ``inter[p, :] = silu(x[t] @ gate_e^T) *
+  (x[t] @ up_e^T)`` for every pair slot ``p = t * TOP_K + j`` routed to ``e = topk_ids[t, j]``
+  (bf16 ``(P, I)``). It also writes the routing lists GEMM2 reads (below).
+* ``_moe_gemm2``, grid ``(G, cdiv(NB2, NT), SPLIT_K2)``: ``out[t, :] = sum_j topk_weights[t, j] *
+  inter[p] @ down_e^T`` (bf16 ``(T, H)``); each program walks ``NT`` row tiles of ``BN`` rows.
 
-Work items come straight from ``topk_ids`` (no alignment kernel). With ``SLOT_MODE`` program
-``g`` takes pair slot ``g``; only the first slot holding its expert (the leader) works, the others
-exit. Otherwise program ``g`` takes expert ``g``. The working program gathers every pair routed
-to its expert (in slot order, ``BT`` at a time, compacted in-kernel with a cumsum over a match
-mask), so each expert's weights are streamed once per call. Ids ``< 0`` (experts on another EP
-rank) or ``>= E`` contribute nothing.
+**Work items** come straight from ``topk_ids`` (no alignment kernel). With ``SLOT_MODE`` program
+``g`` takes pair slot ``g`` and only the first slot of its expert (the leader) works; otherwise
+program ``g`` takes expert ``g``. Ids ``< 0`` (other EP ranks) or ``>= E`` contribute nothing.
+GEMM1 compacts the pairs of its expert in slot order (a cumsum over a match mask, ``BLOCK_P`` ids
+at a time) into ``plist[e, :]`` with the count in ``pcnt[e]`` (every GEMM1 program of ``e`` writes
+the same values); GEMM2 reads them instead of scanning ``topk_ids`` again.
 
-Swap-AB: weight rows are the MMA's M side (``BN`` rows per program), tokens the N side (``BT``),
-so one token does not pad a 64-row tile. FP4 is decoded in registers with integer bit operations
-(exact; no inline asm, interpreter-safe), see ``_decode_chunk``. Weight layout: ``layout.py``.
+**Tiles.** Weight rows are the MMA's M side (``BN`` rows), pairs its N side (``BT`` at a time), K
+advances one layout chunk (256) per step. Launched with 2 warps, ``tl.dot`` is ``mma.sync``
+(MMAv2) on every target: both operands live in registers, so the decoded weights never go through
+shared memory. The decode lives in ``_decode_w`` (see there): on the GPU an inline-PTX packed
+bf16x2 decode (``_fp4x4_to_bf16_asm``, ~2.3 instructions per weight), under the interpreter the
+exact pure-Triton fp32 bit trick. K is permuted inside a chunk (``_kappa``) identically for the
+weights and the activations, so each thread's MMA fragment is 32 contiguous bytes of a weight row
+(16-byte loads, one block scale per 16 weights) - a dot product does not depend on the order of K.
 
-Determinism: split-K partials (GEMM1) and the top-k combine (GEMM2) go through an fp32 workspace
-and a per-tile arrival counter; the last program to arrive sums in a fixed order, finishes the
-tile and resets the counter to 0, so the next launch (or CUDA-graph replay) starts clean. Results
-are bit-identical run to run; there is no atomic-accumulation variant.
+**Determinism.** Split-K partials (GEMM1) and the top-k combine (GEMM2) go through an fp32
+workspace and a per-tile arrival counter; the last program to arrive sums in a fixed order,
+finishes the tile and resets the counter to 0, so the next launch (or CUDA-graph replay) starts
+clean. Results are bit-identical run to run; there is no atomic-accumulation variant.
 
 Under the interpreter ``COMPUTE_F32`` casts both dot operands to fp32 (the interpreter computes bf16
 ``tl.dot`` on raw bits); the decoded weights are exact in bf16, so both paths multiply the same
@@ -61,7 +68,8 @@ def _e4m3_bits_to_f32(s):
 def _decode_chunk(
     q_ptr, s_ptr, rows, kc, q_row_stride, s_chunk_stride, BN: tl.constexpr, DOT_DTYPE: tl.constexpr
 ):
-    """Decode one 256-wide K chunk of ``BN`` weight rows -> (low half, high half), (BN, 128) each.
+    """Decode one 256-wide K chunk of ``BN`` weight rows -> (low half, high half), (BN, 128) each,
+    in natural K order (pure Triton; used by the prefill kernels).
 
     Byte ``i`` of a row chunk holds element ``i`` (low nibble) and ``128 + i`` (high nibble); a
     nibble's sign goes to fp32 bit 31 and its 3 magnitude bits to bits 24..22, which is the E2M1
@@ -87,47 +95,86 @@ def _decode_chunk(
 
 
 @triton.jit
-def _expert_of_program(ids_ptr, pid0, P, E, SLOT_MODE: tl.constexpr, BLOCK_P: tl.constexpr):
-    """(expert, number of pairs routed to it) for this program; count 0 means no work."""
-    if SLOT_MODE:
-        e = tl.load(ids_ptr + pid0).to(tl.int32)
+def _fp4x4_to_bf16_asm(b, s_lo, s_hi):
+    """GPU only (inline PTX, sm_80+): packed bytes -> (low-nibble, high-nibble) bf16 values.
+
+    Elementwise: output ``lo[i] = e2m1(b[i] & 0xF) * s_lo[i]``, ``hi[i] = e2m1(b[i] >> 4) *
+    s_hi[i]``, where the scales are bf16 (e4m3 times 2^100) and the results ``w * 2^-26``. Four
+    bytes per instance: ``prmt`` spreads bytes 0,1 (2,3) to the two 16-bit halves, a mask isolates
+    one nibble per half, one integer multiply makes two shifted copies (sign lands on bf16 bit 15,
+    magnitude on bits 8..6, the same bit trick as the fp32 path with bf16's 8-bit exponent), a mask
+    keeps those 4 bits, and one ``fma.rn.bf16x2`` by the scale pair (``+ -0``) gives two exact
+    products (<= 6 significant bits). 18 instructions per 8 weights.
+    """
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 y, z, m, v, nz;
+        mov.b32 nz, 0x80008000;
+        prmt.b32 y, $4, 0, 0x4140;
+        prmt.b32 z, $4, 0, 0x4342;
+        and.b32 m, y, 0x000F000F;
+        mul.lo.u32 v, m, 0x1040;
+        and.b32 v, v, 0x81C081C0;
+        fma.rn.bf16x2 $0, v, $5, nz;
+        and.b32 m, z, 0x000F000F;
+        mul.lo.u32 v, m, 0x1040;
+        and.b32 v, v, 0x81C081C0;
+        fma.rn.bf16x2 $1, v, $6, nz;
+        and.b32 m, y, 0x00F000F0;
+        mul.lo.u32 v, m, 0x104;
+        and.b32 v, v, 0x81C081C0;
+        fma.rn.bf16x2 $2, v, $7, nz;
+        and.b32 m, z, 0x00F000F0;
+        mul.lo.u32 v, m, 0x104;
+        and.b32 v, v, 0x81C081C0;
+        fma.rn.bf16x2 $3, v, $8, nz;
+        }
+        """,
+        "=r,=r,=r,=r,r,r,r,r,r",
+        args=[b, s_lo, s_hi],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _kappa(w, R: tl.constexpr):
+    """(R, 128) in byte order ``j = 32a + 4b + c`` (a < 4, b < 8, c < 4) -> K order
+    ``16b + 4a + c``. Applied to weights and activations alike (a dot product is invariant under a
+    common permutation of K); it makes each MMAv2 thread fragment a contiguous 32-byte run."""
+    return tl.reshape(tl.permute(tl.reshape(w, [R, 4, 8, 4]), (0, 2, 1, 3)), [R, 128])
+
+
+@triton.jit
+def _decode_w(b, s_lo, s_hi, BN: tl.constexpr, COMPUTE_F32: tl.constexpr):
+    """Packed codes ``b`` (BN, 8, 16) uint8 and e4m3 scale bytes (BN, 8) of the two halves of a
+    chunk -> (low, high) halves (BN, 128) in ``_kappa`` order, ``w * 2^-26``, exact.
+
+    GPU: the inline-PTX packed bf16 decode. Interpreter (``COMPUTE_F32``): the fp32 bit trick of
+    ``_decode_chunk`` (sign to bit 31, magnitude to bits 24..22), no inline asm.
+    """
+    if COMPUTE_F32:
+        bb = b.to(tl.uint32)
+        f_lo = _e4m3_bits_to_f32(s_lo)
+        f_hi = _e4m3_bits_to_f32(s_hi)
+        lo = (((bb & 0x8) << 28) | ((bb & 0x7) << 22)).to(tl.float32, bitcast=True)
+        hi = (((bb & 0x80) << 24) | ((bb & 0x70) << 18)).to(tl.float32, bitcast=True)
+        lo = lo * f_lo[:, :, None]
+        hi = hi * f_hi[:, :, None]
     else:
-        e = pid0
-    before = 0
-    m = 0
-    for p0 in range(0, P, BLOCK_P):
-        offs = p0 + tl.arange(0, BLOCK_P)
-        ids = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
-        hit = ids == e
-        m += tl.sum(hit.to(tl.int32), 0)
-        before += tl.sum((hit & (offs < pid0)).to(tl.int32), 0)
-    ok = (e >= 0) & (e < E)
-    if SLOT_MODE:
-        ok = ok & (before == 0)  # a later slot of an expert already led: exit
-    return e, tl.where(ok, m, 0)
+        # Scales times 2^100 are exact in bf16 (<= 4 significant bits, exponent in range).
+        c_lo = _e4m3_bits_to_f32(s_lo).to(tl.bfloat16)
+        c_hi = _e4m3_bits_to_f32(s_hi).to(tl.bfloat16)
+        lo, hi = _fp4x4_to_bf16_asm(b, c_lo[:, :, None], c_hi[:, :, None])
+    lo = _kappa(tl.reshape(lo, [BN, 128]), BN)
+    hi = _kappa(tl.reshape(hi, [BN, 128]), BN)
+    return lo, hi
 
 
 @triton.jit
-def _pairs_of_expert(ids_ptr, e, c, P, BT: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Pair slots of the ``c``-th group of ``BT`` pairs routed to ``e`` (in slot order) + mask."""
-    want = c * BT + tl.arange(0, BT)
-    pair = tl.zeros([BT], dtype=tl.int32)
-    found = tl.zeros([BT], dtype=tl.int32)
-    base = 0
-    for p0 in range(0, P, BLOCK_P):
-        offs = p0 + tl.arange(0, BLOCK_P)
-        ids = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
-        hit = (ids == e).to(tl.int32)
-        rank = base + tl.cumsum(hit, 0) - 1  # rank among e's pairs
-        sel = (rank[None, :] == want[:, None]) & (hit[None, :] != 0)  # (BT, BLOCK_P)
-        pair += tl.sum(tl.where(sel, offs[None, :], 0), 1)
-        found += tl.sum(sel.to(tl.int32), 1)
-        base += tl.sum(hit, 0)
-    return pair, found != 0
-
-
-@triton.jit
-def _gemm_tile(
+def _w4a16_acc(
     q_ptr,
     s_ptr,
     x_ptr,
@@ -144,23 +191,67 @@ def _gemm_tile(
     BT: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
-    """acc (BN, BT) fp32 = W[rows, chunks kc0..kc1) @ X[xrow, same K]^T, weights times 2^-26."""
+    """acc (BN, BT) fp32 = W[rows, chunks kc0..kc1) @ X[xrow, same K]^T, weights times 2^-26.
+
+    ``q_ptr``/``s_ptr`` point at one expert; ``xrow`` (BT,) int64 rows of X, ``xmask`` (BT,) valid.
+    Padding columns of W are zero codes, so only the activation loads are masked along K.
+    """
     DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
     acc = tl.zeros([BN, BT], dtype=tl.float32)
+    g = tl.arange(0, 8)
+    i = tl.arange(0, 16)
     kk = tl.arange(0, 128)
+    qp0 = q_ptr + rows[:, None, None] * q_row_stride + g[None, :, None] * 16 + i[None, None, :]
+    sp0 = s_ptr + rows[:, None] * 16 + g[None, :]
+    xp0 = x_ptr + xrow[:, None] * stride_x + kk[None, :]
     for kc in range(kc0, kc1):
-        w_lo, w_hi = _decode_chunk(
-            q_ptr, s_ptr, rows, kc, q_row_stride, s_chunk_stride, BN, DOT_DTYPE
+        b = tl.load(qp0 + kc * 128)
+        sp = sp0 + kc * s_chunk_stride
+        w_lo, w_hi = _decode_w(b, tl.load(sp), tl.load(sp + 8), BN, COMPUTE_F32)
+        k = kc * 256 + kk
+        x_lo = tl.load(xp0 + kc * 256, mask=xmask[:, None] & (k[None, :] < K), other=0.0)
+        x_hi = tl.load(
+            xp0 + kc * 256 + 128, mask=xmask[:, None] & (k[None, :] + 128 < K), other=0.0
         )
-        k_lo = kc * 256 + kk
-        xp = x_ptr + xrow[:, None] * stride_x + k_lo[None, :]
-        x_lo = tl.load(xp, mask=xmask[:, None] & (k_lo[None, :] < K), other=0.0).to(DOT_DTYPE)
-        x_hi = tl.load(xp + 128, mask=xmask[:, None] & (k_lo[None, :] + 128 < K), other=0.0).to(
-            DOT_DTYPE
-        )
-        acc = tl.dot(w_lo, tl.trans(x_lo), acc)
-        acc = tl.dot(w_hi, tl.trans(x_hi), acc)
+        x_lo = _kappa(x_lo.to(DOT_DTYPE), BT)
+        x_hi = _kappa(x_hi.to(DOT_DTYPE), BT)
+        acc = tl.dot(w_lo.to(DOT_DTYPE), tl.trans(x_lo), acc)
+        acc = tl.dot(w_hi.to(DOT_DTYPE), tl.trans(x_hi), acc)
     return acc
+
+
+@triton.jit
+def _route(
+    ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE: tl.constexpr, BLOCK_P: tl.constexpr
+):
+    """GEMM1: (expert, pairs to work on) of this program; writes ``plist[e]``/``pcnt[e]``.
+
+    The pairs of ``e`` are compacted in slot order into ``plist[e, 0:m]``; a program that gets
+    count 0 (no valid expert, or a slot that is not its expert's leader) does no GEMM work.
+    """
+    if SLOT_MODE:
+        e = tl.load(ids_ptr + pid0).to(tl.int32)
+    else:
+        e = pid0
+    ok = (e >= 0) & (e < E)
+    lbase = plist_ptr + tl.where(ok, e, 0).to(tl.int64) * P
+    m = 0
+    before = 0
+    for p0 in range(0, P, BLOCK_P):
+        offs = p0 + tl.arange(0, BLOCK_P)
+        ids = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
+        hit = (ids == e) & ok
+        h = hit.to(tl.int32)
+        rank = m + tl.cumsum(h, 0) - 1
+        tl.store(lbase + rank, offs, mask=hit)
+        m += tl.sum(h, 0)
+        before += tl.sum((hit & (offs < pid0)).to(tl.int32), 0)
+    if ok:
+        tl.store(pcnt_ptr + e, m)
+    tl.debug_barrier()  # this CTA's list writes are visible to all its threads
+    if SLOT_MODE:
+        m = tl.where(before == 0, m, 0)  # a later slot of an expert already led: no work
+    return e, m, lbase
 
 
 @triton.jit
@@ -197,6 +288,8 @@ def _moe_gemm1(
     inter_ptr,
     ws_ptr,
     cnt_ptr,
+    plist_ptr,
+    pcnt_ptr,
     P,
     E,
     H,
@@ -217,11 +310,12 @@ def _moe_gemm1(
     BLOCK_P: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
-    """GEMM1 + SiLU·mul. ws: (SPLIT_K, P, NP) fp32; cnt: (grid0, grid1) int32, 0 between calls."""
+    """GEMM1 + SiLU·mul. ws: (SPLIT_K, P, NP) fp32; cnt: (grid0, grid1) int32, 0 between calls;
+    plist: (E, P) int32, pcnt: (E,) int32 (routing lists for GEMM2)."""
     pid0 = tl.program_id(0)
     nb = tl.program_id(1)
     ks = tl.program_id(2)
-    e, m = _expert_of_program(ids_ptr, pid0, P, E, SLOT_MODE, BLOCK_P)
+    e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE, BLOCK_P)
     if m == 0:
         return
     e64 = e.to(tl.int64)
@@ -233,9 +327,11 @@ def _moe_gemm1(
     kc1 = tl.minimum(kc0 + CPS, KC)
     nchunk = tl.cdiv(m, BT)
     for c in range(0, nchunk):
-        pairs, pmask = _pairs_of_expert(ids_ptr, e, c, P, BT, BLOCK_P)
+        slot = c * BT + tl.arange(0, BT)
+        pmask = slot < m
+        pairs = tl.load(lbase + slot, mask=pmask, other=0)
         tok = (pairs // TOP_K).to(tl.int64)
-        acc = _gemm_tile(
+        acc = _w4a16_acc(
             qe,
             se,
             x_ptr,
@@ -264,7 +360,9 @@ def _moe_gemm1(
         if old == SPLIT_K - 1:  # last to arrive: reduce in fixed split order, finish the tile
             tl.debug_barrier()
             for c in range(0, nchunk):
-                pairs, pmask = _pairs_of_expert(ids_ptr, e, c, P, BT, BLOCK_P)
+                slot = c * BT + tl.arange(0, BT)
+                pmask = slot < m
+                pairs = tl.load(lbase + slot, mask=pmask, other=0)
                 acc = tl.zeros([BN, BT], dtype=tl.float32)
                 for s in range(0, SPLIT_K):  # fixed order
                     wp = ws_ptr + (s * P + pairs[None, :]).to(tl.int64) * NP + rows[:, None]
@@ -284,12 +382,15 @@ def _moe_gemm2(
     out_ptr,
     ws_ptr,
     cnt_ptr,
+    plist_ptr,
+    pcnt_ptr,
     T,
     P,
     E,
     H,
     I,
     NP,
+    NB,
     stride_out,
     q_e_stride,
     q_row_stride,
@@ -299,84 +400,131 @@ def _moe_gemm2(
     CPS,
     TOP_K,
     SPLIT_K,
+    NT,
     K_POW2: tl.constexpr,
     SLOT_MODE: tl.constexpr,
     BN: tl.constexpr,
     BT: tl.constexpr,
-    BLOCK_P: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
-    """GEMM2 x routing weight + top-k combine into ``out`` (T, H) bf16.
+    """GEMM2 x routing weight + top-k combine into ``out`` (T, H) bf16, row tiles
+    ``pid1 * NT ... + NT - 1`` (of ``NB``).
 
-    ws: (P, SPLIT_K, NP) fp32, each pair's weighted partial; cnt: (T, grid1) int32 arrivals, zero
-    between calls.
+    ws: (P, SPLIT_K, NP) fp32, each pair's weighted partial; cnt: (T, NB) int32 arrivals, zero
+    between calls; plist/pcnt: the routing lists GEMM1 wrote.
     """
     pid0 = tl.program_id(0)
-    nb = tl.program_id(1)
+    pid1 = tl.program_id(1)
     ks = tl.program_id(2)
-    rows = nb * BN + tl.arange(0, BN)
     kj = tl.arange(0, K_POW2)
     if (pid0 < T) & (ks == 0):
         # A token with no local expert gets no arrival at all: write its zeros here.
         idt = tl.load(ids_ptr + pid0 * TOP_K + kj, mask=kj < TOP_K, other=-1).to(tl.int32)
         nval = tl.sum(((idt >= 0) & (idt < E)).to(tl.int32), 0)
         if nval == 0:
-            op = out_ptr + pid0.to(tl.int64) * stride_out + rows
-            tl.store(op, tl.zeros([BN], dtype=tl.float32).to(tl.bfloat16), mask=rows < H)
-    e, m = _expert_of_program(ids_ptr, pid0, P, E, SLOT_MODE, BLOCK_P)
+            for it in range(0, NT):
+                rows = (pid1 * NT + it) * BN + tl.arange(0, BN)
+                op = out_ptr + pid0.to(tl.int64) * stride_out + rows
+                tl.store(op, tl.zeros([BN], dtype=tl.float32).to(tl.bfloat16), mask=rows < H)
+    if SLOT_MODE:
+        e = tl.load(ids_ptr + pid0).to(tl.int32)
+        ok = (e >= 0) & (e < E)
+        es = tl.where(ok, e, 0)
+        lead = tl.load(plist_ptr + es.to(tl.int64) * P) == pid0
+        m = tl.where(ok & lead, tl.load(pcnt_ptr + es), 0)
+    else:
+        e = pid0
+        m = tl.where(e < E, tl.load(pcnt_ptr + tl.minimum(e, E - 1)), 0)
     if m == 0:
         return
     e64 = e.to(tl.int64)
+    lbase = plist_ptr + e64 * P
     qe = q_ptr + e64 * q_e_stride
     se = s_ptr + e64 * s_e_stride
-    alpha = tl.load(a_ptr + e64 * NP + rows) * _TWO_P26
     kc0 = ks * CPS
     kc1 = tl.minimum(kc0 + CPS, KC)
     nchunk = tl.cdiv(m, BT)
-    for c in range(0, nchunk):
-        pairs, pmask = _pairs_of_expert(ids_ptr, e, c, P, BT, BLOCK_P)
-        acc = _gemm_tile(
-            qe,
-            se,
-            inter_ptr,
-            rows,
-            pairs.to(tl.int64),
-            pmask,
-            kc0,
-            kc1,
-            I,
-            q_row_stride,
-            s_chunk_stride,
-            I,
-            BN,
-            BT,
-            COMPUTE_F32,
-        )
-        tw = tl.load(tw_ptr + pairs, mask=pmask, other=0.0).to(tl.float32)
-        y = acc * alpha[:, None] * tw[None, :]
-        tok = pairs // TOP_K
-        wp = ws_ptr + (pairs[None, :].to(tl.int64) * SPLIT_K + ks) * NP + rows[:, None]
-        tl.store(wp, y, mask=pmask[None, :])
-        tl.debug_barrier()  # every thread's partials are written before the release below
-        cp = cnt_ptr + tok * tl.num_programs(1) + nb
-        old = tl.atomic_add(cp, 1, mask=pmask, sem="acq_rel")
-        idt = tl.load(
-            ids_ptr + tok[:, None] * TOP_K + kj[None, :],
-            mask=pmask[:, None] & (kj[None, :] < TOP_K),
-            other=-1,
-        ).to(tl.int32)
-        nval = tl.sum(((idt >= 0) & (idt < E)).to(tl.int32), 1)
-        last = pmask & (old == nval * SPLIT_K - 1)
-        if tl.sum(last.to(tl.int32), 0) > 0:  # some token of this group is complete: combine it
-            tl.debug_barrier()
-            tok64 = tok.to(tl.int64)
-            o = tl.zeros([BT, BN], dtype=tl.float32)
-            for j in range(0, TOP_K):  # fixed order: slot j, then split s
-                idj = tl.load(ids_ptr + tok * TOP_K + j, mask=last, other=-1).to(tl.int32)
-                vj = last & (idj >= 0) & (idj < E)
-                for s in range(0, SPLIT_K):
-                    rp = ws_ptr + ((tok64 * TOP_K + j) * SPLIT_K + s)[:, None] * NP + rows[None, :]
-                    o += tl.load(rp, mask=vj[:, None], other=0.0, cache_modifier=".cg")
-            op = out_ptr + tok64[:, None] * stride_out + rows[None, :]
-            tl.store(op, _to_bf16(o, COMPUTE_F32), mask=last[:, None] & (rows[None, :] < H))
-            tl.store(cp, tl.zeros([BT], dtype=tl.int32), mask=last)
+    nb_end = tl.minimum(pid1 * NT + NT, NB)
+    for nb in range(pid1 * NT, nb_end):
+        rows = nb * BN + tl.arange(0, BN)
+        alpha = tl.load(a_ptr + e64 * NP + rows) * _TWO_P26
+        for c in range(0, nchunk):
+            slot = c * BT + tl.arange(0, BT)
+            pmask = slot < m
+            pairs = tl.load(lbase + slot, mask=pmask, other=0)
+            acc = _w4a16_acc(
+                qe,
+                se,
+                inter_ptr,
+                rows,
+                pairs.to(tl.int64),
+                pmask,
+                kc0,
+                kc1,
+                I,
+                q_row_stride,
+                s_chunk_stride,
+                I,
+                BN,
+                BT,
+                COMPUTE_F32,
+            )
+            tw = tl.load(tw_ptr + pairs, mask=pmask, other=0.0).to(tl.float32)
+            y = acc * alpha[:, None] * tw[None, :]
+            tok = pairs // TOP_K
+            wp = ws_ptr + (pairs[None, :].to(tl.int64) * SPLIT_K + ks) * NP + rows[:, None]
+            tl.store(wp, y, mask=pmask[None, :])
+            tl.debug_barrier()  # every thread's partials are written before the release below
+            cp = cnt_ptr + tok * NB + nb
+            old = tl.atomic_add(cp, 1, mask=pmask, sem="acq_rel")
+            idt = tl.load(
+                ids_ptr + tok[:, None] * TOP_K + kj[None, :],
+                mask=pmask[:, None] & (kj[None, :] < TOP_K),
+                other=-1,
+            ).to(tl.int32)
+            nval = tl.sum(((idt >= 0) & (idt < E)).to(tl.int32), 1)
+            last = pmask & (old == nval * SPLIT_K - 1)
+            if tl.sum(last.to(tl.int32), 0) > 0:  # some token of this group is complete: combine
+                tl.debug_barrier()
+                tok64 = tok.to(tl.int64)
+                o = tl.zeros([BT, BN], dtype=tl.float32)
+                for j in range(0, TOP_K):  # fixed order: slot j, then split s
+                    idj = tl.load(ids_ptr + tok * TOP_K + j, mask=last, other=-1).to(tl.int32)
+                    vj = last & (idj >= 0) & (idj < E)
+                    for s in range(0, SPLIT_K):
+                        rp = (tok64 * TOP_K + j) * SPLIT_K + s
+                        rp = ws_ptr + rp[:, None] * NP + rows[None, :]
+                        o += tl.load(rp, mask=vj[:, None], other=0.0, cache_modifier=".cg")
+                op = out_ptr + tok64[:, None] * stride_out + rows[None, :]
+                tl.store(op, _to_bf16(o, COMPUTE_F32), mask=last[:, None] & (rows[None, :] < H))
+                tl.store(cp, tl.zeros([BT], dtype=tl.int32), mask=last)
+
+
+@triton.jit
+def _decode_probe(
+    q_ptr,
+    s_ptr,
+    out_ptr,
+    KC,
+    q_row_stride,
+    s_chunk_stride,
+    BN: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
+    """Test kernel: the decode of ``_w4a16_acc`` alone. Program ``(nb, kc)`` writes rows
+    ``nb * BN ...`` of chunk ``kc`` as fp32 ``w * 2^-26`` to ``out`` (Np, KC * 256) in natural K
+    order (the ``_kappa`` permutation undone by the store addresses)."""
+    nb = tl.program_id(0)
+    kc = tl.program_id(1)
+    rows = nb * BN + tl.arange(0, BN)
+    g = tl.arange(0, 8)
+    i = tl.arange(0, 16)
+    qp = q_ptr + rows[:, None, None] * q_row_stride + g[None, :, None] * 16 + i[None, None, :]
+    b = tl.load(qp + kc * 128)
+    sp = s_ptr + kc * s_chunk_stride + rows[:, None] * 16 + g[None, :]
+    w_lo, w_hi = _decode_w(b, tl.load(sp), tl.load(sp + 8), BN, COMPUTE_F32)
+    kap = tl.arange(0, 128)
+    j = 32 * ((kap // 4) % 4) + 4 * (kap // 16) + kap % 4  # byte order of K position kap
+    op = out_ptr + rows[:, None].to(tl.int64) * (KC * 256) + kc * 256 + j[None, :]
+    tl.store(op, w_lo.to(tl.float32))
+    tl.store(op + 128, w_hi.to(tl.float32))

@@ -15,10 +15,14 @@ token buckets (powers of two). A call with ``T`` tokens uses bucket ``next_pow2(
 bucket of the table when ``T`` is beyond it. Missing shapes or devices fall back to the heuristic.
 
 **Heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
-experts. Rows are cut into ``block_n`` tiles and K into ``split_k`` parts until the expected number
-of busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reaches
-about three programs per SM, keeping at least 2 K chunks of 256 per split so each program streams
-enough bytes to keep loads in flight (kernel-techniques §5, Little's law).
+experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weights in registers,
+see ``_decode_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
+``block_t`` covers the expected pairs per expert (8, 16 or 32). GEMM1 splits K until the expected
+busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reach about
+four per SM, keeping at least 2 K chunks per split (kernel-techniques §5, Little's law: ~25-30 KB
+in flight per SM). GEMM2 (K = I, one chunk per expert under TP) does the same with its K, then
+packs ``tiles2`` row tiles into a program while there are more than ~8 programs per SM, so the
+per-program setup and the combine bookkeeping are amortised.
 """
 
 from __future__ import annotations
@@ -59,22 +63,26 @@ class KernelConfig:
     """Tile and launch parameters of one (GEMM1, GEMM2) decode call. ``eval(repr(cfg)) == cfg``.
 
     ``grid``: ``"slots"`` (one program per pair slot; non-leaders exit) or ``"experts"``.
-    ``block_t``: tokens per MMA tile (N side); ``block_p``: ids scanned per routing step.
-    ``block_n*``: weight rows per program (M side); ``split_k*``: K splits; ``warps*``/``stages*``:
-    Triton ``num_warps``/``num_stages``. Suffix 1 = GEMM1 (gate/up rows, interleaved), 2 = GEMM2.
+    ``block_t``: pairs per MMA tile (N side); ``block_p``: ids scanned per routing step.
+    ``block_n*``: weight rows per tile (M side); ``split_k*``: K splits; ``warps*``/``stages*``:
+    Triton ``num_warps``/``num_stages`` (2 warps keep ``tl.dot`` on ``mma.sync``; 4 or more with
+    ``block_n >= 64`` let Hopper pick wgmma, whose register operand layout costs byte shuffles).
+    ``tiles2``: GEMM2 row tiles per program. Suffix 1 = GEMM1 (gate/up rows, interleaved),
+    2 = GEMM2.
     """
 
     grid: str = "slots"
-    block_t: int = 16
+    block_t: int = 8
     block_p: int = 128
     block_n1: int = 64
     split_k1: int = 1
-    warps1: int = 4
+    warps1: int = 2
     stages1: int = 3
     block_n2: int = 64
     split_k2: int = 1
-    warps2: int = 4
+    warps2: int = 2
     stages2: int = 3
+    tiles2: int = 1
 
     def __post_init__(self):
         if self.grid not in ("slots", "experts"):
@@ -88,21 +96,24 @@ class KernelConfig:
             "split_k2",
             "warps1",
             "warps2",
+            "tiles2",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or not _pow2(v):
                 raise ValueError(f"KernelConfig.{name} must be a power of two, got {v!r}")
-        if not 16 <= self.block_t <= 128:
-            raise ValueError(f"KernelConfig.block_t must be in [16, 128], got {self.block_t}")
+        if not 8 <= self.block_t <= 64:
+            raise ValueError(f"KernelConfig.block_t must be in [8, 64], got {self.block_t}")
         for name in ("block_n1", "block_n2"):
-            if not 16 <= getattr(self, name) <= ROW_ALIGN:
+            if not 32 <= getattr(self, name) <= ROW_ALIGN:
                 raise ValueError(
-                    f"KernelConfig.{name} must be in [16, {ROW_ALIGN}], got {getattr(self, name)}"
+                    f"KernelConfig.{name} must be in [32, {ROW_ALIGN}] (16 MMA rows per warp, "
+                    f"gate and up halves of >= 16 rows), got {getattr(self, name)}"
                 )
-        if self.block_n1 < 32:
-            raise ValueError(
-                "KernelConfig.block_n1 must be >= 32 (gate and up halves of >= 16 rows)"
-            )
+        for name, bn, w in (("1", self.block_n1, self.warps1), ("2", self.block_n2, self.warps2)):
+            if bn < 16 * w:
+                raise ValueError(
+                    f"KernelConfig.block_n{name}={bn} gives warps{name}={w} fewer than 16 rows each"
+                )
         if self.block_p < 16:
             raise ValueError(f"KernelConfig.block_p must be >= 16, got {self.block_p}")
         for name in ("stages1", "stages2"):
@@ -180,35 +191,39 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     grid = "slots" if P <= shape.E else "experts"
     D = max(1.0, min(float(P), _distinct_experts(b, shape.E, shape.top_k)))
     rows_per_expert = P / D
-    block_t = min(64, max(16, 1 << max(0, math.ceil(math.log2(max(rows_per_expert, 1.0))))))
-    want = 3 * target.num_sms
+    block_t = 8 if rows_per_expert <= 8 else (16 if rows_per_expert <= 16 else 32)
+    want = 4 * target.num_sms
     block_p = 256 if P > 128 else 128
+    bn = 64
 
-    def pick(n_rows: int, k: int, block_n: int) -> tuple[int, int]:
+    def split_for(n_rows: int, k: int) -> int:
         n_pad = -(-n_rows // ROW_ALIGN) * ROW_ALIGN
         kc = -(-k // K_CHUNK)
-        tiles = D * (n_pad // block_n)
+        tiles = D * (n_pad // bn)
         split = 1
         while tiles * split < want and kc // (split * 2) >= 2:
             split *= 2
-        return block_n, split
+        return split
 
-    # GEMM2 programs are short (K = I is small under TP): 128-row tiles amortise the per-program
-    # routing scan and combine (H200, GLM-5 TP8, T = 1 and 16: 128 beat 64 and 32).
-    bn1, sk1 = pick(2 * shape.I, shape.H, 64)
-    bn2, sk2 = pick(shape.H, shape.I, 128)
+    sk1 = split_for(2 * shape.I, shape.H)
+    sk2 = split_for(shape.H, shape.I)
+    tiles2 = 1
+    progs2 = D * (-(-shape.H // ROW_ALIGN) * ROW_ALIGN // bn) * sk2
+    while tiles2 < 8 and progs2 / (2 * tiles2) >= 2 * want:
+        tiles2 *= 2
     return KernelConfig(
         grid=grid,
         block_t=block_t,
         block_p=block_p,
-        block_n1=bn1,
+        block_n1=bn,
         split_k1=sk1,
-        warps1=4,
-        stages1=2,
-        block_n2=bn2,
+        warps1=2,
+        stages1=3,
+        block_n2=bn,
         split_k2=sk2,
-        warps2=4,
-        stages2=2,
+        warps2=2,
+        stages2=3,
+        tiles2=tiles2,
     )
 
 

@@ -160,11 +160,12 @@ def _validate(x, weights, topk_ids, topk_weights, out):
 
 
 def launch_grids(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights):
-    """Static launch grids ((G1, NB1, SK1), (G2, NB2, SK2)) for ``T`` tokens."""
+    """Static launch grids ((G1, NB1, SK1), (G2, cdiv(NB2, tiles2), SK2)) for ``T`` tokens."""
     P = T * shape.top_k
     slots = cfg.grid == "slots"
+    nb2 = w.w2.n_pad // cfg.block_n2
     g1 = (P if slots else shape.E, w.w13.n_pad // cfg.block_n1, cfg.split_k1)
-    g2 = (P if slots else max(shape.E, T), w.w2.n_pad // cfg.block_n2, cfg.split_k2)
+    g2 = (P if slots else max(shape.E, T), -(-nb2 // cfg.tiles2), cfg.split_k2)
     return g1, g2
 
 
@@ -219,7 +220,11 @@ def fused_moe_nvfp4(
     )
     cnt1 = _workspace(dev, "cnt1", g1[0] * g1[1], torch.int32, zero=True)
     ws2 = _workspace(dev, "ws2", P * config.split_k2 * w2.n_pad, torch.float32, zero=False)
-    cnt2 = _workspace(dev, "cnt2", T * g2[1], torch.int32, zero=True)
+    nb2 = w2.n_pad // config.block_n2
+    cnt2 = _workspace(dev, "cnt2", T * nb2, torch.int32, zero=True)
+    # Routing lists: GEMM1 writes every entry GEMM2 reads, so no clearing is needed.
+    plist = _workspace(dev, "plist", E * P, torch.int32, zero=False)
+    pcnt = _workspace(dev, "pcnt", E, torch.int32, zero=False)
 
     K._moe_gemm1[g1](
         hidden_states,
@@ -230,6 +235,8 @@ def fused_moe_nvfp4(
         inter,
         ws1,
         cnt1,
+        plist,
+        pcnt,
         P,
         E,
         H,
@@ -262,12 +269,15 @@ def fused_moe_nvfp4(
         out,
         ws2,
         cnt2,
+        plist,
+        pcnt,
         T,
         P,
         E,
         H,
         I,
         w2.n_pad,
+        nb2,
         out.stride(0),
         w2.q.stride(0),
         w2.q.stride(1),
@@ -277,11 +287,11 @@ def fused_moe_nvfp4(
         cps2,
         top_k,
         config.split_k2,
+        config.tiles2,
         K_POW2=triton_next_pow2(top_k),
         SLOT_MODE=config.grid == "slots",
         BN=config.block_n2,
         BT=config.block_t,
-        BLOCK_P=config.block_p,
         COMPUTE_F32=interp,
         num_warps=config.warps2,
         num_stages=config.stages2,
