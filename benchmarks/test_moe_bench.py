@@ -1,0 +1,175 @@
+"""pytest-benchmark regression suite: one MoE layer per (model preset, token count, implementation).
+
+Cases: every ``roofline.PRESETS`` layout (GLM-5 TP8 with and without the fused shared expert,
+GLM-5 EP8, DeepSeek-R1 NVFP4 TP8, Qwen3-Coder-480B NVFP4 TP8) x T = 1 .. 8192 x
+
+* ``torch-bf16``: the torch bf16 grouped-GEMM MoE (``bench/peers.py``), always; it runs first in
+  each group so that fp4ext's ratio uses the peer time measured in this session;
+* ``fp4ext-decode``: the path SGLang's runner core serves every T with today
+  (``report.dispatch_path``; ``extra_info["served"]`` says so per case); ``fp4ext-prefill`` with
+  ``--fp4ext-paths decode,prefill`` (marked ``served=False`` while the runner does not call it);
+* ``sglang-flashinfer_cutlass``, ``sglang-marlin``: SGLang's own NVFP4 MoE backends, skipped with
+  the reason where SGLang/FlashInfer/sgl-kernel are not importable (e.g. the H200 box).
+
+Each case captures ONE CUDA graph of ``passes x copies`` layer calls (layer copies rotated so their
+weights exceed L2; ``passes`` depends on T only, so a regression cannot change the graph) and
+``benchmark.pedantic`` times one graph replay (with a device sync) per round. pytest-benchmark's
+statistics are therefore per replay (``extra_info["calls_per_replay"]`` calls); ``extra_info``
+holds the per-call numbers from CUDA events: ``us`` (median), ``us_min``, bytes floor, floor time
+and achieved TB/s against the copy bandwidth measured once per session, TFLOP/s against the bf16
+matmul rate measured once per session, the ratio to the torch peer, the kernel config, the GPU and
+versions. fp4ext's output is checked against the fp32 torch twin (NaN-poisoned first) before it
+is timed; a case with a wrong output fails instead of reporting a speed.
+
+Regression gate (same GPU, same Python; pytest-benchmark keys storage by machine/Python)::
+
+    # baseline, committed (GPU session):
+    pytest benchmarks --benchmark-storage=file://benchmarks/results/pytest-benchmark \\
+        --benchmark-save=h200
+    # later runs, e.g. in CI on that GPU or before merging a kernel change:
+    pytest benchmarks --benchmark-storage=file://benchmarks/results/pytest-benchmark \\
+        --benchmark-compare --benchmark-compare-fail=min:5%
+
+``--benchmark-compare`` alone takes the newest saved run (or ``--benchmark-compare=0001``);
+``min:5%`` fails any case whose fastest replay got more than 5% slower. Narrow a run with
+``--fp4ext-presets``, ``--fp4ext-tokens`` or ``-k`` (see ``benchmarks/conftest.py``). Without a
+GPU every case is collected and skipped with its reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+
+import pytest
+
+from sglang_fp4ext import roofline
+from sglang_fp4ext.bench.report import SUITE_TOKENS, dispatch_path, row_numbers
+
+PEER = "torch-bf16"
+SGLANG_PEERS = ("sglang-flashinfer_cutlass", "sglang-marlin")
+
+
+def _passes(T: int) -> int:
+    """Graph passes over the copies: enough calls that the host sync is ~1-2% of a small-T
+    replay; a function of T only (see the module docstring)."""
+    return 4 if T <= 256 else 1
+
+
+def _csv(text: str | None, default, cast=str):
+    if not text:
+        return list(default)
+    return [cast(v.strip()) for v in text.split(",") if v.strip()]
+
+
+def pytest_generate_tests(metafunc):
+    if "case" not in metafunc.fixturenames:
+        return
+    cfg = metafunc.config
+    presets = _csv(cfg.getoption("--fp4ext-presets"), roofline.PRESETS)
+    for p in presets:
+        roofline.preset(p)  # clear error for an unknown name
+    tokens = _csv(cfg.getoption("--fp4ext-tokens"), SUITE_TOKENS, int)
+    paths = _csv(cfg.getoption("--fp4ext-paths"), ["decode"])
+    bad = set(paths) - {"decode", "prefill"}
+    if bad:
+        raise pytest.UsageError(f"--fp4ext-paths: unknown {sorted(bad)}; use decode,prefill")
+    impls = [PEER, *(f"fp4ext-{p}" for p in paths), *SGLANG_PEERS]
+    cases = [(p, T, impl) for p in presets for T in tokens for impl in impls]
+    metafunc.parametrize("case", cases, ids=[f"{p}-T{T}-{i}" for p, T, i in cases])
+
+
+def _importable(*mods: str) -> str | None:
+    for m in mods:
+        try:
+            if importlib.util.find_spec(m) is None:
+                return m
+        except (ImportError, ValueError):
+            return m
+    return None
+
+
+def _sglang_peer_skip(impl: str) -> str:
+    need = (
+        ("sglang", "flashinfer")
+        if impl.endswith("flashinfer_cutlass")
+        else ("sglang", "sgl_kernel")
+    )
+    missing = _importable(*need)
+    if missing:
+        return f"{impl}: {missing} is not importable on this machine"
+    return (
+        f"{impl}: importable, but its call adapter (SGLang weight processing + kernel call, "
+        "checked against the twin) is not written yet"
+    )
+
+
+def test_moe_layer(benchmark, case, rates, layers, request):
+    preset_name, T, impl = case
+    shape = roofline.preset(preset_name)
+    benchmark.group = f"{preset_name} T={T}"
+    if impl in SGLANG_PEERS:
+        pytest.skip(_sglang_peer_skip(impl))
+    from sglang_fp4ext.bench.peers import has_grouped_mm
+    from sglang_fp4ext.bench.report import capture_replay
+
+    layer = layers.get(shape)
+    info = {
+        "gpu": rates["env"]["gpu"],
+        "versions": {
+            k: rates["env"][k]
+            for k in ("torch", "triton", "cuda", "python", "sglang_fp4ext", "sglang")
+        },
+        "preset": preset_name,
+        "T": T,
+        "impl": impl,
+        "served_path": dispatch_path(T),
+        "copies": layer.copies,
+        "copy_bandwidth_TBps": rates["copy_bw_Bps"] / 1e12,
+        "bf16_matmul_tflops": rates["bf16_matmul_tflops"],
+    }
+    if impl == PEER:
+        if not has_grouped_mm():
+            pytest.skip("torch has no torch._grouped_mm (the bf16 peer needs it)")
+        step = layer.peer(T)
+        info.update(served=None, config="torch._grouped_mm bf16 (weights dequantised once)")
+    else:
+        path = impl.removeprefix("fp4ext-")
+        check = layer.check(T, path)
+        assert check["ok"], f"{impl} {preset_name} T={T} does not match the torch twin: {check}"
+        step = layer.ours(T, path)
+        info.update(
+            served=path == dispatch_path(T), config=repr(layer.config(T, path)), check=check
+        )
+    replay, calls = capture_replay(step, layer.copies, _passes(T))
+    device_us: list[float] = []
+
+    def one_replay():
+        device_us.append(replay())
+
+    benchmark.pedantic(
+        one_replay,
+        rounds=request.config.getoption("--fp4ext-rounds"),
+        warmup_rounds=3,
+        iterations=1,
+    )
+    per_call = [t / calls for t in device_us[3:] or device_us]
+    us = statistics.median(per_call)
+    peer_us = None
+    if impl == PEER:
+        layers.peer_us[(preset_name, T)] = us
+    else:
+        peer_us = layers.peer_us.get((preset_name, T))
+    info.update(calls_per_replay=calls, us=us, us_min=min(per_call))
+    info.update(
+        row_numbers(
+            shape,
+            T,
+            layer.distinct(T),
+            us,
+            copy_bw_Bps=rates["copy_bw_Bps"],
+            matmul_tflops=rates["bf16_matmul_tflops"],
+            peer_us=peer_us,
+        )
+    )
+    benchmark.extra_info.update(info)

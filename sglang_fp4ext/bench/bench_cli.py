@@ -1,0 +1,151 @@
+"""``fp4ext bench``: measure the fp4ext MoE layer of a model preset on this GPU.
+
+    fp4ext bench                                   # GLM-5 TP8, T = 1..256, 4 layer copies
+    fp4ext bench --preset glm5-ep8 --tokens 1,8,64 --project rtx-pro-6000-ws --out results/
+
+Prints a table (us, TB/s, % of the copy bandwidth measured in the same run, speed-up over the
+torch bf16 grouped-GEMM peer) and writes ``<out>/<name>.json`` (schema in ``bench/report.py``)
+and ``<out>/<name>.png`` (roofline). ``--project GPU`` adds a per-token MoE time for another GPU
+of the hardware table, labelled a PROJECTION. Without a CUDA GPU nothing is timed: it runs a
+correctness check of the reference path (torch twin vs float64, Triton kernels under the
+interpreter) at a tiny shape, says so, and writes the JSON and plot of that.
+
+``add_bench_parser(subparsers)`` adds the sub-command to ``fp4ext``; ``main(argv)`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+from pathlib import Path
+
+__all__ = ["add_bench_parser", "main", "run"]
+
+
+def _tokens(text: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tokens must be integers like 1,2,4; got {text!r}")
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"--tokens needs token counts >= 1, got {text!r}")
+    return vals
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from sglang_fp4ext.bench.report import DEFAULT_TOKENS
+    from sglang_fp4ext.roofline import PRESETS
+
+    p.add_argument(
+        "--preset",
+        default="glm5-tp8",
+        choices=sorted(PRESETS),
+        help="model and parallel layout, as one GPU sees it (default glm5-tp8)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=_tokens,
+        default=list(DEFAULT_TOKENS),
+        help="comma-separated token counts (default %(default)s)",
+    )
+    p.add_argument("--copies", type=_positive, default=4, help="layer copies rotated (beyond L2)")
+    p.add_argument("--replays", type=_positive, default=20, help="graph replays per measurement")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    p.add_argument("--no-peer", action="store_true", help="skip the torch bf16 peer")
+    p.add_argument(
+        "--project",
+        metavar="GPU",
+        default=None,
+        help="project per-token MoE time to this hardware-table GPU (key or name), "
+        "e.g. rtx-pro-6000-ws",
+    )
+    p.add_argument("--out", default=".", help="directory for the JSON and PNG (default .)")
+    p.add_argument("--name", default=None, help="file stem (default bench_<preset>_<gpu>)")
+    p.add_argument(
+        "--no-interpreter",
+        action="store_true",
+        help="without a GPU: skip the Triton-interpreter kernel check (twin check only)",
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``bench`` to an ``argparse`` sub-parser set; ``args.func(args)`` runs it."""
+    p = subparsers.add_parser(
+        "bench",
+        help="measure the fp4ext MoE layer vs roofs and peers (JSON + roofline PNG)",
+        description=__doc__.split("\n")[0],
+    )
+    return _configure(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit 0 when every check passed, 1 when one failed, 2 on bad input."""
+    from sglang_fp4ext import target_info
+    from sglang_fp4ext.bench import report
+    from sglang_fp4ext.roofline import preset
+
+    shape = preset(args.preset)
+    try:
+        target = None if args.project is None else report.resolve_spec(args.project)
+    except ValueError as exc:
+        print(f"fp4ext bench: {exc}", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    if target_info.has_cuda_gpu():
+        prog = report.Progress(len(args.tokens), shape.name)
+        result = report.run_gpu(
+            shape,
+            args.tokens,
+            copies=args.copies,
+            replays=args.replays,
+            seed=seed,
+            peer=not args.no_peer,
+            project=target,
+            progress=prog,
+        )
+        ok = all(r["check"]["ok"] for r in result["rows"])
+    else:
+        print(
+            "fp4ext bench: no CUDA GPU here, so nothing is timed; running a small correctness "
+            "check of the reference path instead.",
+            file=sys.stderr,
+        )
+        interp = not args.no_interpreter
+        if interp and "sglang_fp4ext.moe._decode_kernels" not in sys.modules:
+            os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are decorated
+        interp = interp and target_info.is_interpreter()
+        small = [T for T in args.tokens if T <= 8][:2] or [1, 3]
+        prog = report.Progress(len(small) * (2 if interp else 1), f"{shape.name} (CPU check)")
+        result = report.run_cpu_check(
+            shape, args.tokens, seed=seed, interpreter=interp, project=target, progress=prog
+        )
+        if not interp:
+            result["notes"].append("Triton interpreter kernel check not run")
+        ok = all(c["ok"] for c in result["check"])
+    js, png = report.write_outputs(result, Path(args.out), args.name or report.default_name(result))
+    print(report.format_table(result))
+    for note in result["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {js} and {png}")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _configure(argparse.ArgumentParser(prog="fp4ext bench", description=__doc__))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
