@@ -11,15 +11,17 @@ GLM-5 EP8, DeepSeek-R1 NVFP4 TP8, Qwen3-Coder-480B NVFP4 TP8) x T = 1 .. 8192 x
 * ``sglang-flashinfer_cutlass``, ``sglang-marlin``: SGLang's own NVFP4 MoE backends, skipped with
   the reason where SGLang/FlashInfer/sgl-kernel are not importable (e.g. the H200 box).
 
-Each case captures ONE CUDA graph of ``passes x copies`` layer calls (layer copies rotated so their
-weights exceed L2; ``passes`` depends on T only, so a regression cannot change the graph) and
-``benchmark.pedantic`` times one graph replay (with a device sync) per round. pytest-benchmark's
-statistics are therefore per replay (``extra_info["calls_per_replay"]`` calls); ``extra_info``
-holds the per-call numbers from CUDA events: ``us`` (median), ``us_min``, bytes floor, floor time
-and achieved TB/s against the copy bandwidth measured once per session, TFLOP/s against the bf16
-matmul rate measured once per session, the ratio to the torch peer, the kernel config, the GPU and
-versions. fp4ext's output is checked against the fp32 torch twin (NaN-poisoned first) before it
-is timed; a case with a wrong output fails instead of reporting a speed.
+Each case captures ONE CUDA graph of ``passes x n_inputs`` layer calls: ``--fp4ext-copies`` layer
+copies and inputs (routing, x) rotated over them so one pass touches 3x the L2
+(``report.Layer``); ``passes`` and ``n_inputs`` depend on T and the GPU's L2 only, so a regression
+cannot change the graph. ``benchmark.pedantic`` times one graph replay (with a device sync) per
+round, so pytest-benchmark's statistics are per replay (``extra_info["calls_per_replay"]``
+calls); ``extra_info`` holds the per-call numbers from CUDA events: ``us`` (median), ``us_min``,
+bytes floor, floor time and achieved TB/s against the copy bandwidth measured once per session,
+TFLOP/s against the bf16 matmul rate measured once per session, the ratio to the torch peer, the
+kernel config, the GPU and versions. fp4ext's output is checked against the fp32 torch twin
+(NaN-poisoned first) before it is timed; a case with a wrong output fails instead of reporting
+a speed.
 
 Regression gate (same GPU, same Python; pytest-benchmark keys storage by machine/Python)::
 
@@ -50,10 +52,10 @@ PEER = "torch-bf16"
 SGLANG_PEERS = ("sglang-flashinfer_cutlass", "sglang-marlin")
 
 
-def _passes(T: int) -> int:
-    """Graph passes over the copies: enough calls that the host sync is ~1-2% of a small-T
-    replay; a function of T only (see the module docstring)."""
-    return 4 if T <= 256 else 1
+def _passes(T: int, n_inputs: int) -> int:
+    """Graph passes over the rotated inputs: at least 16 calls per replay at small T, so the host
+    sync is ~1-2% of a replay; depends on T and the GPU's L2 only (see the module docstring)."""
+    return max(1, -(-16 // n_inputs)) if T <= 256 else 1
 
 
 def _csv(text: str | None, default, cast=str):
@@ -141,7 +143,8 @@ def test_moe_layer(benchmark, case, rates, layers, request):
         info.update(
             served=path == dispatch_path(T), config=repr(layer.config(T, path)), check=check
         )
-    replay, calls = capture_replay(step, layer.copies, _passes(T))
+    n_inputs = layer.n_inputs(T)
+    replay, calls = capture_replay(step, n_inputs, _passes(T, n_inputs))
     device_us: list[float] = []
 
     def one_replay():
@@ -160,7 +163,7 @@ def test_moe_layer(benchmark, case, rates, layers, request):
         layers.peer_us[(preset_name, T)] = us
     else:
         peer_us = layers.peer_us.get((preset_name, T))
-    info.update(calls_per_replay=calls, us=us, us_min=min(per_call))
+    info.update(calls_per_replay=calls, inputs_rotated=n_inputs, us=us, us_min=min(per_call))
     info.update(
         row_numbers(
             shape,

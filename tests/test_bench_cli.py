@@ -34,8 +34,8 @@ ENV_KEYS = {
     "sglang",
 }  # fmt: skip
 ROW_KEYS = {
-    "T", "path", "served", "config", "distinct_experts", "bytes_floor", "flops", "floor_us", "us",
-    "us_min", "us_max", "achieved_TBps", "fraction_of_copy_bw", "tflops",
+    "T", "path", "served", "config", "inputs_rotated", "distinct_experts", "bytes_floor", "flops",
+    "floor_us", "us", "us_min", "us_max", "achieved_TBps", "fraction_of_copy_bw", "tflops",
     "fraction_of_bf16_matmul", "peer_us", "speedup_vs_torch_peer", "check",
 }  # fmt: skip
 no_gpu = pytest.mark.skipif(target_info.has_cuda_gpu(), reason="CPU path: this machine has a GPU")
@@ -300,15 +300,33 @@ def test_layer_inputs_check_and_peer_on_cpu(shape, T, path, seed):
     from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
     from sglang_fp4ext.testing.compare import assert_close
 
-    layer = report.Layer(shape, 2, seed=seed, device="cpu")
+    per_call = shape.bytes_floor(shape.expected_distinct(T), tokens=T)
+    # An "L2" of 1.5 x two copies' calls / L2_FACTOR: 2 rotations, so 4 inputs on 2 copies.
+    l2 = per_call * 2 * 1.5 / report.Layer.L2_FACTOR
+    layer = report.Layer(shape, 2, seed=seed, device="cpu", l2_bytes=l2)
+    assert layer.n_inputs(T) == 4
     check = layer.check(T, path)
     assert check["ok"] and check["nonfinite"] == 0 and check["rms_rel"] > 0, check
     xs, routes, _ = layer.inputs(T)
-    assert len(xs) == 2 and xs[0].shape == (T, 256) and not torch.equal(xs[0], xs[1])
+    assert len(xs) == 4 and xs[0].shape == (T, 256) and not torch.equal(xs[0], xs[2])
     assert routes[0][0].shape == (T, shape.top_k_local)
-    assert layer.distinct(T) == sum(r[2] for r in routes) / 2 > 0
+    assert layer.distinct(T) == sum(r[2] for r in routes) / 4 > 0
     want = {"decode": "KernelConfig", "prefill": "PrefillConfig"}[path]
     assert type(layer.config(T, path)).__name__ == want
-    ref = fused_moe_nvfp4_torch(xs[1], layer.packs[1], routes[1][0], routes[1][1])
+    # Input 3 runs on copy 1 (i % copies), for the peer as for fp4ext.
+    ref = fused_moe_nvfp4_torch(xs[3], layer.packs[1], routes[3][0], routes[3][1])
     # bf16 weights and activations in the peer: ~3e-3 rms measured; a wrong expert is O(1).
-    assert_close(layer.peer(T)(1), ref, max_rel=3e-2, rms_rel=1e-2, what="torch peer")
+    assert_close(layer.peer(T)(3), ref, max_rel=3e-2, rms_rel=1e-2, what="torch peer")
+
+
+def test_layer_rotations_cover_l2():
+    shape = TINY_EP2
+    layer = report.Layer(shape, 3, device="cpu", l2_bytes=0)
+    assert [layer.n_inputs(T) for T in (1, 64)] == [3, 3]  # no L2 known: one input per copy
+    per_call = shape.bytes_floor(shape.expected_distinct(7), tokens=7)
+    layer.l2_bytes = per_call * 3 * 4.5 / report.Layer.L2_FACTOR
+    assert layer.n_inputs(7) == 3 * 5  # ceil(4.5) rotations
+    layer.l2_bytes = 1e12
+    assert layer.n_inputs(7) == 3 * report.Layer.MAX_ROTATIONS
+    with pytest.raises(ValueError, match="copies must be >= 1"):
+        report.Layer(shape, 0, device="cpu")

@@ -1,10 +1,11 @@
 """``fp4ext bench`` logic: measure one MoE layer across token counts, report it against roofs.
 
 On a CUDA GPU (:func:`run_gpu`), for a model preset and layout (``roofline.PRESETS``, default
-``glm5-tp8``): random NVFP4 experts in ``copies`` layer copies (together beyond L2), uniform
-routing, each T checked against the fp32 torch twin (output poisoned with NaN first), then timed
-as CUDA-graph replay (``timing.time_graph_replay``) for fp4ext on the path the dispatcher serves
-and for the torch bf16 grouped-GEMM peer. Copy bandwidth and a bf16 matmul rate are measured once
+``glm5-tp8``): random NVFP4 experts in ``copies`` layer copies with inputs rotated so that one
+pass touches several times the L2 (``Layer``), uniform routing, each T checked against the fp32
+torch twin (output poisoned with NaN first), then timed as CUDA-graph replay
+(``timing.time_graph_replay``) for fp4ext on the path the dispatcher serves and for the torch
+bf16 grouped-GEMM peer. Copy bandwidth and a bf16 matmul rate are measured once
 per run: every fraction is against one of them (or a dense peak from ``hardware``), and says so.
 Without a GPU (:func:`run_cpu_check`) nothing is timed: the torch twin is checked against an
 independent float64 computation (own E2M1 decode, own loops), and the Triton kernels under the
@@ -21,7 +22,8 @@ JSON (``SCHEMA``; ``null`` where a figure does not exist on this machine or was 
     dispatch   {"rule": text, "paths": {T: "decode" | "prefill"}} (which path serves each T)
     rates      copy_bandwidth_Bps, bf16_matmul_tflops (measured here, once), spec_bandwidth_Bps,
                dense_bf16_tflops, dense_bf16_basis (hardware table; null for an unknown GPU)
-    rows       per T: T, path, served, config, distinct_experts, bytes_floor, floor_us, us,
+    rows       per T: T, path, served, config, inputs_rotated, distinct_experts, bytes_floor,
+               flops, floor_us, us,
                us_min, us_max, achieved_TBps, fraction_of_copy_bw, tflops,
                fraction_of_bf16_matmul, peer_us, speedup_vs_torch_peer, check {max_rel, rms_rel,
                nonfinite, ok}
@@ -47,6 +49,7 @@ import dataclasses
 import datetime as _dt
 import importlib.metadata
 import json
+import math
 import platform
 import statistics
 import sys
@@ -206,24 +209,24 @@ def bf16_matmul_tflops(n: int = 8192, repeats: int = 10) -> float:
     return 2 * n**3 / statistics.median(times) / 1e12
 
 
-def capture_replay(step: Callable[[int], object], n_copies: int, passes: int):
-    """Capture one CUDA graph of ``passes`` x ``step(0..n_copies-1)`` and return
+def capture_replay(step: Callable[[int], object], n_inputs: int, passes: int):
+    """Capture one CUDA graph of ``passes`` x ``step(0 .. n_inputs - 1)`` and return
     ``(replay, calls)``: ``replay()`` runs it once, waits, and returns its device time in us
-    (CUDA events). ``calls = passes * n_copies`` must not depend on measured speed, or a
+    (CUDA events). ``calls = passes * n_inputs`` must not depend on measured speed, or a
     regression gate comparing per-replay times would be blind (fixed by the caller)."""
-    if n_copies < 1 or passes < 1:
-        raise ValueError("n_copies and passes must be >= 1")
+    if n_inputs < 1 or passes < 1:
+        raise ValueError("n_inputs and passes must be >= 1")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for i in range(n_copies):  # eager warm-up: compile, grow workspaces outside capture
+        for i in range(n_inputs):  # eager warm-up: compile, grow workspaces outside capture
             step(i)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(passes):
-            for i in range(n_copies):
+            for i in range(n_inputs):
                 step(i)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
@@ -235,19 +238,39 @@ def capture_replay(step: Callable[[int], object], n_copies: int, passes: int):
         return start.elapsed_time(end) * 1e3
 
     replay.graph = graph  # keep it alive as long as the callable
-    return replay, passes * n_copies
+    return replay, passes * n_inputs
 
 
 class Layer:
     """``copies`` random NVFP4 copies of ``shape``'s per-GPU MoE layer on ``device`` (the GPU;
     the CPU tier uses the interpreter at a tiny shape), prepared for the kernels, plus (lazily)
-    the torch bf16 peer of each copy; inputs per token count."""
+    the torch bf16 peer of each copy; inputs per token count.
 
-    def __init__(self, shape: ModelShape, copies: int, *, seed: int = 2026, device="cuda"):
+    L2: at small T a call touches only a few experts (GLM-5 TP8, T = 1: 8 x 2.65 MB), so a few
+    copies with one routing each would stay in a 60-128 MB L2 across replays. Each token count
+    therefore gets ``n_inputs(T)`` = ``copies x rotations`` inputs (x, routing, output), input
+    ``i`` on copy ``i % copies``, with rotations chosen so the bytes one pass touches exceed
+    ``L2_FACTOR`` x the L2 size. It depends on the GPU and T only (expected, not measured,
+    distinct experts), so a graph of one pass is the same from run to run.
+    """
+
+    L2_FACTOR = 3
+    MAX_ROTATIONS = 16
+
+    def __init__(
+        self, shape: ModelShape, copies: int, *, seed: int = 2026, device="cuda", l2_bytes=None
+    ):
         from sglang_fp4ext.bench import random_packed_weights
         from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
 
+        if copies < 1:
+            raise ValueError(f"copies must be >= 1, got {copies}")
         self.shape, self.copies, self.device = shape, copies, torch.device(device)
+        if l2_bytes is None:
+            l2_bytes = 0
+            if self.device.type == "cuda":
+                l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size
+        self.l2_bytes = l2_bytes
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.packs = [
             random_packed_weights(
@@ -259,12 +282,18 @@ class Layer:
         self._peers = None
         self._inputs: dict[int, tuple] = {}
 
+    def n_inputs(self, T: int) -> int:
+        """Inputs rotated for ``T`` tokens (see the class docstring)."""
+        per_call = self.shape.bytes_floor(self.shape.expected_distinct(T), tokens=T)
+        want = self.L2_FACTOR * self.l2_bytes / (self.copies * max(per_call, 1.0))
+        return self.copies * min(self.MAX_ROTATIONS, max(1, math.ceil(want)))
+
     def inputs(self, T: int):
-        """Per copy: x (T, H) bf16 N(0, 1), routing, output buffer; cached for the last T."""
+        """``n_inputs(T)`` of: x (T, H) bf16 N(0, 1), routing, output; cached for the last T."""
         if T not in self._inputs:
             self._inputs.clear()
             xs, routes, outs = [], [], []
-            for _ in range(self.copies):
+            for _ in range(self.n_inputs(T)):
                 x = torch.randn(T, self.shape.hidden, device=self.device, generator=self.gen)
                 xs.append(x.to(torch.bfloat16))
                 routes.append(make_routing(self.shape, T, device=self.device, generator=self.gen))
@@ -295,7 +324,8 @@ class Layer:
 
             def step(i):
                 ids, tw, _ = routes[i]
-                return fused_moe_nvfp4(xs[i], self.prepared[i], ids, tw, out=outs[i], config=cfg)
+                w = self.prepared[i % self.copies]
+                return fused_moe_nvfp4(xs[i], w, ids, tw, out=outs[i], config=cfg)
 
             return step
         if path == "prefill":
@@ -303,7 +333,8 @@ class Layer:
 
             def step(i):
                 ids, tw, _ = routes[i]
-                return fused_moe_nvfp4_prefill(xs[i], self.prepared[i], ids, tw, out=outs[i])
+                w = self.prepared[i % self.copies]
+                return fused_moe_nvfp4_prefill(xs[i], w, ids, tw, out=outs[i])
 
             return step
         raise ValueError(f"unknown path {path!r}; expected 'decode' or 'prefill'")
@@ -314,7 +345,7 @@ class Layer:
         if self._peers is None:
             self._peers = [TorchGroupedMMMoE(p) for p in self.packs]
         xs, routes, _ = self.inputs(T)
-        return lambda i: self._peers[i](xs[i], routes[i][0], routes[i][1])
+        return lambda i: self._peers[i % self.copies](xs[i], routes[i][0], routes[i][1])
 
     def check(self, T: int, path: str | None = None) -> dict:
         """fp4ext output (NaN-poisoned first) vs the fp32 twin on copy 0."""
@@ -332,7 +363,9 @@ class Layer:
         return {"max_rel": st.max_rel, "rms_rel": st.rms_rel, "nonfinite": st.nonfinite, "ok": ok}
 
     def distinct(self, T: int) -> float:
-        return sum(r[2] for r in self.inputs(T)[1]) / self.copies
+        """Mean distinct local experts per call over the inputs actually used."""
+        routes = self.inputs(T)[1]
+        return sum(r[2] for r in routes) / len(routes)
 
 
 def row_numbers(
@@ -578,7 +611,7 @@ def write_plot(result: dict, path: Path) -> Path:
 # ---- runs --------------------------------------------------------------------------------------
 
 
-def _base(mode: str, shape: ModelShape, tokens, copies: int, replays: int, seed: int) -> dict:
+def _base(mode: str, shape: ModelShape, tokens, copies, replays, seed: int) -> dict:
     return {
         "schema": SCHEMA,
         "mode": mode,
@@ -650,9 +683,11 @@ def run_gpu(
     for T in tokens:
         path = dispatch_path(T)
         check = layer.check(T, path)
-        t = time_graph_replay(layer.ours(T, path), copies, replays=replays)
-        t_peer = time_graph_replay(layer.peer(T), copies, replays=replays) if peer else None
+        n = layer.n_inputs(T)
+        t = time_graph_replay(layer.ours(T, path), n, replays=replays)
+        t_peer = time_graph_replay(layer.peer(T), n, replays=replays) if peer else None
         row = {"T": T, "path": path, "served": True, "config": repr(layer.config(T, path))}
+        row["inputs_rotated"] = n
         row.update(
             row_numbers(
                 shape,
@@ -753,7 +788,7 @@ def run_cpu_check(
         shape, n_experts=16, top_k=min(4, shape.top_k), hidden=256, moe_intermediate=128 * shape.tp
     )
     small_T = [T for T in tokens if T <= 8][:2] or [1, 3]
-    result = _base("cpu-check", shape, tokens, 0, 0, seed)
+    result = _base("cpu-check", shape, tokens, None, None, seed)
     result["notes"].append(
         "no CUDA GPU on this machine: nothing was timed. Ran a correctness check of the reference "
         f"path instead, at a tiny stand-in of {shape.name} (E={tiny.n_experts} routed, "
