@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     print(report.format_table(result))
     for note in result["notes"]:
         print(f"note: {note}")
-    print(f"wrote {js} and {png}")
+    print(f"wrote {js}" + ("" if png is None else f" and {png}"))
     return 0 if ok else 1
 
 

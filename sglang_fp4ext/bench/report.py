@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import importlib.metadata
+import importlib.util
 import json
 import math
 import platform
@@ -858,12 +859,17 @@ def _interpreter_check(w, x, ids, tw, twin, dims, T) -> dict:
     )
 
 
-def write_outputs(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
-    """``<name>.json`` and ``<name>.png`` in ``out_dir`` (created)."""
+def write_outputs(result: dict, out_dir: Path, name: str) -> tuple[Path, Path | None]:
+    """``<name>.json`` and ``<name>.png`` in ``out_dir`` (created); no PNG (``None``, said in
+    ``notes``) where matplotlib is missing."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = write_plot(result, out_dir / f"{name}.png")
-    result["plot"] = png.name
+    png = None
+    if importlib.util.find_spec("matplotlib") is None:
+        result["notes"].append("matplotlib is not installed: no plot written (pip install it)")
+    else:
+        png = write_plot(result, out_dir / f"{name}.png")
+        result["plot"] = png.name
     js = out_dir / f"{name}.json"
     js.write_text(json.dumps(result, indent=1, default=str))
     return js, png
