@@ -211,7 +211,14 @@ def test_make_routing_layouts(seed):
 
 
 def test_dispatch_path_marks_every_suite_token_count():
-    assert {report.dispatch_path(T) for T in report.SUITE_TOKENS} == {"decode"}
+    paths = {report.dispatch_path(T) for T in report.SUITE_TOKENS}
+    # Tripwire: the marking says "decode for every T" only while neither the runner core nor the
+    # decode entry point calls the prefill kernels; wiring them in must update dispatch_path.
+    calls_prefill = any(
+        "fused_moe_nvfp4_prefill" in (ROOT / "sglang_fp4ext" / f).read_text()
+        for f in ("sglang_backend.py", "moe/fused_moe.py")
+    )
+    assert paths == ({"decode", "prefill"} if calls_prefill else {"decode"})
     assert report.SUITE_TOKENS[0] == 1 and report.SUITE_TOKENS[-1] == 8192
     with pytest.raises(ValueError, match="tokens must be >= 0"):
         report.dispatch_path(-1)
