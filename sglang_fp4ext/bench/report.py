@@ -20,18 +20,19 @@ JSON (``SCHEMA``; ``null`` where a figure does not exist on this machine or was 
     preset     the ModelShape fields + E_local, I_local, top_k_local, expert_bytes
     settings   tokens, copies, replays, seed
     dispatch   {"rule": text, "paths": {T: "decode" | "prefill"}} (which path serves each T)
-    rates      copy_bandwidth_Bps, bf16_matmul_tflops (measured here, once), spec_bandwidth_Bps,
-               dense_bf16_tflops, dense_bf16_basis (hardware table; null for an unknown GPU)
-    rows       per T: T, path, served, config, inputs_rotated, distinct_experts, bytes_floor,
-               flops, floor_us, us,
-               us_min, us_max, achieved_TBps, fraction_of_copy_bw, tflops,
-               fraction_of_bf16_matmul, peer_us, speedup_vs_torch_peer, check {max_rel, rms_rel,
-               nonfinite, ok}
+    rates      copy_bandwidth_Bps, bf16_matmul_tflops (measured here, once; null without a GPU)
+               with *_basis texts; spec_bandwidth_Bps, spec_label, dense_bf16_tflops,
+               dense_bf16_basis (hardware table; null for a GPU not in it)
+    rows       GPU only, per T: T, path, served, config, inputs_rotated, distinct_experts,
+               bytes_floor, flops, floor_us, us, us_min, us_max, achieved_TBps,
+               fraction_of_copy_bw, tflops, fraction_of_bf16_matmul, peer_us,
+               speedup_vs_torch_peer, check {max_rel, rms_rel, nonfinite, ok}
     check      cpu-check only: [{what, shape, T, max_rel, rms_rel, nonfinite, tolerance, ok}]
-    projection null | {target, source_spec, basis, assumptions, rows: [{T, measured_us,
-               projected_layer_us, projected_step_us, projected_us_per_token, target_floor_us}],
-               note}; every entry is a PROJECTION, never a measurement
-    plot       file name of the PNG next to the JSON
+    projection null | {target, target_key, source_spec, basis, assumptions, n_moe_layers,
+               rows: [{T, measured_us, projected_layer_us, projected_step_us,
+               projected_us_per_token, target_floor_us, label}], note}; every entry is a
+               PROJECTION, never a measurement (no GPU: rows [] and a note)
+    plot       file name of the PNG next to the JSON (null without matplotlib)
     notes      plain-language remarks (e.g. "no GPU: nothing was timed")
 
 ``bytes_floor`` = the distinct local experts' NVFP4 weights (counted from the routing used) plus
