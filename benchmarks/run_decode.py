@@ -54,13 +54,15 @@ def _gemm1_candidates(base: KernelConfig, kc1: int):
 
 
 def _gemm2_candidates(base: KernelConfig, kc2: int):
-    """GEMM2 row tiles per program and split-K (both runtime arguments)."""
-    return [
-        dataclasses.replace(base, tiles2=nt, split_k2=sk)
-        for sk in (1, 2, 4, 8)
+    """GEMM2 form; pairs: row tiles per program and split-K (runtime arguments); tokens: tile."""
+    out = [dataclasses.replace(base, gemm2="tokens", block_n2=bn) for bn in (32, 64)]
+    out += [
+        dataclasses.replace(base, gemm2="pairs", block_n2=64, tiles2=nt, split_k2=sk)
+        for sk in (1, 2, 4)
         if sk <= kc2
-        for nt in (1, 2, 4, 8, 16)
+        for nt in (1, 2, 4, 8)
     ]
+    return out
 
 
 def _misc_candidates(base: KernelConfig):
@@ -194,8 +196,8 @@ def main(argv=None) -> int:
                     cfg,
                 )
                 stages = [
-                    lambda b: _gemm1_candidates(b, kc1),
                     lambda b: _gemm2_candidates(b, kc2),
+                    lambda b: _gemm1_candidates(b, kc1),
                     _misc_candidates,
                 ]
                 for make in stages:

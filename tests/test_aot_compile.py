@@ -41,7 +41,8 @@ DIV = set(P1) | set(P2) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stri
                            "s_e_stride", "s_chunk_stride", "stride_out"}
 out = []
 for v in variants:
-    fn, ptrs = (K._moe_gemm1, P1) if v["kernel"] == 1 else (K._moe_gemm2, P2)
+    fn, ptrs = {1: (K._moe_gemm1, P1), 2: (K._moe_gemm2, P2), 3: (K._moe_gemm2_tok, P2)}[
+        v["kernel"]]
     consts = v["constexprs"]
     sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names if n in DIV}
@@ -89,6 +90,15 @@ def _variants():
                 COMPUTE_F32=False,
             ),
         )
+        if c.gemm2 == "tokens":
+            v2 = dict(
+                kernel=3,
+                num_warps=c.warps2,
+                num_stages=c.stages2,
+                constexprs=dict(
+                    K_POW2=1 << (k - 1).bit_length(), BN=c.block_n2, BT=c.block_t, COMPUTE_F32=False
+                ),
+            )
         for v in (v1, v2):
             key = json.dumps(v, sort_keys=True)
             if key not in seen:
@@ -102,9 +112,10 @@ def compiled():
     variants = _variants()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    subset = [v for g in (True, False) for v in variants if v["constexprs"]["SLOT_MODE"] is g][:1]
-    subset += [v for v in variants if not v["constexprs"]["SLOT_MODE"]][:1]
+    subset = [v for v in variants if v["constexprs"].get("SLOT_MODE") is True][:1]
+    subset += [v for v in variants if v["constexprs"].get("SLOT_MODE") is False][:1]
     subset += [v for v in variants if v["kernel"] == 2][:1]
+    subset += [v for v in variants if v["kernel"] == 3][:1]
     todo = {80: subset, 90: variants, 100: subset, 120: variants}
     results = {}
     for pair in ((90, 80), (120, 100)):

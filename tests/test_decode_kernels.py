@@ -3,7 +3,8 @@
 On a CPU machine the kernels run under ``TRITON_INTERPRET=1`` (conftest); on a GPU machine the same
 tests run compiled. Covered: T = 0, 1, odd T; top_k 8 and 9 (fused shared expert = last expert);
 ``-1`` ids incl. tokens with no local expert; every token on one expert (several token groups);
-non-power-of-two H and I (padding); both grids; split-K in both GEMMs;
+non-power-of-two H and I (padding); both grids; split-K in both GEMMs; both GEMM2 forms (pairs
+with the arrival-counter combine, tokens walking each token's experts, incl. multi-chunk K);
 int64 ids and bf16 routing weights; counters left at zero; validation errors.
 
 Tolerance: the kernels round the GEMM1 output (SiLU·mul) to bf16 before GEMM2 and the result to
@@ -111,6 +112,27 @@ CASES = [
         cfg=KernelConfig(grid="experts", block_t=16, block_p=16, split_k2=2),
     ),
     Case(
+        "T5_k9_shared_drop_gemm2_tokens",
+        E=10,
+        H=272,
+        I=80,
+        T=5,
+        k=9,
+        shared=True,
+        drop=0.3,
+        cfg=KernelConfig(grid="slots", split_k1=2, block_n2=32, gemm2="tokens"),
+    ),
+    Case(
+        "T9_k8_drop_gemm2_tokens_bt16_multichunk",
+        E=16,
+        H=256,
+        I=640,
+        T=9,
+        k=8,
+        drop=0.5,
+        cfg=KernelConfig(grid="experts", block_t=16, gemm2="tokens"),
+    ),
+    Case(
         "T6_k9_experts_grid_both_splits",
         E=10,
         H=272,
@@ -145,7 +167,8 @@ def test_matches_reference(case, seed):
         assert buf is None or int(buf.abs().sum()) == 0, f"{name} not reset"
 
 
-def test_no_local_expert_gives_zeros_and_deterministic_repeat(seed):
+@pytest.mark.parametrize("gemm2", ["pairs", "tokens"])
+def test_no_local_expert_gives_zeros_and_deterministic_repeat(seed, gemm2):
     """EP rank with nothing local for some tokens: their rows are zeros; repeat is bit-identical."""
     g = torch.Generator().manual_seed(seed)
     w, pw = _weights(16, 256, 128)
@@ -153,14 +176,15 @@ def test_no_local_expert_gives_zeros_and_deterministic_repeat(seed):
     ids[1] = -1
     x = torch.randn(3, 256, generator=g).to(torch.bfloat16)
     x, ids, tw = x.to(DEV), ids.to(DEV), tw.to(DEV)
+    cfg = KernelConfig(gemm2=gemm2)
     out = torch.full((3, 256), float("nan"), dtype=torch.bfloat16, device=DEV)
-    fused_moe_nvfp4(x, pw, ids, tw, out=out)
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=cfg)
     assert out[1].eq(0).all()
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
-    again = fused_moe_nvfp4(x, pw, ids, tw)
+    again = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
     assert torch.equal(again.view(torch.int16), out.view(torch.int16))
     everything_dropped = torch.full_like(ids, -1)
-    z = fused_moe_nvfp4(x, pw, everything_dropped, tw)
+    z = fused_moe_nvfp4(x, pw, everything_dropped, tw, config=cfg)
     assert z.eq(0).all()
 
 

@@ -6,7 +6,10 @@ Two launches per layer, both with a static grid fixed by ``T``, ``top_k``, the s
   (x[t] @ up_e^T)`` for every pair slot ``p = t * TOP_K + j`` routed to ``e = topk_ids[t, j]``
   (bf16 ``(P, I)``). It also writes the routing lists GEMM2 reads (below).
 * ``_moe_gemm2``, grid ``(G, cdiv(NB2, NT), SPLIT_K2)``: ``out[t, :] = sum_j topk_weights[t, j] *
-  inter[p] @ down_e^T`` (bf16 ``(T, H)``); each program walks ``NT`` row tiles of ``BN`` rows.
+  inter[p] @ down_e^T`` (bf16 ``(T, H)``); each program walks ``NT`` row tiles of ``BN`` rows of
+  one expert (all its pairs) and the top-k sum goes through the arrival-counter combine below.
+  Or ``_moe_gemm2_tok``, grid ``(T, NB2)`` (small T): one program per token and row tile walks
+  the token's experts and writes its output once (no workspace, no atomics).
 
 **Work items** come straight from ``topk_ids`` (no alignment kernel). With ``SLOT_MODE`` program
 ``g`` takes pair slot ``g`` and only the first slot of its expert (the leader) works; otherwise
@@ -248,10 +251,31 @@ def _route(
         before += tl.sum((hit & (offs < pid0)).to(tl.int32), 0)
     if ok:
         tl.store(pcnt_ptr + e, m)
-    tl.debug_barrier()  # this CTA's list writes are visible to all its threads
     if SLOT_MODE:
         m = tl.where(before == 0, m, 0)  # a later slot of an expert already led: no work
+    else:
+        tl.debug_barrier()  # the list is read back: this CTA's writes visible to all its threads
     return e, m, lbase
+
+
+@triton.jit
+def _pairs_in_regs(ids_ptr, e, c, P, BT: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Pair slots of the ``c``-th group of ``BT`` pairs routed to ``e`` (slot order) + mask, from
+    a match mask and its cumsum in registers (no global round trip; for small ``P``)."""
+    want = c * BT + tl.arange(0, BT)
+    pair = tl.zeros([BT], dtype=tl.int32)
+    found = tl.zeros([BT], dtype=tl.int32)
+    base = 0
+    for p0 in range(0, P, BLOCK_P):
+        offs = p0 + tl.arange(0, BLOCK_P)
+        ids = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
+        hit = (ids == e).to(tl.int32)
+        rank = base + tl.cumsum(hit, 0) - 1  # rank among e's pairs
+        sel = (rank[None, :] == want[:, None]) & (hit[None, :] != 0)  # (BT, BLOCK_P)
+        pair += tl.sum(tl.where(sel, offs[None, :], 0), 1)
+        found += tl.sum(sel.to(tl.int32), 1)
+        base += tl.sum(hit, 0)
+    return pair, found != 0
 
 
 @triton.jit
@@ -327,9 +351,12 @@ def _moe_gemm1(
     kc1 = tl.minimum(kc0 + CPS, KC)
     nchunk = tl.cdiv(m, BT)
     for c in range(0, nchunk):
-        slot = c * BT + tl.arange(0, BT)
-        pmask = slot < m
-        pairs = tl.load(lbase + slot, mask=pmask, other=0)
+        if SLOT_MODE:  # small P: pairs from registers, the list stores need not land first
+            pairs, pmask = _pairs_in_regs(ids_ptr, e, c, P, BT, BLOCK_P)
+        else:
+            slot = c * BT + tl.arange(0, BT)
+            pmask = slot < m
+            pairs = tl.load(lbase + slot, mask=pmask, other=0)
         tok = (pairs // TOP_K).to(tl.int64)
         acc = _w4a16_acc(
             qe,
@@ -360,9 +387,12 @@ def _moe_gemm1(
         if old == SPLIT_K - 1:  # last to arrive: reduce in fixed split order, finish the tile
             tl.debug_barrier()
             for c in range(0, nchunk):
-                slot = c * BT + tl.arange(0, BT)
-                pmask = slot < m
-                pairs = tl.load(lbase + slot, mask=pmask, other=0)
+                if SLOT_MODE:
+                    pairs, pmask = _pairs_in_regs(ids_ptr, e, c, P, BT, BLOCK_P)
+                else:
+                    slot = c * BT + tl.arange(0, BT)
+                    pmask = slot < m
+                    pairs = tl.load(lbase + slot, mask=pmask, other=0)
                 acc = tl.zeros([BN, BT], dtype=tl.float32)
                 for s in range(0, SPLIT_K):  # fixed order
                     wp = ws_ptr + (s * P + pairs[None, :]).to(tl.int64) * NP + rows[:, None]
@@ -498,6 +528,91 @@ def _moe_gemm2(
                 op = out_ptr + tok64[:, None] * stride_out + rows[None, :]
                 tl.store(op, _to_bf16(o, COMPUTE_F32), mask=last[:, None] & (rows[None, :] < H))
                 tl.store(cp, tl.zeros([BT], dtype=tl.int32), mask=last)
+
+
+@triton.jit
+def _moe_gemm2_tok(
+    inter_ptr,
+    ids_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    out_ptr,
+    T,
+    E,
+    H,
+    I,
+    NP,
+    stride_out,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    TOP_K,
+    K_POW2: tl.constexpr,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
+    """Token-centric GEMM2 (small T): program ``(t, nb)`` owns ``out[t, nb * BN ...]`` and walks
+    the token's valid slots in slot order, ``KC`` chunks each, in one pipelined loop:
+    ``out[t] = sum_j tw[t, j] * alpha_e * (inter[p] @ down_e^T)``. No workspace, no atomics, one
+    store per output; deterministic. An expert shared by several tokens is streamed once per
+    token (programs of one row tile run together, so repeats mostly hit L2): use while experts
+    see ~1 token each. The pair sits in column 0 of a ``BT``-wide MMA tile (the rest masked).
+    """
+    t = tl.program_id(0)
+    nb = tl.program_id(1)
+    rows = nb * BN + tl.arange(0, BN)
+    kj = tl.arange(0, K_POW2)
+    idt = tl.load(ids_ptr + t * TOP_K + kj, mask=kj < TOP_K, other=-1).to(tl.int32)
+    valid = (idt >= 0) & (idt < E)
+    rank = tl.cumsum(valid.to(tl.int32), 0) - 1
+    nv = tl.sum(valid.to(tl.int32), 0)
+    col = tl.arange(0, BT)
+    g = tl.arange(0, 8)
+    i = tl.arange(0, 16)
+    kk = tl.arange(0, 128)
+    DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
+    acc = tl.zeros([BN, BT], dtype=tl.float32)
+    part = tl.zeros([BN, BT], dtype=tl.float32)
+    for it in range(0, nv * KC):
+        n = it // KC
+        kc = it - n * KC
+        sel = valid & (rank == n)
+        j = tl.sum(tl.where(sel, kj, 0), 0)  # slot of the n-th valid expert
+        e64 = tl.sum(tl.where(sel, idt, 0), 0).to(tl.int64)
+        p = t * TOP_K + j
+        qp = (
+            q_ptr
+            + e64 * q_e_stride
+            + rows[:, None, None] * q_row_stride
+            + kc * 128
+            + g[None, :, None] * 16
+            + i[None, None, :]
+        )
+        sp = s_ptr + e64 * s_e_stride + kc * s_chunk_stride + rows[:, None] * 16 + g[None, :]
+        w_lo, w_hi = _decode_w(tl.load(qp), tl.load(sp), tl.load(sp + 8), BN, COMPUTE_F32)
+        k = kc * 256 + kk
+        xm = (col[:, None] == 0) & (k[None, :] < I)
+        xp = inter_ptr + p.to(tl.int64) * I + col[:, None] * 0 + k[None, :]
+        x_lo = _kappa(tl.load(xp, mask=xm, other=0.0).to(DOT_DTYPE), BT)
+        x_hi = tl.load(xp + 128, mask=(col[:, None] == 0) & (k[None, :] + 128 < I), other=0.0)
+        x_hi = _kappa(x_hi.to(DOT_DTYPE), BT)
+        part = tl.dot(w_lo.to(DOT_DTYPE), tl.trans(x_lo), part)
+        part = tl.dot(w_hi.to(DOT_DTYPE), tl.trans(x_hi), part)
+        # After an expert's last chunk: weight its partial, add, restart (branch-free for the
+        # software pipeliner).
+        done = kc == KC - 1
+        alpha = tl.load(a_ptr + e64 * NP + rows) * _TWO_P26
+        coef = tl.where(done, alpha * tl.load(tw_ptr + p).to(tl.float32), 0.0)
+        acc += part * coef[:, None]
+        part = tl.where(done, 0.0, part)
+    o = tl.sum(tl.where(col[None, :] == 0, acc, 0.0), 1)
+    op = out_ptr + t.to(tl.int64) * stride_out + rows
+    tl.store(op, _to_bf16(o, COMPUTE_F32), mask=rows < H)
 
 
 @triton.jit

@@ -17,12 +17,13 @@ bucket of the table when ``T`` is beyond it. Missing shapes or devices fall back
 **Heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
 experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weights in registers,
 see ``_decode_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
-``block_t`` covers the expected pairs per expert (8, 16 or 32). GEMM1 splits K until the expected
+``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K until the expected
 busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reach about
 four per SM, keeping at least 2 K chunks per split (kernel-techniques §5, Little's law: ~25-30 KB
 in flight per SM). GEMM2 (K = I, one chunk per expert under TP) does the same with its K, then
 packs ``tiles2`` row tiles into a program while there are more than ~8 programs per SM, so the
-per-program setup and the combine bookkeeping are amortised.
+per-program setup and the combine bookkeeping are amortised. While experts see ~1 pair each
+(``T * top_k / D <= 1.3``) GEMM2 is token-centric instead (``gemm2="tokens"``).
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ class KernelConfig:
     ``block_n*``: weight rows per tile (M side); ``split_k*``: K splits; ``warps*``/``stages*``:
     Triton ``num_warps``/``num_stages`` (2 warps keep ``tl.dot`` on ``mma.sync``; 4 or more with
     ``block_n >= 64`` let Hopper pick wgmma, whose register operand layout costs byte shuffles).
-    ``tiles2``: GEMM2 row tiles per program. Suffix 1 = GEMM1 (gate/up rows, interleaved),
-    2 = GEMM2.
+    ``tiles2``: GEMM2 row tiles per program. ``gemm2``: ``"pairs"`` (a program per expert and
+    row tiles, all its pairs, arrival-counter top-k combine) or ``"tokens"`` (a program per token
+    and row tile walking the token's experts: no combine; for experts seeing ~1 token).
+    Suffix 1 = GEMM1 (gate/up rows, interleaved), 2 = GEMM2.
     """
 
     grid: str = "slots"
@@ -83,10 +86,13 @@ class KernelConfig:
     warps2: int = 2
     stages2: int = 3
     tiles2: int = 1
+    gemm2: str = "pairs"
 
     def __post_init__(self):
         if self.grid not in ("slots", "experts"):
             raise ValueError(f"KernelConfig.grid must be 'slots' or 'experts', got {self.grid!r}")
+        if self.gemm2 not in ("pairs", "tokens"):
+            raise ValueError(f"KernelConfig.gemm2 must be 'pairs' or 'tokens', got {self.gemm2!r}")
         for name in (
             "block_t",
             "block_p",
@@ -191,7 +197,8 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     grid = "slots" if P <= shape.E else "experts"
     D = max(1.0, min(float(P), _distinct_experts(b, shape.E, shape.top_k)))
     rows_per_expert = P / D
-    block_t = 8 if rows_per_expert <= 8 else (16 if rows_per_expert <= 16 else 32)
+    # 32-wide pair tiles spill on sm_90 (255 registers): 16 at most, more pairs loop.
+    block_t = 8 if rows_per_expert <= 8 else 16
     want = 4 * target.num_sms
     block_p = 256 if P > 128 else 128
     bn = 64
@@ -208,9 +215,14 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     sk1 = split_for(2 * shape.I, shape.H)
     sk2 = split_for(shape.H, shape.I)
     tiles2 = 1
-    progs2 = D * (-(-shape.H // ROW_ALIGN) * ROW_ALIGN // bn) * sk2
+    nb2 = -(-shape.H // ROW_ALIGN) * ROW_ALIGN // bn
+    progs2 = D * nb2 * sk2
     while tiles2 < 8 and progs2 / (2 * tiles2) >= 2 * want:
         tiles2 *= 2
+    # ~1 pair per expert: token-centric GEMM2 (no combine round trips); 32-row tiles while
+    # there would be fewer than 2 programs per SM.
+    gemm2 = "tokens" if rows_per_expert <= 1.3 else "pairs"
+    bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
     return KernelConfig(
         grid=grid,
         block_t=block_t,
@@ -219,11 +231,12 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
         split_k1=sk1,
         warps1=2,
         stages1=3,
-        block_n2=bn,
-        split_k2=sk2,
+        block_n2=bn2,
+        split_k2=1 if gemm2 == "tokens" else sk2,
         warps2=2,
         stages2=3,
-        tiles2=tiles2,
+        tiles2=1 if gemm2 == "tokens" else tiles2,
+        gemm2=gemm2,
     )
 
 

@@ -165,7 +165,10 @@ def launch_grids(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeigh
     slots = cfg.grid == "slots"
     nb2 = w.w2.n_pad // cfg.block_n2
     g1 = (P if slots else shape.E, w.w13.n_pad // cfg.block_n1, cfg.split_k1)
-    g2 = (P if slots else max(shape.E, T), -(-nb2 // cfg.tiles2), cfg.split_k2)
+    if cfg.gemm2 == "tokens":
+        g2 = (T, nb2, 1)
+    else:
+        g2 = (P if slots else max(shape.E, T), -(-nb2 // cfg.tiles2), cfg.split_k2)
     return g1, g2
 
 
@@ -219,7 +222,10 @@ def fused_moe_nvfp4(
         zero=False,
     )
     cnt1 = _workspace(dev, "cnt1", g1[0] * g1[1], torch.int32, zero=True)
-    ws2 = _workspace(dev, "ws2", P * config.split_k2 * w2.n_pad, torch.float32, zero=False)
+    pairs2 = config.gemm2 == "pairs"
+    ws2 = _workspace(
+        dev, "ws2", P * config.split_k2 * w2.n_pad if pairs2 else 1, torch.float32, zero=False
+    )
     nb2 = w2.n_pad // config.block_n2
     cnt2 = _workspace(dev, "cnt2", T * nb2, torch.int32, zero=True)
     # Routing lists: GEMM1 writes every entry GEMM2 reads, so no clearing is needed.
@@ -259,6 +265,35 @@ def fused_moe_nvfp4(
         num_warps=config.warps1,
         num_stages=config.stages1,
     )
+    if config.gemm2 == "tokens":
+        K._moe_gemm2_tok[g2](
+            inter,
+            topk_ids,
+            topk_weights,
+            w2.q,
+            w2.scale,
+            w2.alpha,
+            out,
+            T,
+            E,
+            H,
+            I,
+            w2.n_pad,
+            out.stride(0),
+            w2.q.stride(0),
+            w2.q.stride(1),
+            w2.scale.stride(0),
+            w2.scale.stride(1),
+            kc2,
+            top_k,
+            K_POW2=triton_next_pow2(top_k),
+            BN=config.block_n2,
+            BT=config.block_t,
+            COMPUTE_F32=interp,
+            num_warps=config.warps2,
+            num_stages=config.stages2,
+        )
+        return out
     K._moe_gemm2[g2](
         inter,
         topk_ids,
