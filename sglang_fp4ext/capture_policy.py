@@ -664,19 +664,31 @@ def hook_enable_num_token_non_padded(original, *args, **kwargs):
     return original(*args, **kwargs) or _fp4ext_tp_mode()
 
 
+def _mask_condition_registered() -> bool:
+    """With SGLang's ``register_num_token_non_padded_condition`` (patches/0003): is ours in?"""
+    from sglang.srt.model_executor import forward_batch_info
+
+    return _fp4ext_tp_mode in getattr(forward_batch_info, "_NUM_TOKEN_NON_PADDED_CONDITIONS", ())
+
+
 def hook_status() -> dict[str, bool]:
-    """For each capture-policy hook: is it in effect in this process?"""
+    """For each capture-policy hook: is it in effect in this process (our hook live, or our
+    condition registered with SGLang's own extension point)?"""
     import pkgutil
 
     from sglang.srt.arg_groups.resolution_hooks import _HOOKS
 
+    from sglang_fp4ext import patches
     from sglang_fp4ext.sglang_backend import _chain_has_hook
 
-    try:
-        live = pkgutil.resolve_name(MASK_TARGET)
-        masked = _chain_has_hook(live, hook_enable_num_token_non_padded)
-    except Exception:  # target moved: reported as not installed
-        masked = False
+    if patches.upstream_has(MASK_TARGET):
+        masked = _mask_condition_registered()
+    else:
+        try:
+            live = pkgutil.resolve_name(MASK_TARGET)
+            masked = _chain_has_hook(live, hook_enable_num_token_non_padded)
+        except Exception:  # target moved: reported as not installed
+            masked = False
     return {
         f"resolution:{RESOLUTION_STEP}": resolve_capture_policy in _HOOKS.get(RESOLUTION_STEP, ()),
         MASK_TARGET: masked,
@@ -687,16 +699,26 @@ def install() -> list[str]:
     """Register the policy's resolution hook and masking hook; idempotent. Returns what it did.
 
     Call in the main process before ``ServerArgs.resolve_once`` (the plugin's ``register()``) and
-    in every worker (the masking hook acts in the scheduler). ``HookRegistry.apply_hooks()`` is
+    in every worker (the masking hook acts in the scheduler). Where SGLang has
+    ``register_num_token_non_padded_condition`` (patches/0003) the masking condition is
+    registered there instead of hooking the predicate. ``HookRegistry.apply_hooks()`` is
     the caller's (SGLang's loader runs it after the plugins).
     """
     from sglang.srt.arg_groups.resolution_hooks import _HOOKS, register_resolution_hook
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_fp4ext import patches
+
     done = []
     if resolve_capture_policy not in _HOOKS.get(RESOLUTION_STEP, ()):
         register_resolution_hook(RESOLUTION_STEP)(resolve_capture_policy)
         done.append(f"capture policy (resolution hook {RESOLUTION_STEP})")
+    register_condition = patches.upstream_object(MASK_TARGET)
+    if register_condition is not None:  # SGLang's own extension point replaces the hook
+        if not _mask_condition_registered():
+            register_condition(_fp4ext_tp_mode)
+            done.append("padded-row masking (register_num_token_non_padded_condition)")
+        return done
     registered = HookRegistry._hooks.get(MASK_TARGET, ())
     if not any(hook is hook_enable_num_token_non_padded for _, hook, _ in registered):
         HookRegistry.register(MASK_TARGET, hook_enable_num_token_non_padded, HookType.AROUND)

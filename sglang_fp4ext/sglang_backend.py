@@ -14,6 +14,12 @@ Hooks (all AROUND, on ``ModelOptNvFp4FusedMoEMethod``; manifest in ``patches/REA
   input scales are not used, so nothing of SGLang's alpha/input-scale math runs either.
 * ``apply`` - runs the fp4ext runner core instead of raising "Unsupported moe_runner_backend".
 
+Where SGLang has the extension points of ``patches/`` (detected by capability, see
+``sglang_fp4ext.patches``), no hook is installed: the runner core is registered with
+``supports_platform`` and, being a ``WeightOwningRunnerCore``, gets SGLang's delegated
+``process_weights_after_loading`` / ``build_quant_info`` calls, which run the same functions as
+the hooks.
+
 Expert paths (chosen per layer from its device, announced once per process in the log):
 ``triton`` on a CUDA GPU of SM80 or newer (``moe.fused_moe.fused_moe_nvfp4`` on the kernel layout),
 ``reference`` elsewhere (CPU, older GPUs: ``moe.reference.fused_moe_nvfp4_torch`` in fp32 on
@@ -39,7 +45,7 @@ from sglang.srt.layers.moe.moe_runner.base import (
 )
 from sglang.srt.layers.moe.utils import get_moe_runner_backend, resolve_moe_runner_backend
 
-from sglang_fp4ext import target_info
+from sglang_fp4ext import patches, target_info
 from sglang_fp4ext.moe.weights import MoEWeights
 
 logger = logging.getLogger("sglang_fp4ext")
@@ -84,6 +90,12 @@ def hook_process_weights_after_loading(original: Callable, self, *args, **kwargs
     process_weights(self, layer)
 
 
+def supports_platform() -> bool:
+    """fp4ext runs NVFP4 MoE everywhere SGLang runs: Triton on SM80+ CUDA GPUs, the torch
+    reference elsewhere (what ``hook_init`` admits). Registered where SGLang asks (patches/0001)."""
+    return True
+
+
 def hook_apply(original: Callable, self, *args, **kwargs):
     """AROUND ``apply`` (called with keywords ``layer=``, ``dispatch_output=``)."""
     if not is_fp4ext(_backend_of(self)):
@@ -92,13 +104,7 @@ def hook_apply(original: Callable, self, *args, **kwargs):
     bound = dict(zip(names, args))
     bound.update({k: v for k, v in kwargs.items() if k in names})
     layer, dispatch_output = bound["layer"], bound["dispatch_output"]
-    info = getattr(layer, "_fp4ext_quant_info", None)
-    if info is None:
-        raise RuntimeError(
-            f"fp4ext: MoE layer {_layer_name(layer)} runs before its weights were processed "
-            "(process_weights_after_loading did not run through sglang_fp4ext)"
-        )
-    return self.runner.run(dispatch_output, info)
+    return self.runner.run(dispatch_output, quant_info_of(layer))
 
 
 # ---- weight processing -------------------------------------------------------------------------
@@ -142,6 +148,17 @@ class Fp4ExtQuantInfo(MoeQuantInfo):
 
     path: str  # "triton" | "reference"
     weights: Any  # PreparedMoEWeights for triton, MoEWeights for reference
+
+
+def quant_info_of(layer) -> Fp4ExtQuantInfo:
+    """The quant info ``process_weights`` stored on ``layer``; a clear error when it never ran."""
+    info = getattr(layer, "_fp4ext_quant_info", None)
+    if info is None:
+        raise RuntimeError(
+            f"fp4ext: MoE layer {_layer_name(layer)} runs before its weights were processed "
+            "(process_weights_after_loading did not run through sglang_fp4ext)"
+        )
+    return info
 
 
 def _check_supported(method, layer) -> None:
@@ -254,17 +271,38 @@ def _chain_has_hook(fn: Any, hook: Callable) -> bool:
     return False
 
 
-def hook_status() -> dict[str, bool]:
-    """For each hook target: is our hook in the live (patched) attribute?"""
-    status = {}
+def _upstream_in_effect(target: str) -> bool:
+    """Is fp4ext wired to SGLang's own extension point that replaces ``target``'s hook?"""
+    from sglang.srt.layers.moe.moe_runner.runner import _CUSTOM_RUNNER_CORE_FACTORIES
+
+    if _CUSTOM_RUNNER_CORE_FACTORIES.get(BACKEND_NAME) is not make_runner_core:
+        return False
+    point = patches.upstream_object(target)
+    if target.endswith(".__init__"):
+        return point(resolve_moe_runner_backend(BACKEND_NAME))
+    return isinstance(point, type) and issubclass(Fp4ExtRunnerCore, point)
+
+
+def hook_modes() -> dict[str, str]:
+    """For each hook target: ``hook`` (our hook is in the live attribute), ``upstream`` (SGLang
+    has the extension point and fp4ext is registered with it; no hook needed) or ``missing``."""
+    modes = {}
     for spec in HOOKS:
+        if patches.upstream_has(spec.target):
+            modes[spec.target] = "upstream" if _upstream_in_effect(spec.target) else "missing"
+            continue
         try:
             live = pkgutil.resolve_name(spec.target)
         except Exception:  # target moved: reported as not installed
-            status[spec.target] = False
+            modes[spec.target] = "missing"
             continue
-        status[spec.target] = _chain_has_hook(live, spec.hook)
-    return status
+        modes[spec.target] = "hook" if _chain_has_hook(live, spec.hook) else "missing"
+    return modes
+
+
+def hook_status() -> dict[str, bool]:
+    """For each hook target: is it in effect (our hook live, or SGLang's extension point used)?"""
+    return {t: mode != "missing" for t, mode in hook_modes().items()}
 
 
 def verify_hooks() -> None:
@@ -281,19 +319,33 @@ def verify_hooks() -> None:
             "--moe-runner-backend fp4ext is selected but these sglang_fp4ext hooks are not in "
             f"effect: {', '.join(missing)}. SGLang logs (and swallows) plugin errors: look for "
             "'Failed to apply hooks' or 'Failed to execute general plugin: fp4ext' above, run "
-            "`fp4ext info`, and check that SGLANG_PLUGINS (if set) includes 'fp4ext'."
+            "`fp4ext info` and `fp4ext patches check`, and check that SGLANG_PLUGINS (if set) "
+            "includes 'fp4ext'."
         )
 
 
 # ---- runner core -------------------------------------------------------------------------------
 
 
-class Fp4ExtRunnerCore(DispatchMoeRunnerCore):
+# SGLang with patches/0002 (or its upstream form) delegates weight processing and apply to a
+# WeightOwningRunnerCore; without it the hooks call the same functions.
+_CoreBase = patches.upstream_object(f"{METHOD_CLASS}.apply") or DispatchMoeRunnerCore
+
+
+class Fp4ExtRunnerCore(_CoreBase):
     """SGLang's ``DispatchMoeRunnerCore`` for fp4ext (standard dispatch, a2a ``none``)."""
 
     @property
     def runner_backend(self):
         return resolve_moe_runner_backend(BACKEND_NAME)
+
+    def process_weights_after_loading(self, quant_method, layer) -> None:
+        """SGLang's delegation point (patches/0002): fp4ext's layout for ``layer``."""
+        process_weights(quant_method, layer)
+
+    def build_quant_info(self, layer) -> Fp4ExtQuantInfo:
+        """SGLang's delegation point (patches/0002): what ``run_from_dispatch`` gets."""
+        return quant_info_of(layer)
 
     def run_from_dispatch(self, dispatch_output, quant_info, runner_config, hooks=None):
         from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
@@ -361,8 +413,14 @@ def install() -> list[str]:
 
     factory = _CUSTOM_RUNNER_CORE_FACTORIES.get(BACKEND_NAME)
     if factory is None:
-        register_moe_runner_core(BACKEND_NAME, make_runner_core)
-        done.append(f"runner core {BACKEND_NAME!r}")
+        if patches.upstream_has(f"{METHOD_CLASS}.__init__"):  # SGLang asks cores (patches/0001)
+            register_moe_runner_core(
+                BACKEND_NAME, make_runner_core, supports_platform=supports_platform
+            )
+            done.append(f"runner core {BACKEND_NAME!r} (supports_platform)")
+        else:
+            register_moe_runner_core(BACKEND_NAME, make_runner_core)
+            done.append(f"runner core {BACKEND_NAME!r}")
     elif factory is not make_runner_core:
         raise RuntimeError(
             f"another package already registered an MoE runner core named {BACKEND_NAME!r} "
@@ -370,6 +428,8 @@ def install() -> list[str]:
         )
 
     for spec in HOOKS:
+        if patches.upstream_has(spec.target):  # SGLang's own extension point replaces the hook
+            continue
         registered = HookRegistry._hooks.get(spec.target, ())
         if not any(hook is spec.hook for _, hook, _ in registered):
             HookRegistry.register(spec.target, spec.hook, HookType.AROUND)
