@@ -8,6 +8,9 @@
                  (ModelOpt export) and judges every served token against ``transformers`` in
                  float32 on the dequantised weights; with ``--model-path`` and SGLang launch flags
                  it compares fp4ext with SGLang's default NVFP4 MoE backend on the same prompts.
+``fp4ext patches list|check``  the manifest of fp4ext's hooks on SGLang (``patches/README.md``);
+                 ``check`` verifies that every hook target still exists with the expected
+                 signature and every upstream diff still applies (exit 1 on any failure).
 
 Works without SGLang and without a GPU (it says so), so it is also the first thing to run on a
 machine that is being set up.
@@ -260,6 +263,23 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if r["ok"] else 1
 
 
+def _cmd_patches(args: argparse.Namespace) -> int:
+    from sglang_fp4ext import patches
+
+    if args.action == "list":
+        print(patches.render_table())
+        return 0
+    try:
+        report = patches.check_patches(args.sglang_dir, patches_dir=args.patches_dir)
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(f"fp4ext patches check: {exc}", file=sys.stderr)
+        return 2
+    print(report.format())
+    for line in report.failures:
+        print(f"fp4ext patches check: FAILED {line.target}: {line.message}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fp4ext", description="sglang_fp4ext: NVFP4 fused-MoE kernels for SGLang"
@@ -287,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_check.add_argument("sglang_args", nargs=argparse.REMAINDER,
                          help="extra SGLang launch flags after --, e.g. -- --tp 8")
     p_check.set_defaults(func=_cmd_check)
+    p_patches = sub.add_parser(
+        "patches", help="the hooks on SGLang and their upstream diffs: list, or check them"
+    )
+    p_patches.add_argument("action", choices=["list", "check"])
+    p_patches.add_argument("--sglang-dir", help="an sglang package directory (default: installed)")
+    p_patches.add_argument("--patches-dir", help="where the diffs are (default: the source tree's)")
+    p_patches.set_defaults(func=_cmd_patches)
     return parser
 
 
