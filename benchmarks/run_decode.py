@@ -55,7 +55,10 @@ def _gemm1_candidates(base: KernelConfig, kc1: int):
 
 def _gemm2_candidates(base: KernelConfig, kc2: int):
     """GEMM2 form; pairs: row tiles per program and split-K (runtime arguments); tokens: tile."""
-    out = [dataclasses.replace(base, gemm2="tokens", block_n2=bn) for bn in (32, 64)]
+    out = [
+        dataclasses.replace(base, gemm2="tokens", block_n2=bn, split_k2=1, tiles2=1)
+        for bn in (32, 64)
+    ]
     out += [
         dataclasses.replace(base, gemm2="pairs", block_n2=64, tiles2=nt, split_k2=sk)
         for sk in (1, 2, 4)

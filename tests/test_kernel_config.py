@@ -35,6 +35,8 @@ def test_frozen_hashable_repr_round_trip():
         ({"block_n2": 256}, "block_n2"),
         ({"block_n2": 32, "warps2": 4}, "fewer than 16 rows"),
         ({"tiles2": 3}, "tiles2"),
+        ({"gemm2": "rows"}, "gemm2"),
+        ({"gemm2": "tokens", "tiles2": 2}, "tiles2 must be 1"),
         ({"split_k1": 3}, "split_k1"),
         ({"stages2": 0}, "stages2"),
         ({"block_p": 8}, "block_p"),

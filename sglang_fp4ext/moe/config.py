@@ -17,13 +17,14 @@ bucket of the table when ``T`` is beyond it. Missing shapes or devices fall back
 **Heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
 experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weights in registers,
 see ``_decode_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
-``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K until the expected
-busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reach about
+``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K
+until the expected busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reach about
 four per SM, keeping at least 2 K chunks per split (kernel-techniques §5, Little's law: ~25-30 KB
 in flight per SM). GEMM2 (K = I, one chunk per expert under TP) does the same with its K, then
 packs ``tiles2`` row tiles into a program while there are more than ~8 programs per SM, so the
-per-program setup and the combine bookkeeping are amortised. While experts see ~1 pair each
-(``T * top_k / D <= 1.3``) GEMM2 is token-centric instead (``gemm2="tokens"``).
+per-program setup and the combine bookkeeping are amortised. While experts see few pairs
+(``T * top_k / D <= 2.5``; H200 tuning picked it for GLM-5 TP8 up to T = 64) GEMM2 is
+token-centric instead (``gemm2="tokens"``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.grid must be 'slots' or 'experts', got {self.grid!r}")
         if self.gemm2 not in ("pairs", "tokens"):
             raise ValueError(f"KernelConfig.gemm2 must be 'pairs' or 'tokens', got {self.gemm2!r}")
+        if self.gemm2 == "tokens" and (self.split_k2, self.tiles2) != (1, 1):
+            raise ValueError(
+                "KernelConfig.gemm2='tokens' walks whole experts per program: split_k2 and "
+                f"tiles2 must be 1, got {self.split_k2} and {self.tiles2}"
+            )
         for name in (
             "block_t",
             "block_p",
@@ -219,9 +225,9 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     progs2 = D * nb2 * sk2
     while tiles2 < 8 and progs2 / (2 * tiles2) >= 2 * want:
         tiles2 *= 2
-    # ~1 pair per expert: token-centric GEMM2 (no combine round trips); 32-row tiles while
-    # there would be fewer than 2 programs per SM.
-    gemm2 = "tokens" if rows_per_expert <= 1.3 else "pairs"
+    # Few pairs per expert: token-centric GEMM2 (no combine round trips; repeats of an expert
+    # mostly hit L2); 32-row tiles while there would be fewer than 2 programs per SM.
+    gemm2 = "tokens" if rows_per_expert <= 2.5 else "pairs"
     bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
     return KernelConfig(
         grid=grid,
