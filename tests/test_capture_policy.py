@@ -481,9 +481,12 @@ def spy(x, weights, ids, tw):  # what the fp4ext runner core hands to its expert
     return _ref(x, weights, ids, tw)
 reference.fused_moe_nvfp4_torch = spy
 
-# GLM-5's router: sigmoid scores, correction bias, one group, renormalised, scaled by 2.5.
+# GLM-5's router: sigmoid scores, correction bias, one group, renormalised, scaled by 2.5. The bias
+# stays small next to the sigmoid scores (as in trained routers): a unit-variance bias would pick
+# the same experts for every row and make the control below vacuous.
 topk = TopK(top_k=K, layer_id=0, use_grouped_topk=True, topk_group=1, num_expert_group=1,
-            renormalize=True, scoring_func="sigmoid", correction_bias=torch.randn(E, generator=g),
+            renormalize=True, scoring_func="sigmoid",
+            correction_bias=0.05 * torch.randn(E, generator=g),
             routed_scaling_factor=2.5, apply_routed_scaling_factor_on_output=True)
 # A replayed graph: T_PAD rows in the static buffers, the first T_REAL real; padded rows hold
 # stale data (here: random), as they do in SGLang's buffers.
