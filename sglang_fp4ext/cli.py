@@ -8,6 +8,8 @@
                  (ModelOpt export) and judges every served token against ``transformers`` in
                  float32 on the dequantised weights; with ``--model-path`` and SGLang launch flags
                  it compares fp4ext with SGLang's default NVFP4 MoE backend on the same prompts.
+``fp4ext bench``  time the MoE layer across token counts on this GPU against the measured
+                 bandwidth and dense compute roofs (JSON + roofline PNG; see ``bench/bench_cli.py``).
 ``fp4ext patches list|check``  the manifest of fp4ext's hooks on SGLang (``patches/README.md``);
                  ``check`` verifies that every hook target still exists with the expected
                  signature and every upstream diff still applies (exit 1 on any failure).
@@ -314,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_patches.add_argument("--sglang-dir", help="an sglang package directory (default: installed)")
     p_patches.add_argument("--patches-dir", help="where the diffs are (default: the source tree's)")
     p_patches.set_defaults(func=_cmd_patches)
+    from sglang_fp4ext.bench.bench_cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
