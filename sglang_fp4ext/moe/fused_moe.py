@@ -101,56 +101,53 @@ def clear_workspaces() -> None:
 # ---- validation ----
 
 
-def _fail(msg: str):
-    raise ValueError(f"fused_moe_nvfp4: {msg}")
+def validate_moe_inputs(op: str, x, weights, topk_ids, topk_weights, out) -> None:
+    """Input checks shared by the decode and prefill entry points (``op`` prefixes the errors)."""
 
+    def fail(msg: str):
+        raise ValueError(f"{op}: {msg}")
 
-def _validate(x, weights, topk_ids, topk_weights, out):
     if not isinstance(weights, PreparedMoEWeights):
         raise TypeError(
-            "fused_moe_nvfp4: weights must be PreparedMoEWeights (build it once with "
+            f"{op}: weights must be PreparedMoEWeights (build it once with "
             f"PreparedMoEWeights.from_moe_weights(moe_weights)), got {type(weights).__name__}"
         )
     for name, t in (("hidden_states", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(
-                f"fused_moe_nvfp4: {name} must be a torch.Tensor, got {type(t).__name__}"
-            )
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
-            _fail(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+            fail(f"{name} must be 2-D, got shape {tuple(t.shape)}")
         if not t.is_contiguous():
-            _fail(f"{name} must be contiguous")
+            fail(f"{name} must be contiguous")
     if x.dtype != torch.bfloat16:
-        _fail(f"hidden_states must be bfloat16, got {x.dtype}")
+        fail(f"hidden_states must be bfloat16, got {x.dtype}")
     if x.shape[1] != weights.hidden_size:
-        _fail(
+        fail(
             f"hidden_states has H={x.shape[1]} but the weights have hidden size "
             f"{weights.hidden_size}"
         )
     if topk_ids.dtype not in (torch.int32, torch.int64):
-        _fail(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+        fail(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
     if topk_weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        _fail(f"topk_weights must be float32, bfloat16 or float16, got {topk_weights.dtype}")
+        fail(f"topk_weights must be float32, bfloat16 or float16, got {topk_weights.dtype}")
     if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
-        _fail(
+        fail(
             f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must "
             f"both be (T, top_k) with T={x.shape[0]} tokens"
         )
     if topk_ids.shape[1] < 1:
-        _fail("top_k must be >= 1")
+        fail("top_k must be >= 1")
     dev = weights.device
     for name, t in (("hidden_states", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
         if t.device != dev:
-            _fail(f"{name} is on {t.device} but the weights are on {dev}")
+            fail(f"{name} is on {t.device} but the weights are on {dev}")
     if dev.type != "cuda" and not target_info.is_interpreter():
-        _fail(
-            f"tensors must be on a CUDA device (got {dev}); CPU runs only under TRITON_INTERPRET=1"
-        )
+        fail(f"tensors must be on a CUDA device (got {dev}); CPU runs only under TRITON_INTERPRET=1")
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
-            _fail("out must be a bfloat16 tensor")
+            fail("out must be a bfloat16 tensor")
         if tuple(out.shape) != tuple(x.shape) or not out.is_contiguous() or out.device != dev:
-            _fail(
+            fail(
                 f"out must be contiguous {tuple(x.shape)} on {dev}, "
                 f"got {tuple(out.shape)} on {out.device}"
             )
@@ -190,7 +187,7 @@ def fused_moe_nvfp4(
     :func:`config_for`); target: the GPU description for the config choice (default: this
     device). Always deterministic: the same inputs give bit-identical outputs. Returns ``out``.
     """
-    _validate(hidden_states, weights, topk_ids, topk_weights, out)
+    validate_moe_inputs("fused_moe_nvfp4", hidden_states, weights, topk_ids, topk_weights, out)
     T, H = hidden_states.shape
     top_k = topk_ids.shape[1]
     dev = hidden_states.device
