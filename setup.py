@@ -41,6 +41,5 @@ setup(
     classifiers=[
         "Programming Language :: Python :: 3",
         "Environment :: GPU :: NVIDIA CUDA",
-        "License :: OSI Approved :: Apache Software License",
     ],
 )
