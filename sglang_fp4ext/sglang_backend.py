@@ -46,6 +46,7 @@ from sglang.srt.layers.moe.moe_runner.base import (
 from sglang.srt.layers.moe.utils import get_moe_runner_backend, resolve_moe_runner_backend
 
 from sglang_fp4ext import patches, target_info
+from sglang_fp4ext.moe.experts import expert_path, prepare_experts, run_experts
 from sglang_fp4ext.moe.weights import MoEWeights
 
 logger = logging.getLogger("sglang_fp4ext")
@@ -116,15 +117,6 @@ def _layer_name(layer) -> str:
     prefix = getattr(layer, "prefix", None) or getattr(layer, "_prefix", None)
     layer_id = getattr(layer, "layer_id", None)
     return prefix or f"layer_id={layer_id}"
-
-
-def expert_path(device: torch.device) -> str:
-    """``triton`` where our kernels run (CUDA, SM80+), else ``reference``."""
-    if device.type == "cuda" and target_info.supports_triton_w4a16(
-        target_info.device_capability(device)
-    ):
-        return "triton"
-    return "reference"
 
 
 def _announce(path: str, device: torch.device) -> None:
@@ -217,17 +209,12 @@ def process_weights(method, layer) -> None:
     )
     device = weights.device
     path = expert_path(device)
+    info = Fp4ExtQuantInfo(path=path, weights=prepare_experts(weights, path))
     if path == "triton":
-        from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
-
-        prepared = PreparedMoEWeights.from_moe_weights(weights)
         # The kernel layout holds everything now: drop the checkpoint-layout copies.
         for name in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"):
             param = getattr(layer, name)
             param.data = torch.empty(0, dtype=param.dtype, device=device)
-        info = Fp4ExtQuantInfo(path=path, weights=prepared)
-    else:
-        info = Fp4ExtQuantInfo(path=path, weights=weights)
     # SGLang's CUTLASS path would swizzle into these; fp4ext never reads them (1/9 of the expert
     # bytes on GLM-5 until freed).
     for name in ("w13_blockscale_swizzled", "w2_blockscale_swizzled"):
@@ -362,21 +349,13 @@ class Fp4ExtRunnerCore(_CoreBase):
             topk = topk.to_standard(layer_id=runner_config.layer_id)
         elif not TopKOutputChecker.format_is_standard(topk):
             raise NotImplementedError(f"fp4ext needs standard top-k output, got {type(topk)}")
-        x = dispatch_output.hidden_states
-        topk_ids = topk.topk_ids
-        if topk_ids.dtype != torch.int32:  # the torch-native top-k fallback gives int64
-            topk_ids = topk_ids.to(torch.int32)
-        topk_weights = topk.topk_weights
         # The routed scaling factor is already folded into topk_weights for NVFP4 (SGLang's
         # _fuses_routed_scaling_factor_in_topk): never apply runner_config.routed_scaling_factor.
-        if quant_info.path == "triton":
-            from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
-
-            out = fused_moe_nvfp4(x, quant_info.weights, topk_ids, topk_weights)
-        else:
-            from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-
-            out = fused_moe_nvfp4_torch(x, quant_info.weights, topk_ids, topk_weights).to(x.dtype)
+        # (The torch-native top-k fallback gives int64 ids; run_experts converts.)
+        out = run_experts(
+            quant_info.path, quant_info.weights, dispatch_output.hidden_states, topk.topk_ids,
+            topk.topk_weights,
+        )
         return StandardCombineInput(hidden_states=out)
 
 

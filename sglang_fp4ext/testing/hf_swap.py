@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from sglang_fp4ext.moe.experts import prepare_experts, run_experts
 from sglang_fp4ext.moe.weights import MoEWeights, quantize_moe_weights
 
 __all__ = ["Fp4ExtExperts", "moe_expert_modules", "quantize_experts", "swap_experts"]
@@ -50,36 +51,18 @@ def quantize_experts(model) -> dict[int, MoEWeights]:
 class Fp4ExtExperts(torch.nn.Module):
     """Drop-in for HF's experts module, computing with fp4ext on NVFP4 weights.
 
-    ``path="triton"`` runs ``fused_moe_nvfp4`` (bf16 activations in and out, as SGLang feeds it);
-    ``path="reference"`` runs the float32 torch twin.
+    ``path`` as in ``moe.experts``: ``triton`` (the kernels; bf16 activations in and out, as SGLang
+    feeds them) or ``reference`` (the float32 torch twin).
     """
 
     def __init__(self, weights: MoEWeights, path: str):
         super().__init__()
-        if path not in ("triton", "reference"):
-            raise ValueError(f"path must be 'triton' or 'reference', got {path!r}")
         self.path = path
-        if path == "triton":
-            from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
-
-            self.weights = PreparedMoEWeights.from_moe_weights(weights)
-        else:
-            self.weights = weights
+        self.weights = prepare_experts(weights, path)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        ids = top_k_index.to(torch.int32)
-        if self.path == "triton":
-            from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
-
-            out = fused_moe_nvfp4(
-                hidden_states.to(torch.bfloat16).contiguous(), self.weights, ids.contiguous(),
-                top_k_weights.float().contiguous(),
-            )
-        else:
-            from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-
-            out = fused_moe_nvfp4_torch(hidden_states, self.weights, ids, top_k_weights.float())
-        return out.to(hidden_states.dtype)
+        return run_experts(self.path, self.weights, hidden_states, top_k_index,
+                           top_k_weights.float())
 
 
 def swap_experts(model, packs: dict[int, MoEWeights], path: str) -> None:
