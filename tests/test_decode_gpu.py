@@ -12,41 +12,15 @@ import dataclasses
 import pytest
 import torch
 
-from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
 from sglang_fp4ext.moe import fused_moe as fm
 from sglang_fp4ext.moe.config import config_for
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
+from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.testing.compare import assert_close
+from tests import glm5_cases
 
 pytestmark = pytest.mark.gpu
 MAX_REL, RMS_REL = 1e-2, 5e-3
-
-_CACHE: dict = {}
-
-
-def _pack(name):
-    """GLM-5 TP8 with the fused shared expert (E=257, top_k=9) or EP8 (32 local of 256)."""
-    if name not in _CACHE:
-        g = torch.Generator(device="cuda").manual_seed(7)
-        if name == "tp8_shared":
-            w = random_packed_weights(257, 6144, 256, device="cuda", generator=g)
-        else:
-            w = random_packed_weights(32, 6144, 2048, device="cuda", generator=g)
-        _CACHE[name] = (w, PreparedMoEWeights.from_moe_weights(w))
-    return _CACHE[name]
-
-
-def _inputs(name, T, g):
-    if name == "tp8_shared":
-        ids, tw, _ = uniform_routing(T, GLM5_TP8, device="cuda", generator=g)
-        ids = torch.cat([ids, torch.full((T, 1), 256, dtype=torch.int32, device="cuda")], 1)
-        tw = torch.cat([tw, torch.rand(T, 1, device="cuda", generator=g)], 1)
-    else:
-        ids, tw, _ = uniform_routing(T, GLM5_EP8, device="cuda", generator=g)
-    x = torch.randn(T, 6144, device="cuda", generator=g).to(torch.bfloat16)
-    return x, ids.contiguous(), tw.contiguous()
-
 
 def _config(pw, ids, gemm2):
     """The config a call would use (table or heuristic), with the GEMM2 form forced."""
@@ -58,9 +32,9 @@ def _config(pw, ids, gemm2):
 @pytest.mark.parametrize("name", ["tp8_shared", "ep8"])
 @pytest.mark.parametrize("T", [1, 7, 64, 256])
 def test_glm5_vs_reference(name, T, gemm2, seed):
-    w, pw = _pack(name)
+    w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x, ids, tw = _inputs(name, T, g)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
     out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
     fused_moe_nvfp4(x, pw, ids, tw, out=out, config=_config(pw, ids, gemm2))
     ref = fused_moe_nvfp4_torch(x, w, ids, tw)
@@ -75,10 +49,10 @@ def test_glm5_vs_reference(name, T, gemm2, seed):
 )
 def test_graph_replay_matches_eager_bit_for_bit(name, T, gemm2, seed):
     """1,000 replays with new inputs copied into static buffers == eager calls, bit for bit."""
-    _, pw = _pack(name)
+    _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     n = 1000
-    inputs = [_inputs(name, T, g) for _ in range(n)]
+    inputs = [glm5_cases.inputs(name, T, g) for _ in range(n)]
     cfg = _config(pw, inputs[0][1], gemm2)
     for i in range(0, n, 7):  # some replays with extra dropped slots / a token with none
         inputs[i][1][0] = -1
@@ -106,9 +80,9 @@ def test_graph_replay_matches_eager_bit_for_bit(name, T, gemm2, seed):
 
 @pytest.mark.parametrize("name,T", [("tp8_shared", 3), ("tp8_shared", 128), ("ep8", 64)])
 def test_deterministic_across_runs(name, T, seed):
-    _, pw = _pack(name)
+    _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x, ids, tw = _inputs(name, T, g)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
     first = fused_moe_nvfp4(x, pw, ids, tw)
     for _ in range(20):
         again = fused_moe_nvfp4(x, pw, ids, tw)

@@ -45,6 +45,7 @@ from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.weights import random_moe_weights
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from sglang_fp4ext.testing.compare import assert_close
+from tests import glm5_cases
 
 MAX_REL, RMS_REL = 1e-2, 5e-3
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -464,40 +465,13 @@ def test_aot_sm120_shared_memory_fits(compiled):
 
 # ---- GPU tier: GLM-5 shapes, graph capture, determinism ----
 
-_GPU_CACHE: dict = {}
-
-
-def _glm5(name):
-    from sglang_fp4ext.bench import random_packed_weights
-
-    if name not in _GPU_CACHE:
-        g = torch.Generator(device="cuda").manual_seed(11)
-        E, I = (257, 256) if name == "tp8_shared" else (32, 2048)
-        w = random_packed_weights(E, 6144, I, device="cuda", generator=g)
-        _GPU_CACHE[name] = (w, PreparedMoEWeights.from_moe_weights(w))
-    return _GPU_CACHE[name]
-
-
-def _glm5_inputs(name, T, g):
-    from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, uniform_routing
-
-    if name == "tp8_shared":
-        ids, tw, _ = uniform_routing(T, GLM5_TP8, device="cuda", generator=g)
-        ids = torch.cat([ids, torch.full((T, 1), 256, dtype=torch.int32, device="cuda")], 1)
-        tw = torch.cat([tw, torch.rand(T, 1, device="cuda", generator=g)], 1)
-    else:
-        ids, tw, _ = uniform_routing(T, GLM5_EP8, device="cuda", generator=g)
-    x = torch.randn(T, 6144, device="cuda", generator=g).to(torch.bfloat16)
-    return x, ids.contiguous(), tw.contiguous()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["tp8_shared", "ep8"])
 @pytest.mark.parametrize("T", [512, 1024, 2048, 4096, 8192])
 def test_glm5_vs_reference(name, T, seed):
-    w, pw = _glm5(name)
+    w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x, ids, tw = _glm5_inputs(name, T, g)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
     out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")
     fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out)
     st = assert_close(
@@ -513,9 +487,9 @@ def test_glm5_vs_reference(name, T, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,T", [("tp8_shared", 512), ("ep8", 1024)])
 def test_glm5_atomic_combine_vs_reference(name, T, seed):
-    w, pw = _glm5(name)
+    w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x, ids, tw = _glm5_inputs(name, T, g)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
     cfg = prefill_heuristic_config(T, pw.shape(ids.shape[1]), Target("sm_90", None, 132))
     out = fused_moe_nvfp4_prefill(
         x, pw, ids, tw, config=PrefillConfig(**(cfg.to_dict() | {"combine": "atomic"}))
@@ -528,10 +502,10 @@ def test_glm5_atomic_combine_vs_reference(name, T, seed):
 def test_graph_replay_matches_eager_bit_for_bit(name, T, seed):
     """Capture once; replays with new inputs copied into the static buffers (routing changes, so
     every expert's tile count changes) equal eager calls bit for bit."""
-    _, pw = _glm5(name)
+    _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     n = 12
-    inputs = [_glm5_inputs(name, T, g) for _ in range(n)]
+    inputs = [glm5_cases.inputs(name, T, g) for _ in range(n)]
     inputs[3][1][: T // 2] = -1  # half the tokens without a local expert
     inputs[5][1][:, 0] = 7  # one expert gets every token
     sx, sids, stw = (t.clone() for t in inputs[0])
@@ -554,9 +528,9 @@ def test_graph_replay_matches_eager_bit_for_bit(name, T, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,T", [("tp8_shared", 2048), ("ep8", 4096)])
 def test_deterministic_across_runs(name, T, seed):
-    _, pw = _glm5(name)
+    _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x, ids, tw = _glm5_inputs(name, T, g)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
     first = fused_moe_nvfp4_prefill(x, pw, ids, tw)
     for _ in range(10):
         assert torch.equal(

@@ -1,0 +1,39 @@
+"""GLM-5 per-GPU cases for the GPU tier, shared by the decode and prefill kernel tests.
+
+``tp8_shared``: TP8 with the fused shared expert (E = 257, I = 256, top_k = 8 + 1, id 256 last).
+``ep8``: EP8, 32 local experts of 256 with full I = 2048; other ranks' ids are -1.
+Weights are built once per process on the GPU (a few GB): ``weights(name)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
+from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
+
+NAMES = ("tp8_shared", "ep8")
+H = 6144
+_CACHE: dict = {}
+
+
+def weights(name: str):
+    """``(MoEWeights, PreparedMoEWeights)`` on the GPU, cached per process."""
+    if name not in _CACHE:
+        g = torch.Generator(device="cuda").manual_seed(7)
+        E, I = (257, 256) if name == "tp8_shared" else (32, 2048)
+        w = random_packed_weights(E, H, I, device="cuda", generator=g)
+        _CACHE[name] = (w, PreparedMoEWeights.from_moe_weights(w))
+    return _CACHE[name]
+
+
+def inputs(name: str, T: int, g: torch.Generator):
+    """Fresh ``(x bf16 (T, H), topk_ids int32, topk_weights fp32)`` for ``T`` tokens."""
+    if name == "tp8_shared":
+        ids, tw, _ = uniform_routing(T, GLM5_TP8, device="cuda", generator=g)
+        ids = torch.cat([ids, torch.full((T, 1), 256, dtype=torch.int32, device="cuda")], 1)
+        tw = torch.cat([tw, torch.rand(T, 1, device="cuda", generator=g)], 1)
+    else:
+        ids, tw, _ = uniform_routing(T, GLM5_EP8, device="cuda", generator=g)
+    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+    return x, ids.contiguous(), tw.contiguous()
