@@ -8,10 +8,15 @@ Options (all optional)::
                                          runner serves today; prefill is extra, marked served=no)
     --fp4ext-copies 4                    layer copies rotated per graph (beyond L2)
     --fp4ext-rounds 20                   pedantic rounds (one graph replay each)
+    --fp4ext-seed 2026                   weights and inputs (each T's inputs from (seed, T) alone,
+                                         so a gate run times the same routings as its baseline)
+    --fp4ext-slow-config                 force report.slowed_config() on fp4ext-decode: the real
+                                         kernels, deliberately slower (regression-gate demo)
 
 Without a CUDA GPU (or without pytest-benchmark) every case is collected and skipped with the
 reason; nothing is measured. The copy bandwidth and the bf16 matmul rate are measured once per
-session (fixture ``rates``); the torch peer's time per (preset, T) is kept for the ratio.
+session (fixture ``rates``); every peer's time per (preset, T) is kept for fp4ext's ratios. The
+terminal summary says which peers ran and why the others were skipped.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ def pytest_addoption(parser):
     g.addoption("--fp4ext-paths", default="decode", help="decode[,prefill]")
     g.addoption("--fp4ext-copies", type=int, default=4, help="layer copies per graph")
     g.addoption("--fp4ext-rounds", type=int, default=20, help="pedantic rounds per case")
+    g.addoption("--fp4ext-seed", type=int, default=2026, help="seed of weights and inputs")
+    g.addoption(
+        "--fp4ext-slow-config",
+        action="store_true",
+        help="force a deliberately poor KernelConfig on fp4ext-decode (regression-gate demo)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -67,11 +78,11 @@ def rates():
 class _Layers:
     """One preset's layer copies at a time (GPU memory), and the peer times of this session."""
 
-    def __init__(self, copies: int):
-        self.copies = copies
+    def __init__(self, copies: int, seed: int):
+        self.copies, self.seed = copies, seed
         self.name = None
         self.layer = None
-        self.peer_us: dict[tuple[str, int], float] = {}
+        self.peer_us: dict[tuple[str, str, int], float] = {}  # (impl, preset, T) -> us
 
     def get(self, shape):
         if self.name != shape.name:
@@ -81,11 +92,48 @@ class _Layers:
 
             self.layer = None
             torch.cuda.empty_cache()
-            self.layer = Layer(shape, self.copies)
+            self.layer = Layer(shape, self.copies, seed=self.seed)
             self.name = shape.name
         return self.layer
 
 
 @pytest.fixture(scope="session")
 def layers(request):
-    return _Layers(request.config.getoption("--fp4ext-copies"))
+    opt = request.config.getoption
+    return _Layers(opt("--fp4ext-copies"), opt("--fp4ext-seed"))
+
+
+# impl -> {"ran": n, "skipped": {reason: n}}: filled through the ``log_peer`` fixture by
+# test_moe_layer, printed in the terminal summary.
+_PEER_LOG = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="session")
+def log_peer(request):
+    log = request.config.stash.setdefault(_PEER_LOG, {})
+
+    def record(impl: str, skip_reason: str | None) -> None:
+        e = log.setdefault(impl, {"ran": 0, "skipped": {}})
+        if skip_reason is None:
+            e["ran"] += 1
+        else:
+            e["skipped"][skip_reason] = e["skipped"].get(skip_reason, 0) + 1
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    PEER_LOG = config.stash.get(_PEER_LOG, {})
+    if not PEER_LOG:
+        return
+    tr = terminalreporter
+    tr.section("fp4ext peers")
+    for impl in sorted(PEER_LOG):
+        e = PEER_LOG[impl]
+        tr.write_line(f"{impl}: ran in {e['ran']} case(s)")
+        for reason, n in sorted(e["skipped"].items()):
+            tr.write_line(f"{impl}: skipped in {n} case(s): {reason}")
+    if config.getoption("--fp4ext-slow-config"):
+        tr.write_line(
+            "fp4ext-decode ran with the deliberately slowed config (--fp4ext-slow-config)"
+        )

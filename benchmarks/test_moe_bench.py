@@ -3,13 +3,18 @@
 Cases: every ``roofline.PRESETS`` layout (GLM-5 TP8 with and without the fused shared expert,
 GLM-5 EP8, DeepSeek-R1 NVFP4 TP8, Qwen3-Coder-480B NVFP4 TP8) x T = 1 .. 8192 x
 
-* ``torch-bf16``: the torch bf16 grouped-GEMM MoE (``bench/peers.py``), always; it runs first in
-  each group so that fp4ext's ratio uses the peer time measured in this session;
+* ``torch-bf16``: the torch bf16 grouped-GEMM MoE (``bench/peers.py``), always;
+* ``sglang-flashinfer_cutlass``, ``sglang-marlin``: SGLang's own NVFP4 MoE backends
+  (``bench/peers.py``), run where SGLang and their kernels import and the GPU is new enough,
+  else collected and skipped with the reason (e.g. on the H200 box: no SGLang); a peer that runs
+  is checked against the torch twin of the pack it computes before it is timed;
 * ``fp4ext-decode``: the path SGLang's runner core serves every T with today
   (``report.dispatch_path``; ``extra_info["served"]`` says so per case); ``fp4ext-prefill`` with
-  ``--fp4ext-paths decode,prefill`` (marked ``served=False`` while the runner does not call it);
-* ``sglang-flashinfer_cutlass``, ``sglang-marlin``: SGLang's own NVFP4 MoE backends, skipped with
-  the reason where SGLang/FlashInfer/sgl-kernel are not importable (e.g. the H200 box).
+  ``--fp4ext-paths decode,prefill`` (marked ``served=False`` while the runner does not call it).
+  fp4ext runs last in each group, so its ``speedup_vs`` holds the ratio to every peer that ran
+  in this session (``speedup_vs_torch_peer`` the torch one).
+
+The terminal summary ("fp4ext peers") lists which peers ran and why the others were skipped.
 
 Each case captures ONE CUDA graph of ``passes x n_inputs`` layer calls: ``--fp4ext-copies`` layer
 copies and inputs (routing, x) rotated over them so one pass touches 3x the L2
@@ -23,33 +28,27 @@ kernel config, the GPU and versions. fp4ext's output is checked against the fp32
 (NaN-poisoned first) before it is timed; a case with a wrong output fails instead of reporting
 a speed.
 
-Regression gate (same GPU, same Python; pytest-benchmark keys storage by machine/Python)::
-
-    # baseline, committed (GPU session):
-    pytest benchmarks --benchmark-storage=file://benchmarks/results/pytest-benchmark \\
-        --benchmark-save=h200
-    # later runs, e.g. in CI on that GPU or before merging a kernel change:
-    pytest benchmarks --benchmark-storage=file://benchmarks/results/pytest-benchmark \\
-        --benchmark-compare --benchmark-compare-fail=min:5%
-
-``--benchmark-compare`` alone takes the newest saved run (or ``--benchmark-compare=0001``);
-``min:5%`` fails any case whose fastest replay got more than 5% slower. Narrow a run with
+Regression gate: see ``benchmarks/README.md`` (committed H200 baseline under
+``benchmarks/results/pytest-benchmark``, ``--benchmark-compare --benchmark-compare-fail=min:5%``,
+and ``--fp4ext-slow-config`` to see it fail on a deliberately slowed kernel). Narrow a run with
 ``--fp4ext-presets``, ``--fp4ext-tokens`` or ``-k`` (see ``benchmarks/conftest.py``). Without a
 GPU every case is collected and skipped with its reason.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import statistics
 
 import pytest
 
 from sglang_fp4ext import roofline
+from sglang_fp4ext.bench.peers import SGLANG_PEERS as _SGLANG_PEER_SPECS
 from sglang_fp4ext.bench.report import SUITE_TOKENS, dispatch_path, row_numbers
+from sglang_fp4ext.moe.config import override_config
 
 PEER = "torch-bf16"
-SGLANG_PEERS = ("sglang-flashinfer_cutlass", "sglang-marlin")
+SGLANG_PEERS = tuple(_SGLANG_PEER_SPECS)
 
 
 def _passes(T: int, n_inputs: int) -> int:
@@ -76,44 +75,25 @@ def pytest_generate_tests(metafunc):
     bad = set(paths) - {"decode", "prefill"}
     if bad:
         raise pytest.UsageError(f"--fp4ext-paths: unknown {sorted(bad)}; use decode,prefill")
-    impls = [PEER, *(f"fp4ext-{p}" for p in paths), *SGLANG_PEERS]
+    impls = [PEER, *SGLANG_PEERS, *(f"fp4ext-{p}" for p in paths)]
     cases = [(p, T, impl) for p in presets for T in tokens for impl in impls]
     metafunc.parametrize("case", cases, ids=[f"{p}-T{T}-{i}" for p, T, i in cases])
 
 
-def _importable(*mods: str) -> str | None:
-    for m in mods:
-        try:
-            if importlib.util.find_spec(m) is None:
-                return m
-        except (ImportError, ValueError):
-            return m
-    return None
-
-
-def _sglang_peer_skip(impl: str) -> str:
-    need = (
-        ("sglang", "flashinfer")
-        if impl.endswith("flashinfer_cutlass")
-        else ("sglang", "sgl_kernel")
-    )
-    missing = _importable(*need)
-    if missing:
-        return f"{impl}: {missing} is not importable on this machine"
-    return (
-        f"{impl}: importable, but its call adapter (SGLang weight processing + kernel call, "
-        "checked against the twin) is not written yet"
-    )
-
-
-def test_moe_layer(benchmark, case, rates, layers, request):
+def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
     preset_name, T, impl = case
     shape = roofline.preset(preset_name)
     benchmark.group = f"{preset_name} T={T}"
+    from sglang_fp4ext.bench.peers import has_grouped_mm, sglang_peer_unavailable
+    from sglang_fp4ext.bench.report import capture_replay, slowed_config
+
     if impl in SGLANG_PEERS:
-        pytest.skip(_sglang_peer_skip(impl))
-    from sglang_fp4ext.bench.peers import has_grouped_mm
-    from sglang_fp4ext.bench.report import capture_replay
+        reason = sglang_peer_unavailable(impl)
+        log_peer(impl, reason)
+        if reason is not None:
+            pytest.skip(reason)
+    elif impl == PEER:
+        log_peer(impl, None if has_grouped_mm() else "torch has no torch._grouped_mm")
 
     layer = layers.get(shape)
     info = {
@@ -127,24 +107,37 @@ def test_moe_layer(benchmark, case, rates, layers, request):
         "impl": impl,
         "served_path": dispatch_path(T),
         "copies": layer.copies,
+        "seed": layer.seed,
         "copy_bandwidth_TBps": rates["copy_bw_Bps"] / 1e12,
         "bf16_matmul_tflops": rates["bf16_matmul_tflops"],
     }
-    if impl == PEER:
-        if not has_grouped_mm():
-            pytest.skip("torch has no torch._grouped_mm (the bf16 peer needs it)")
-        step = layer.peer(T)
-        info.update(served=None, config="torch._grouped_mm bf16 (weights dequantised once)")
-    else:
-        path = impl.removeprefix("fp4ext-")
-        check = layer.check(T, path)
-        assert check["ok"], f"{impl} {preset_name} T={T} does not match the torch twin: {check}"
-        step = layer.ours(T, path)
-        info.update(
-            served=path == dispatch_path(T), config=repr(layer.config(T, path)), check=check
-        )
-    n_inputs = layer.n_inputs(T)
-    replay, calls = capture_replay(step, n_inputs, _passes(T, n_inputs))
+    slow = request.config.getoption("--fp4ext-slow-config") and impl == "fp4ext-decode"
+    # The override is read when the step is built (Layer.ours -> config_for): the check, the
+    # captured graph and the recorded config all use the slowed config.
+    with override_config(slowed_config()) if slow else contextlib.nullcontext():
+        if impl == PEER:
+            if not has_grouped_mm():
+                pytest.skip("torch has no torch._grouped_mm (the bf16 peer needs it)")
+            step = layer.peer(T)
+            info.update(served=None, config="torch._grouped_mm bf16 (weights dequantised once)")
+        elif impl in SGLANG_PEERS:
+            check = layer.check_sglang_peer(T, impl)
+            assert check["ok"], f"{impl} {preset_name} T={T} does not match the twin: {check}"
+            step = layer.sglang_peer(T, impl)
+            info.update(served=None, config=_SGLANG_PEER_SPECS[impl].entry_point, check=check)
+        else:
+            path = impl.removeprefix("fp4ext-")
+            check = layer.check(T, path)
+            assert check["ok"], f"{impl} {preset_name} T={T} does not match the twin: {check}"
+            step = layer.ours(T, path)
+            info.update(
+                served=path == dispatch_path(T),
+                config=repr(layer.config(T, path)),
+                check=check,
+                slowed=bool(slow),
+            )
+        n_inputs = layer.n_inputs(T)
+        replay, calls = capture_replay(step, n_inputs, _passes(T, n_inputs))
     device_us: list[float] = []
 
     def one_replay():
@@ -159,10 +152,15 @@ def test_moe_layer(benchmark, case, rates, layers, request):
     per_call = [t / calls for t in device_us[3:] or device_us]
     us = statistics.median(per_call)
     peer_us = None
-    if impl == PEER:
-        layers.peer_us[(preset_name, T)] = us
+    if not impl.startswith("fp4ext-"):
+        layers.peer_us[(impl, preset_name, T)] = us
     else:
-        peer_us = layers.peer_us.get((preset_name, T))
+        peer_us = layers.peer_us.get((PEER, preset_name, T))
+        info["speedup_vs"] = {
+            p: layers.peer_us[(p, preset_name, T)] / us
+            for p in (PEER, *SGLANG_PEERS)
+            if (p, preset_name, T) in layers.peer_us
+        }
     info.update(calls_per_replay=calls, inputs_rotated=n_inputs, us=us, us_min=min(per_call))
     info.update(
         row_numbers(

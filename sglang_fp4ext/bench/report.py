@@ -83,6 +83,7 @@ __all__ = [
     "row_numbers",
     "run_cpu_check",
     "run_gpu",
+    "slowed_config",
     "write_outputs",
     "write_plot",
 ]
@@ -95,6 +96,27 @@ SUITE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 #: (``moe.fused_moe.fused_moe_nvfp4``) for every T. ``moe.prefill`` exists but is not wired into
 #: the runner yet; change :func:`dispatch_path` together with the runner.
 DISPATCH_RULE = "runner core calls moe.fused_moe.fused_moe_nvfp4 (decode kernels) for every T"
+
+
+def slowed_config():
+    """A deliberately poor decode :class:`KernelConfig` for demonstrating the regression gate
+    (``pytest benchmarks --fp4ext-slow-config``): the real kernels, correct for every shape, but
+    no split-K (few busy programs at small T), 32-row tiles and no software pipelining."""
+    from sglang_fp4ext.moe.config import KernelConfig
+
+    return KernelConfig(
+        grid="experts",
+        block_t=8,
+        block_p=128,
+        block_n1=32,
+        split_k1=1,
+        stages1=1,
+        block_n2=32,
+        split_k2=1,
+        stages2=1,
+        tiles2=1,
+        gemm2="pairs",
+    )
 
 
 def dispatch_path(tokens: int) -> str:
@@ -273,6 +295,7 @@ class Layer:
             if self.device.type == "cuda":
                 l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size
         self.l2_bytes = l2_bytes
+        self.seed = seed
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.packs = [
             random_packed_weights(
@@ -282,6 +305,7 @@ class Layer:
         ]
         self.prepared = [PreparedMoEWeights.from_moe_weights(p) for p in self.packs]
         self._peers = None
+        self._sglang: dict[str, list] = {}
         self._inputs: dict[int, tuple] = {}
 
     def n_inputs(self, T: int) -> int:
@@ -291,14 +315,22 @@ class Layer:
         return self.copies * min(self.MAX_ROTATIONS, max(1, math.ceil(want)))
 
     def inputs(self, T: int):
-        """``n_inputs(T)`` of: x (T, H) bf16 N(0, 1), routing, output; cached for the last T."""
+        """``n_inputs(T)`` of: x (T, H) bf16 N(0, 1), routing, output; cached for the last T.
+
+        Drawn from a generator seeded by (seed, T) alone, so a run times the same routings
+        whichever token counts, presets or cases ran before it: a regression gate compares equal
+        work. (Drawn from the shared stream, the H200 gate demo's EP8 T = 8 inputs hit 7.25
+        distinct local experts per call against the baseline's 6.00 and read 12.8% slower with
+        unchanged kernels; ``benchmarks/results/gate_demo_h200.log``.)
+        """
         if T not in self._inputs:
             self._inputs.clear()
+            g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + T)
             xs, routes, outs = [], [], []
             for _ in range(self.n_inputs(T)):
-                x = torch.randn(T, self.shape.hidden, device=self.device, generator=self.gen)
+                x = torch.randn(T, self.shape.hidden, device=self.device, generator=g)
                 xs.append(x.to(torch.bfloat16))
-                routes.append(make_routing(self.shape, T, device=self.device, generator=self.gen))
+                routes.append(make_routing(self.shape, T, device=self.device, generator=g))
                 outs.append(torch.empty_like(xs[-1]))
             self._inputs[T] = (xs, routes, outs)
         return self._inputs[T]
@@ -348,6 +380,42 @@ class Layer:
             self._peers = [TorchGroupedMMMoE(p) for p in self.packs]
         xs, routes, _ = self.inputs(T)
         return lambda i: self._peers[i % self.copies](xs[i], routes[i][0], routes[i][1])
+
+    def sglang_peer(self, T: int, name: str) -> Callable[[int], object]:
+        """Step over the inputs for SGLang's peer ``name`` (``bench/peers.py``), one adapter per
+        layer copy (built on first use; raises with the reason where it cannot run)."""
+        from sglang_fp4ext.bench.peers import make_sglang_peer
+
+        adapters = self._sglang.get(name)
+        if adapters is None:
+            calib = torch.randn(64, self.shape.hidden, device=self.device, generator=self.gen)
+            calib = calib.to(torch.bfloat16)
+            adapters = [
+                make_sglang_peer(name, p, x_calib=calib, ep_size=self.shape.ep) for p in self.packs
+            ]
+            self._sglang[name] = adapters
+        xs, routes, _ = self.inputs(T)
+        return lambda i: adapters[i % self.copies](xs[i], routes[i][0], routes[i][1])
+
+    def check_sglang_peer(self, T: int, name: str) -> dict:
+        """SGLang peer ``name`` on input 0 vs the fp32 twin of the pack it computes (W4A4 twin
+        for FlashInfer, whose activations are NVFP4)."""
+        from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+        from sglang_fp4ext.testing.compare import error_stats
+
+        out = self.sglang_peer(T, name)(0)
+        adapter = self._sglang[name][0]
+        w4a4 = adapter.weights.w13_input_scale is not None
+        xs, routes, _ = self.inputs(T)
+        ref = fused_moe_nvfp4_torch(
+            xs[0], adapter.weights, routes[0][0], routes[0][1], quantize_activations=w4a4
+        )
+        st = error_stats(out, ref)
+        # W4A16 (marlin): bf16 output of fp32-accumulated GEMMs, as for fp4ext. W4A4: the
+        # intermediate is requantised from bf16 vs the twin's fp32, moving a few E2M1 roundings.
+        rms, mx = (5e-2, 5e-1) if w4a4 else (5e-3, 1e-2)
+        ok = st.nonfinite == 0 and st.rms_rel <= rms and st.max_rel <= mx
+        return {"max_rel": st.max_rel, "rms_rel": st.rms_rel, "nonfinite": st.nonfinite, "ok": ok}
 
     def check(self, T: int, path: str | None = None) -> dict:
         """fp4ext output (NaN-poisoned first) vs the fp32 twin on copy 0."""

@@ -1,0 +1,255 @@
+"""SGLang peers of the benchmark suite (``bench/peers.py``), the suite's reproducible inputs and
+slowed config (``bench/report.py``), and the README results renderer
+(``benchmarks/readme_table.py``).
+
+CPU tier: each peer's availability rule (missing modules, no GPU, too old a GPU) and its answer
+on this machine; a peer that cannot run refuses with its reason instead of running anything; the
+weight preparation both peers share and FlashInfer's (real code, prepared on the CPU; calling
+the kernels needs SGLang on a GPU, which no machine of this project has); inputs that depend
+on (seed, T) only; the slowed config is the real kernels, correct, and forced; the README
+section rendered from the committed JSON.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_fp4ext import roofline, target_info
+from sglang_fp4ext.bench import peers, report
+from sglang_fp4ext.moe.config import override_config
+from sglang_fp4ext.moe.weights import random_moe_weights
+from sglang_fp4ext.nvfp4.format import unswizzle_blockscale
+
+ROOT = Path(__file__).resolve().parents[1]
+no_gpu = pytest.mark.skipif(target_info.has_cuda_gpu(), reason="CPU path: this machine has a GPU")
+
+# ---- availability ------------------------------------------------------------------------------
+
+
+def test_reason_names_every_missing_module():
+    spec = peers.SGLANG_PEERS["sglang-marlin"]
+    got = peers.peer_unavailable_reason(spec, ["sgl_kernel", "tvm_ffi"], (9, 0))
+    assert got == "sglang-marlin: sgl_kernel, tvm_ffi not importable on this machine"
+
+
+def test_reason_without_gpu():
+    for spec in peers.SGLANG_PEERS.values():
+        got = peers.peer_unavailable_reason(spec, [], None)
+        assert got == f"{spec.name}: no CUDA GPU on this machine"
+
+
+@pytest.mark.parametrize(
+    "name, cap, need",
+    [
+        ("sglang-flashinfer_cutlass", (8, 0), "sm_100"),
+        ("sglang-flashinfer_cutlass", (9, 0), "sm_100"),
+        ("sglang-flashinfer_cutlass", (10, 0), None),
+        ("sglang-flashinfer_cutlass", (12, 0), None),
+        ("sglang-marlin", (7, 5), "sm_80"),
+        ("sglang-marlin", (8, 0), None),
+        ("sglang-marlin", (9, 0), None),
+        ("sglang-marlin", (12, 0), None),
+    ],
+)
+def test_reason_by_architecture(name, cap, need):
+    got = peers.peer_unavailable_reason(peers.SGLANG_PEERS[name], [], cap)
+    if need is None:
+        assert got is None
+    else:
+        assert got == f"{name}: needs {need} or newer, this GPU is sm_{cap[0]}{cap[1]}"
+
+
+def test_availability_on_this_machine():
+    cap = target_info.device_capability()
+    for name, spec in peers.SGLANG_PEERS.items():
+        got = peers.sglang_peer_unavailable(name)
+        missing = [m for m in spec.modules if importlib.util.find_spec(m) is None]
+        if missing:
+            assert got is not None and all(m in got for m in missing), got
+        elif cap is None:
+            assert got == f"{name}: no CUDA GPU on this machine"
+        else:
+            assert (got is None) == (cap >= spec.min_capability), got
+    with pytest.raises(KeyError, match="no SGLang peer 'sglang-triton'"):
+        peers.sglang_peer_unavailable("sglang-triton")
+
+
+@no_gpu
+@pytest.mark.parametrize("name", sorted(peers.SGLANG_PEERS))
+def test_peer_refuses_where_it_cannot_run(name, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = random_moe_weights(2, 64, 32, generator=g)
+    reason = peers.sglang_peer_unavailable(name)
+    assert reason is not None
+    with pytest.raises(RuntimeError) as exc:
+        peers.make_sglang_peer(name, w, x_calib=torch.randn(4, 64, generator=g), ep_size=1)
+    assert str(exc.value) == reason
+
+
+# ---- weight preparation ------------------------------------------------------------------------
+
+
+def test_shared_gate_up_scale(seed):
+    g = torch.Generator().manual_seed(seed)
+    w = random_moe_weights(3, 64, 32, generator=g)
+    before = w.w13_scale_2.clone()
+    s = peers.shared_gate_up_scale(w)
+    assert torch.equal(s.w13_scale_2[:, 1], w.w13_scale_2[:, 0])
+    assert torch.equal(s.w13_scale_2[:, 0], w.w13_scale_2[:, 0])
+    assert torch.equal(w.w13_scale_2, before)  # the original pack is untouched
+    assert s.w13 is w.w13 and s.w2_scale_2 is w.w2_scale_2
+    a, b = w.dequantize()[0], s.dequantize()[0]
+    assert torch.equal(a[:, :32], b[:, :32])  # gate rows unchanged
+
+
+def test_calibrate_input_scales_hand_computed(seed):
+    g = torch.Generator().manual_seed(seed)
+    E, H, I = 5, 64, 32
+    w = random_moe_weights(E, H, I, generator=g)
+    x = torch.randn(7, H, generator=g).to(torch.bfloat16)
+    s1, s2 = peers.calibrate_input_scales(w, x, chunk=2)  # chunks of 2, 2, 1 experts
+    w13, _ = w.dequantize()
+    assert s1.shape == (E,) and torch.all(s1 == x.float().abs().max() / (448 * 6))
+    for e in range(E):
+        h = x.float() @ w13[e].T
+        amax = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]).abs().max()
+        torch.testing.assert_close(s2[e], amax / (448 * 6), rtol=1e-5, atol=0)
+
+
+def test_flashinfer_cutlass_weight_preparation(seed):
+    """SGLang's flashinfer_cutlass preparation, built on the CPU (the call needs Blackwell):
+    w13 rows [up; gate], 128x4-swizzled block scales as int32, per-expert alphas."""
+    pytest.importorskip("flashinfer.fused_moe")
+    g = torch.Generator().manual_seed(seed)
+    E, H, I = 3, 128, 64
+    w = random_moe_weights(E, H, I, generator=g)
+    x = torch.randn(6, H, generator=g).to(torch.bfloat16)
+    a = peers.SGLangFlashInferCutlassMoE(w, x, ep_size=2)
+    s1, s2 = peers.calibrate_input_scales(w, x)
+    ref = a.weights
+    assert torch.equal(ref.w13_input_scale, s1) and torch.equal(ref.w2_input_scale, s2)
+    assert torch.equal(ref.w13_scale_2[:, 1], w.w13_scale_2[:, 0])
+    w13 = a.w13.view(torch.uint8)
+    assert a.w13.dtype == torch.long and w13.shape == w.w13.shape
+    assert torch.equal(w13[:, :I], w.w13[:, I:]) and torch.equal(w13[:, I:], w.w13[:, :I])
+    assert torch.equal(a.w2.view(torch.uint8), w.w2)
+    a1g, sf1, alpha1, a2g, sf2, alpha2 = a.quant_scales
+    assert sf1.dtype == torch.int32 and sf2.dtype == torch.int32
+    sf1 = unswizzle_blockscale(sf1.view(torch.float8_e4m3fn), 2 * I, H // 16).view(torch.uint8)
+    up_first = torch.cat([w.w13_scale[:, I:], w.w13_scale[:, :I]], dim=1).view(torch.uint8)
+    assert torch.equal(sf1, up_first)
+    sf2 = unswizzle_blockscale(sf2.view(torch.float8_e4m3fn), H, I // 16).view(torch.uint8)
+    assert torch.equal(sf2, w.w2_scale.view(torch.uint8))
+    torch.testing.assert_close(a1g, 1.0 / s1.max(), rtol=0, atol=0)
+    torch.testing.assert_close(alpha1, s1.max() * w.w13_scale_2[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(a2g, 1.0 / s2, rtol=0, atol=0)
+    torch.testing.assert_close(alpha2, s2 * w.w2_scale_2, rtol=0, atol=0)
+
+
+# ---- suite inputs and the slowed config --------------------------------------------------------
+
+TINY_EP2 = roofline.ModelShape("tiny-ep2", 16, 4, 256, 128, 2, n_shared=1, ep=2)
+
+
+def test_layer_inputs_depend_on_seed_and_T_only(seed):
+    a = report.Layer(TINY_EP2, 2, seed=seed, device="cpu", l2_bytes=0)
+    a.inputs(5)  # another T first: must not change T = 3's draw
+    xa, ra, _ = a.inputs(3)
+    b = report.Layer(TINY_EP2, 2, seed=seed, device="cpu", l2_bytes=0)
+    xb, rb, _ = b.inputs(3)
+    for i in range(len(xa)):
+        assert torch.equal(xa[i], xb[i]) and torch.equal(ra[i][0], rb[i][0])
+    assert not torch.equal(xa[0], xa[1])  # each rotated input is its own draw
+    c = report.Layer(TINY_EP2, 2, seed=seed + 1, device="cpu", l2_bytes=0)
+    assert not torch.equal(c.inputs(3)[0][0], xa[0])
+
+
+def test_slowed_config_runs_the_real_kernels_correctly(seed):
+    from sglang_fp4ext.moe.config import heuristic_config
+
+    slow = report.slowed_config()
+    dev = "cuda" if target_info.has_cuda_gpu() else "cpu"  # CPU: kernels under the interpreter
+    layer = report.Layer(TINY_EP2, 1, seed=seed, device=dev, l2_bytes=0)
+    mshape = layer.prepared[0].shape(TINY_EP2.top_k_local)
+    for T in (1, 9):
+        from sglang_fp4ext.moe.config import current_target
+
+        assert slow != heuristic_config(T, mshape, current_target())
+        with override_config(slow):
+            assert layer.config(T) == slow
+            check = layer.check(T, "decode")
+        assert check["ok"] and check["rms_rel"] > 0, check
+    assert layer.config(1) != slow  # the override ends with its context
+
+
+# ---- README results section --------------------------------------------------------------------
+
+
+def _readme_table():
+    spec = importlib.util.spec_from_file_location(
+        "readme_table", ROOT / "benchmarks/readme_table.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_section_from_committed_results():
+    rt = _readme_table()
+    baselines = rt.baseline_files()
+    assert baselines, "no committed pytest-benchmark baseline under benchmarks/results"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/readme_table.py")],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    text = r.stdout
+    d = json.loads(baselines[0].read_text())
+    first = next(
+        b["extra_info"] for b in d["benchmarks"] if b["extra_info"]["impl"] != "torch-bf16"
+    )
+    assert first["gpu"] in text and d["datetime"][:10] in text
+    assert (
+        f"torch {first['versions']['torch']}" in text
+        and f"| {first['T']} | {first['us']:.1f} |" in text
+    )
+    assert "**Decode path**" in text and "**Prefill path**" in text
+    assert text.count("**Regression-gate baseline**") == len(baselines)
+    # The decode-only form the README has always documented still works.
+    one = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/readme_table.py"),
+         str(ROOT / "benchmarks/results/decode_h200.json")],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert one.startswith("NVIDIA H200") and "Regression-gate" not in one
+
+
+def test_readme_suite_table_lists_each_peer(tmp_path):
+    """Formatting only: a pytest-benchmark file built here (inputs to the renderer, not
+    measurements) with an SGLang peer next to the torch one."""
+    rt = _readme_table()
+    base = {"gpu": "NVIDIA B200", "versions": {"torch": "2.11", "triton": "3.6"}, "copies": 4,
+            "copy_bandwidth_TBps": 7.0, "bf16_matmul_tflops": 1500.0, "preset": "glm5-tp8",
+            "T": 4, "calls_per_replay": 16}  # fmt: skip
+    ours = dict(base, impl="fp4ext-decode", us=20.0, floor_us=10.0, fraction_of_copy_bw=0.5,
+                tflops=3.0, fraction_of_bf16_matmul=0.002,
+                speedup_vs={"torch-bf16": 4.0, "sglang-marlin": 1.5})  # fmt: skip
+    bench = [{"extra_info": dict(base, impl="torch-bf16", us=80.0), "stats": {"min": 1e-3}},
+             {"extra_info": dict(base, impl="sglang-marlin", us=30.0), "stats": {"min": 1e-3}},
+             {"extra_info": ours, "stats": {"min": 1e-3}}]  # fmt: skip
+    p = tmp_path / "0001_x.json"
+    p.write_text(json.dumps({"benchmarks": bench, "datetime": "2027-01-02T03:04:05",
+                             "version": "5.2.3", "commit_info": {"id": "abcdef0123"}}))  # fmt: skip
+    text = rt.suite_tables(p, "X")
+    assert (
+        "vs sglang-marlin" in text
+        and "| 4 | 20.0 | 10.0 | 50% | 3.0 (0.2%) | 1.50× | 4.00× |" in text
+    )
+    assert "Not in this file" in text and "sglang-flashinfer_cutlass" in text
+    assert "commit abcdef0" in text and "NVIDIA B200" in text
