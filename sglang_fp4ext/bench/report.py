@@ -388,7 +388,9 @@ class Layer:
 
         adapters = self._sglang.get(name)
         if adapters is None:
-            calib = torch.randn(64, self.shape.hidden, device=self.device, generator=self.gen)
+            # Own seed: the calibration (hence FlashInfer's scales) must not depend on run order.
+            g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 - 1)
+            calib = torch.randn(64, self.shape.hidden, device=self.device, generator=g)
             calib = calib.to(torch.bfloat16)
             adapters = [
                 make_sglang_peer(name, p, x_calib=calib, ep_size=self.shape.ep) for p in self.packs
