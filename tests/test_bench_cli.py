@@ -22,6 +22,7 @@ import torch
 from sglang_fp4ext import hardware, roofline, target_info
 from sglang_fp4ext.bench import report
 from sglang_fp4ext.bench.bench_cli import main
+from sglang_fp4ext.bench.peers import SGLANG_PEERS, sglang_peer_unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,7 +37,7 @@ ENV_KEYS = {
 ROW_KEYS = {
     "T", "path", "served", "config", "inputs_rotated", "distinct_experts", "bytes_floor", "flops",
     "floor_us", "us", "us_min", "us_max", "achieved_TBps", "fraction_of_copy_bw", "tflops",
-    "fraction_of_bf16_matmul", "peer_us", "speedup_vs_torch_peer", "check",
+    "fraction_of_bf16_matmul", "peer_us", "speedup_vs_torch_peer", "check", "sglang_peers",
 }  # fmt: skip
 no_gpu = pytest.mark.skipif(target_info.has_cuda_gpu(), reason="CPU path: this machine has a GPU")
 
@@ -257,6 +258,14 @@ def test_cli_gpu_path_small(tmp_path, capsys, seed):
         assert r["us_min"] <= r["us"] <= r["us_max"]
         assert 0 < r["fraction_of_copy_bw"] < 2  # > 1 only through L2 hits
     assert len(d["projection"]["rows"]) == 2 and "PROJECTION (not measured)" in out
+    # Each SGLang peer either ran (a row entry per T) or is named in notes with its reason.
+    for name in SGLANG_PEERS:
+        why = sglang_peer_unavailable(name)
+        if why is None:
+            assert all(name in r["sglang_peers"] for r in d["rows"]), d["notes"]
+        else:
+            assert f"{name} not run: {why}" in d["notes"]
+            assert all(name not in r["sglang_peers"] for r in d["rows"])
     if d["plot"] is None:  # the H200 box may lack matplotlib; then the JSON says so
         assert any("matplotlib is not installed" in n for n in d["notes"])
     else:
@@ -293,6 +302,11 @@ def test_gpu_mode_table_and_plot_from_given_rows(tmp_path, seed):
     assert "4.20 TB/s" in text and "700 TFLOP/s" in text and "measured in this run" in text
     assert " 2.00 " in text  # T=1 speed-up over the peer; T=64 has none and prints "-"
     assert text.count("PROJECTION (not measured)") == 1 and "us/token" in text
+    assert "x marlin" not in text  # no SGLang peer ran: no column for one
+    result["rows"][0]["sglang_peers"] = {"sglang-marlin": {"us": 1.0, "speedup": 0.25}}
+    result["rows"][1]["sglang_peers"] = {"sglang-marlin": None}  # did not match: not timed
+    lines = report.format_table(result).splitlines()
+    assert lines[1].endswith("x marlin") and lines[2].endswith(" 0.25") and lines[3].endswith(" -")
     js, png = report.write_outputs(result, tmp_path, "g")
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
     assert json.loads(js.read_text())["rows"][0]["T"] == 1

@@ -4,7 +4,8 @@
     fp4ext bench --preset glm5-ep8 --tokens 1,8,64 --project rtx-pro-6000-ws --out results/
 
 Prints a table (us, TB/s, % of the copy bandwidth measured in the same run, speed-up over the
-torch bf16 grouped-GEMM peer) and writes ``<out>/<name>.json`` (schema in ``bench/report.py``)
+torch bf16 grouped-GEMM peer and over SGLang's marlin / flashinfer_cutlass NVFP4 MoE where they
+can run here; the notes name each peer that did not run and why) and writes ``<out>/<name>.json`` (schema in ``bench/report.py``)
 and ``<out>/<name>.png`` (roofline). ``--project GPU`` adds a per-token MoE time for another GPU
 of the hardware table, labelled a PROJECTION. Without a CUDA GPU nothing is timed: it runs a
 correctness check of the reference path (torch twin vs float64, Triton kernels under the

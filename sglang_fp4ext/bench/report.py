@@ -26,7 +26,9 @@ JSON (``SCHEMA``; ``null`` where a figure does not exist on this machine or was 
     rows       GPU only, per T: T, path, served, config, inputs_rotated, distinct_experts,
                bytes_floor, flops, floor_us, us, us_min, us_max, achieved_TBps,
                fraction_of_copy_bw, tflops, fraction_of_bf16_matmul, peer_us,
-               speedup_vs_torch_peer, check {max_rel, rms_rel, nonfinite, ok}
+               speedup_vs_torch_peer, check {max_rel, rms_rel, nonfinite, ok},
+               sglang_peers {name: {us, speedup, check} | null} (SGLang peers that ran here;
+               the others are named in notes with the reason)
     check      cpu-check only: [{what, shape, T, max_rel, rms_rel, nonfinite, tolerance, ok}]
     projection null | {target, target_key, source_spec, basis, assumptions, n_moe_layers,
                rows: [{T, measured_us, projected_layer_us, projected_step_us,
@@ -554,18 +556,22 @@ def format_table(result: dict) -> str:
             f"{rates['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, bf16 matmul "
             f"{rates['bf16_matmul_tflops']:.0f} TFLOP/s (both measured in this run)"
         )
+        sgl = sorted({k for r in result["rows"] for k in r.get("sglang_peers") or {}})
         lines.append(
             f"{'T':>5} {'path':7} {'us':>9} {'floor us':>9} {'TB/s':>6} {'% BW':>6} "
             f"{'TFLOP/s':>8} {'torch us':>9} {'x torch':>7} {'check':>5}"
+            + "".join(f" {'x ' + k.removeprefix('sglang-'):>20}" for k in sgl)
         )
         for r in result["rows"]:
             frac = r["fraction_of_copy_bw"]
+            peers = r.get("sglang_peers") or {}
             lines.append(
                 f"{r['T']:5d} {r['path']:7} {r['us']:9.1f} {_f(r['floor_us'], '9.1f')} "
                 f"{r['achieved_TBps']:6.2f} {_f(None if frac is None else 100 * frac, '5.1f')}% "
                 f"{r['tflops']:8.1f} {_f(r['peer_us'], '9.1f')} "
                 f"{_f(r['speedup_vs_torch_peer'], '7.2f')} "
                 f"{'ok' if r['check']['ok'] else 'FAIL':>5}"
+                + "".join(f" {_f((peers.get(k) or {}).get('speedup'), '.2f'):>20}" for k in sgl)
             )
     else:
         lines.append("no CUDA GPU: nothing was timed; correctness check on the reference path")
@@ -731,7 +737,7 @@ def run_gpu(
     project: hardware.GPUSpec | None = None,
     progress: Progress | None = None,
 ) -> dict:
-    from sglang_fp4ext.bench.peers import has_grouped_mm
+    from sglang_fp4ext.bench.peers import SGLANG_PEERS, has_grouped_mm, sglang_peer_unavailable
     from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, time_graph_replay
 
     result = _base("gpu", shape, tokens, copies, replays, seed)
@@ -751,6 +757,13 @@ def run_gpu(
         result["notes"].append(
             f"{result['env']['gpu']} is not in the hardware table: no spec roofs"
         )
+    sgl = []  # SGLang peers that can run here; the others are named in notes with the reason
+    for name in SGLANG_PEERS:
+        why = sglang_peer_unavailable(name) if peer else "peers disabled (--no-peer)"
+        if why is None:
+            sgl.append(name)
+        else:
+            result["notes"].append(f"{name} not run: {why}")
     peer = peer and has_grouped_mm()
     if not peer:
         result["notes"].append("torch bf16 grouped-GEMM peer not run (no torch._grouped_mm?)")
@@ -775,6 +788,7 @@ def run_gpu(
             )
         )
         row.update(us_min=t.us_min, us_max=t.us_max, check=check)
+        row["sglang_peers"] = _time_sglang_peers(layer, T, n, replays, t.us_per_call, sgl, result)
         result["rows"].append(row)
         if progress is not None:
             progress.step(f"T={T} {t.us_per_call:.1f} us")
@@ -785,6 +799,28 @@ def run_gpu(
     if project is not None:
         result["projection"] = project_rows(result["rows"], shape, bw, project, here)
     return result
+
+
+def _time_sglang_peers(layer, T, n, replays, our_us, names, result) -> dict:
+    """``{name: {us, speedup, check}}`` for the SGLang peers in ``names`` at ``T``. A peer whose
+    output does not match the twin is not timed (``None``); one that raises is reported in
+    ``notes`` and dropped from ``names`` (the measurement of fp4ext goes on)."""
+    from sglang_fp4ext.bench.timing import time_graph_replay
+
+    out = {}
+    for name in list(names):
+        try:
+            chk = layer.check_sglang_peer(T, name)
+            if not chk["ok"]:
+                result["notes"].append(f"{name} T={T} does not match the twin {chk}: not timed")
+                out[name] = None
+                continue
+            us = time_graph_replay(layer.sglang_peer(T, name), n, replays=replays).us_per_call
+            out[name] = {"us": us, "speedup": us / our_us, "check": chk}
+        except Exception as exc:  # noqa: BLE001 - a peer's JIT build or kernel: report, go on
+            result["notes"].append(f"{name} failed at T={T}: {type(exc).__name__}: {exc}")
+            names.remove(name)
+    return out
 
 
 # ---- CPU correctness check ---------------------------------------------------------------------
