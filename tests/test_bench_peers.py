@@ -132,6 +132,7 @@ def test_flashinfer_cutlass_weight_preparation(seed):
     w = random_moe_weights(E, H, I, generator=g)
     x = torch.randn(6, H, generator=g).to(torch.bfloat16)
     a = peers.SGLangFlashInferCutlassMoE(w, x, ep_size=2)
+    assert a.w4a4 and not peers.SGLangMarlinMoE.w4a4  # which twin checks each
     s1, s2 = peers.calibrate_input_scales(w, x)
     ref = a.weights
     assert torch.equal(ref.w13_input_scale, s1) and torch.equal(ref.w2_input_scale, s2)

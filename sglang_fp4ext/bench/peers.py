@@ -207,6 +207,7 @@ class SGLangMarlinMoE:
     """SGLang's NVFP4 marlin MoE (W4A16) on ``shared_gate_up_scale(weights)`` (``.weights``)."""
 
     name = "sglang-marlin"
+    w4a4 = False  # bf16 activations
 
     def __init__(self, weights: MoEWeights):
         from sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe import fused_marlin_moe
@@ -265,6 +266,7 @@ class SGLangFlashInferCutlassMoE:
     """
 
     name = "sglang-flashinfer_cutlass"
+    w4a4 = True  # activations quantised to NVFP4 with the calibrated static scales
 
     def __init__(self, weights: MoEWeights, x_calib: torch.Tensor, *, ep_size: int = 1):
         from flashinfer.fused_moe import cutlass_fused_moe

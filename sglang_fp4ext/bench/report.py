@@ -409,7 +409,7 @@ class Layer:
 
         out = self.sglang_peer(T, name)(0)
         adapter = self._sglang[name][0]
-        w4a4 = adapter.weights.w13_input_scale is not None
+        w4a4 = adapter.w4a4
         xs, routes, _ = self.inputs(T)
         ref = fused_moe_nvfp4_torch(
             xs[0], adapter.weights, routes[0][0], routes[0][1], quantize_activations=w4a4
