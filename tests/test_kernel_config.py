@@ -1,4 +1,7 @@
-"""KernelConfig: frozen/hashable/repr round trip, validation, the heuristic, tables, overrides."""
+"""KernelConfig: frozen/hashable/repr round trip, validation, the heuristic, tables, overrides.
+
+Table format v2 details, errors and the tuner: tests/test_tune.py; the dispatcher:
+tests/test_dispatch.py."""
 
 import dataclasses
 import json
@@ -90,7 +93,7 @@ def test_override_and_reset():
     assert config_for(1, EP8, Target("sm_90", "no such GPU", 132)) == heuristic_config(
         1, EP8, Target("sm_90", "no such GPU", 132)
     )
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="KernelConfig or PrefillConfig"):
         C.set_config_override({"grid": "slots"})
 
 
@@ -99,25 +102,32 @@ def _tables():
 
 
 def test_tables_parse_and_are_used(tmp_path, monkeypatch):
+    monkeypatch.setenv(C.CONFIG_DIR_ENV, str(tmp_path / "no-user-tables"))
+    C.clear_table_cache()
     for path in _tables():
         raw = json.loads(path.read_text())
         assert C.table_path(raw["device_name"]) == path
-        table = C.load_table(raw["device_name"])
+        table = C.load_entries(raw["device_name"])
         assert table, f"{path.name} has no shapes"
         for key, buckets in table.items():
             E, H, I, k = (int(kv.split("=")[1]) for kv in key.split(","))
             shape = MoEShape(E, H, I, k)
             assert shape.key() == key
             tgt = Target("sm_90", raw["device_name"], 132)
-            for b, cfg in buckets.items():
+            for b, entry in buckets.items():
                 assert C.token_bucket(b) == b
-                assert config_for(b, shape, tgt) == cfg
-            # Beyond the largest bucket: the largest bucket's config.
+                assert C.select(b, shape, tgt) == entry
+                if entry.path == "decode":
+                    assert config_for(b, shape, tgt) == entry.config
+                else:
+                    assert C.prefill_config_for(b, shape, tgt) == entry.config
+            # Beyond the largest bucket: the largest bucket's entry when it is prefill.
             big = max(buckets)
-            assert config_for(4 * big, shape, tgt) == buckets[big]
+            if buckets[big].path == "prefill":
+                assert C.select(4 * big, shape, tgt) == buckets[big]
     # A table written to a temporary config dir is picked up by device name.
     monkeypatch.setattr(C, "_CONFIG_DIR", tmp_path)
-    C.load_table.cache_clear()
+    C.clear_table_cache()
     try:
         cfg = KernelConfig(grid="experts", block_n1=128, split_k1=2)
         doc = {"device_name": "Test GPU", "shapes": {EP8.key(): {"16": cfg.to_dict()}}}
@@ -127,4 +137,4 @@ def test_tables_parse_and_are_used(tmp_path, monkeypatch):
         assert config_for(16, EP8, tgt) == cfg
         assert config_for(1, EP8, tgt) == heuristic_config(1, EP8, tgt)  # bucket 1 not tuned
     finally:
-        C.load_table.cache_clear()
+        C.clear_table_cache()

@@ -1,20 +1,43 @@
-"""Launch configs of the NVFP4 decode kernels: a frozen :class:`KernelConfig` per call.
+"""Launch configs of the NVFP4 expert kernels, and which kernel path serves a token count.
 
-:func:`config_for` is a deterministic function of (token bucket, :class:`MoEShape`,
-:class:`Target`): a tuned table entry when one exists, else :func:`heuristic_config`. There is no
-autotuning on the serving path (a CUDA graph must capture a known config).
+Two kernel paths read the same ``PreparedMoEWeights``: **decode** (``fused_moe.fused_moe_nvfp4``,
+frozen :class:`KernelConfig`) for few tokens per expert and **prefill**
+(``prefill.fused_moe_nvfp4_prefill``, frozen ``prefill.PrefillConfig``) for many. :func:`select`
+is a deterministic function of (token bucket, :class:`MoEShape`, :class:`Target`): the tuned
+table entry (path + config) when one exists, else :func:`heuristic_path` with that path's
+heuristic. :func:`config_for` / :func:`prefill_config_for` give one path's config. There is no
+autotuning on the serving path (a CUDA graph must capture a known config); ``fp4ext tune``
+(``moe/tune.py``) measures the tables offline.
 
-**Tables** live in ``configs/<device name>.json`` (spaces replaced by ``_``, e.g.
-``NVIDIA_H200.json``)::
+**Tables** are one JSON file per device, named ``<device name>.json`` (spaces and ``/`` replaced
+by ``_``, e.g. ``NVIDIA_H200.json``). Format version 2::
 
-    {"device_name": "NVIDIA H200",
-     "shapes": {"E=257,H=6144,I=256,top_k=9": {"1": {<KernelConfig fields>}, "2": {...}, ...}}}
+    {"version": 2,
+     "device_name": "NVIDIA H200",
+     "shapes": {"E=257,H=6144,I=256,top_k=9": {
+         "1":    {"path": "decode",  "config": {<KernelConfig fields>}},
+         "4096": {"path": "prefill", "config": {<PrefillConfig fields>}}, ...}},
+     "meta": {...}}                       # optional, free-form (the tuner records its run here)
 
-A shape key is ``E=<experts>,H=<hidden>,I=<per-rank intermediate>,top_k=<k>``; the inner keys are
-token buckets (powers of two). A call with ``T`` tokens uses bucket ``next_pow2(T)``, or the largest
-bucket of the table when ``T`` is beyond it. Missing shapes or devices fall back to the heuristic.
+A shape key is ``E=<experts>,H=<hidden>,I=<per-rank intermediate>,top_k=<k>`` (exactly
+:meth:`MoEShape.key`); the inner keys are token buckets (powers of two, decimal strings). A call
+with ``T`` tokens uses bucket ``token_bucket(T)``, or the largest bucket of the shape when ``T``
+is beyond it (unless that is a decode entry and the path heuristic says prefill: a decode-only
+table says nothing about prefill); a bucket missing below the largest falls back to the
+heuristics. Version 1 (no
+``"version"`` key; buckets map straight to KernelConfig fields) is still read: every v1 bucket is
+path ``decode``. Loading is strict: an unknown version, top-level key, path or config field, a
+bad shape or bucket key, or a value of the wrong type raises :class:`ConfigTableError` naming
+the file, shape, bucket and field.
 
-**Heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
+**Where tables are read.** The user directory first -- ``$SGLANG_FP4EXT_CONFIG_DIR`` when set,
+else ``~/.cache/sglang_fp4ext/configs`` (where ``fp4ext tune`` writes by default) -- then the
+tables shipped in ``moe/configs/``. A shape present in the user table replaces that shape of the
+shipped table as a whole (a tuned shape's buckets and switch point belong together); other
+shapes still come from the shipped table. Tables are read once per process (``load_entries`` is
+cached; :func:`clear_table_cache` after writing one).
+
+**Decode heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
 experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weights in registers,
 see ``_decode_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
 ``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K
@@ -25,6 +48,9 @@ packs ``tiles2`` row tiles into a program while there are more than ~8 programs 
 per-program setup and the combine bookkeeping are amortised. While experts see few pairs
 (``T * top_k / D <= 2.5``; H200 tuning picked it for GLM-5 TP8 up to T = 64) GEMM2 is
 token-centric instead (``gemm2="tokens"``).
+
+**Path heuristic** (no table entry): decode below :data:`PREFILL_MIN_TOKENS` tokens, prefill
+from there (see its comment for the measurement behind it).
 """
 
 from __future__ import annotations
@@ -39,7 +65,19 @@ from pathlib import Path
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 
 __all__ = [
+    "ConfigTableError",
     "KernelConfig",
+    "TableEntry",
+    "PREFILL_MIN_TOKENS",
+    "select",
+    "heuristic_path",
+    "prefill_config_for",
+    "load_entries",
+    "parse_table",
+    "read_table_file",
+    "table_document",
+    "user_config_dir",
+    "clear_table_cache",
     "MoEShape",
     "Target",
     "config_for",
@@ -246,31 +284,229 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     )
 
 
+# ---- tables ----
+
+TABLE_VERSION = 2
+PATHS = ("decode", "prefill")
+#: Environment variable naming the user table directory (checked before the shipped tables).
+CONFIG_DIR_ENV = "SGLANG_FP4EXT_CONFIG_DIR"
+#: User table directory when CONFIG_DIR_ENV is unset; ``fp4ext tune`` writes here by default.
+DEFAULT_USER_CONFIG_DIR = Path("~/.cache/sglang_fp4ext/configs")
+
+#: Path heuristic: prefill from this token bucket up when no table entry exists. Measured on the
+#: H200 (``benchmarks/results/tune_h200.json``, ``fp4ext tune``, graph replay): prefill wins from
+#: bucket 512 for GLM-5 TP8 (1,145 vs 1,171 us at 512) and from 1024 for EP8 (decode 867 vs
+#: prefill 1,189 us at 512). 1024 costs TP8 2% at 512, where 512 would cost EP8 37%.
+PREFILL_MIN_TOKENS = 1024
+
+_SHAPE_KEY_FIELDS = ("E", "H", "I", "top_k")
+
+
+class ConfigTableError(ValueError):
+    """A config table that cannot be used; the message names file, shape, bucket and field."""
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """One bucket of a table: the kernel ``path`` ("decode" | "prefill") and that path's config
+    (:class:`KernelConfig` | ``prefill.PrefillConfig``)."""
+
+    path: str
+    config: object
+
+    def __post_init__(self):
+        if self.path not in PATHS:
+            raise ValueError(f"TableEntry.path must be one of {PATHS}, got {self.path!r}")
+        want = _config_class(self.path)
+        if not isinstance(self.config, want):
+            raise TypeError(
+                f"TableEntry: path {self.path!r} needs a {want.__name__}, "
+                f"got {type(self.config).__name__}"
+            )
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "config": self.config.to_dict()}
+
+
+def _config_class(path: str):
+    if path == "decode":
+        return KernelConfig
+    from sglang_fp4ext.moe.prefill import PrefillConfig  # prefill imports this module
+
+    return PrefillConfig
+
+
+def _file_name(device_name: str) -> str:
+    return device_name.replace(" ", "_").replace("/", "_") + ".json"
+
+
 def table_path(device_name: str) -> Path:
-    return _CONFIG_DIR / (device_name.replace(" ", "_").replace("/", "_") + ".json")
+    """The shipped table of ``device_name`` (``moe/configs/<name>.json``)."""
+    return _CONFIG_DIR / _file_name(device_name)
+
+
+def user_config_dir() -> Path:
+    """``$SGLANG_FP4EXT_CONFIG_DIR`` when set, else ``~/.cache/sglang_fp4ext/configs``."""
+    import os
+
+    env = os.environ.get(CONFIG_DIR_ENV)
+    return Path(env).expanduser() if env else DEFAULT_USER_CONFIG_DIR.expanduser()
+
+
+def user_table_path(device_name: str) -> Path:
+    return user_config_dir() / _file_name(device_name)
+
+
+def parse_shape_key(key) -> MoEShape:
+    """``"E=..,H=..,I=..,top_k=.."`` -> :class:`MoEShape` (exactly that spelling)."""
+    parts = key.split(",") if isinstance(key, str) else []
+    vals = {}
+    for part, name in zip(parts, _SHAPE_KEY_FIELDS):
+        k, _, v = part.partition("=")
+        if k != name or not v.isdigit() or int(v) < 1:
+            break
+        vals[name] = int(v)
+    if len(parts) != 4 or len(vals) != 4 or MoEShape(**vals).key() != key:
+        raise ValueError(f"shape key must look like 'E=257,H=6144,I=256,top_k=9', got {key!r}")
+    return MoEShape(**vals)
+
+
+def _parse_config(cls, d, where: str):
+    if not isinstance(d, dict):
+        raise ConfigTableError(f"{where}: config must be an object, got {type(d).__name__}")
+    defaults = {f.name: f.default for f in fields(cls)}
+    for name, v in d.items():
+        if name not in defaults:
+            raise ConfigTableError(
+                f"{where}, field {name!r}: unknown {cls.__name__} field (known: {sorted(defaults)})"
+            )
+        # bool is an int subclass and 3.0 passes the range checks: insist on the default's type.
+        if type(v) is not type(defaults[name]):
+            raise ConfigTableError(
+                f"{where}, field {name!r}: must be {type(defaults[name]).__name__}, got {v!r}"
+            )
+    try:
+        return cls(**d)
+    except ValueError as exc:
+        raise ConfigTableError(f"{where}: {exc}") from None
+
+
+def parse_table(raw, source: str = "<table>") -> tuple[str, dict]:
+    """Validate a decoded table (v1 or v2). Returns ``(device_name, {shape key: {bucket:
+    TableEntry}})``; raises :class:`ConfigTableError` naming ``source``, shape, bucket, field."""
+
+    def fail(msg):
+        raise ConfigTableError(f"{source}: {msg}")
+
+    if not isinstance(raw, dict):
+        fail(f"a table must be a JSON object, got {type(raw).__name__}")
+    version = raw.get("version", 1)
+    if type(version) is not int or version not in (1, TABLE_VERSION):
+        fail(f"unknown table version {version!r} (this sglang_fp4ext reads 1 and {TABLE_VERSION})")
+    allowed = {"device_name", "shapes"} | ({"version", "meta"} if version == 2 else set())
+    unknown = set(raw) - allowed
+    if unknown:
+        fail(f"unknown top-level keys {sorted(unknown)} (a v{version} table has {sorted(allowed)})")
+    device = raw.get("device_name")
+    if not isinstance(device, str) or not device:
+        fail(f"'device_name' must be a non-empty string, got {device!r}")
+    shapes = raw.get("shapes")
+    if not isinstance(shapes, dict):
+        fail(f"'shapes' must be an object, got {type(shapes).__name__}")
+    out = {}
+    for key, buckets in shapes.items():
+        try:
+            parse_shape_key(key)
+        except ValueError as exc:
+            fail(str(exc))
+        if not isinstance(buckets, dict) or not buckets:
+            fail(f"shape {key}: buckets must be a non-empty object")
+        entries = {}
+        for b, entry in buckets.items():
+            where = f"{source}: shape {key}, bucket {b!r}"
+            if not (isinstance(b, str) and b.isdigit() and _pow2(int(b)) and str(int(b)) == b):
+                raise ConfigTableError(f"{where}: bucket keys are powers of two like '1', '64'")
+            if version == 1:
+                path, cfg = "decode", entry
+            else:
+                if not isinstance(entry, dict) or set(entry) != {"path", "config"}:
+                    raise ConfigTableError(
+                        f"{where}: a v2 bucket is {{\"path\": ..., \"config\": {{...}}}}, got "
+                        f"{entry!r:.120}"
+                    )
+                path, cfg = entry["path"], entry["config"]
+                if path not in PATHS:
+                    raise ConfigTableError(f"{where}, field 'path': must be one of {PATHS}, "
+                                           f"got {path!r}")
+            entries[int(b)] = TableEntry(path, _parse_config(_config_class(path), cfg, where))
+        out[key] = dict(sorted(entries.items()))
+    return device, out
+
+
+def read_table_file(path: Path) -> tuple[str, dict]:
+    """:func:`parse_table` of a file (JSON errors also name the file)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigTableError(f"{path}: not valid JSON: {exc}") from None
+    return parse_table(raw, str(path))
+
+
+def table_document(device_name: str, entries: dict, meta: dict | None = None) -> dict:
+    """The v2 JSON document of ``{shape key: {bucket: TableEntry}}`` (validated on the way)."""
+    doc = {
+        "version": TABLE_VERSION,
+        "device_name": device_name,
+        "shapes": {
+            key: {str(b): e.to_dict() for b, e in sorted(buckets.items())}
+            for key, buckets in sorted(entries.items())
+        },
+    }
+    if meta:
+        doc["meta"] = meta
+    parse_table(doc, f"<table for {device_name}>")
+    return doc
 
 
 @functools.cache
+def load_entries(device_name: str) -> dict:
+    """{shape key: {bucket: TableEntry}}: the shipped table, with the user table's shapes on
+    top (see the module docstring); {} when neither exists."""
+    out = {}
+    for path in (table_path(device_name), user_table_path(device_name)):
+        if path.exists():
+            dev, entries = read_table_file(path)
+            if dev != device_name:
+                raise ConfigTableError(
+                    f"{path}: device_name {dev!r} does not match the file's device {device_name!r}"
+                )
+            out.update(entries)
+    return out
+
+
 def load_table(device_name: str) -> dict:
-    """{shape key: {bucket: KernelConfig}} from the device's JSON table ({} when none)."""
-    path = table_path(device_name)
-    if not path.exists():
-        return {}
-    raw = json.loads(path.read_text())
+    """The decode view: {shape key: {bucket: KernelConfig}} of the decode entries."""
     return {
-        shape: {int(b): KernelConfig.from_dict(c) for b, c in buckets.items()}
-        for shape, buckets in raw.get("shapes", {}).items()
+        key: {b: e.config for b, e in buckets.items() if e.path == "decode"}
+        for key, buckets in load_entries(device_name).items()
     }
 
 
-_OVERRIDE: KernelConfig | None = None
+def clear_table_cache() -> None:
+    """Re-read the tables on the next call (after writing one, or changing the env var)."""
+    load_entries.cache_clear()
 
 
-def set_config_override(cfg: KernelConfig | None) -> None:
-    """Test/benchmark only: force ``cfg`` for every call until :func:`reset_config_override`."""
+_OVERRIDE = None
+
+
+def set_config_override(cfg) -> None:
+    """Test/benchmark only: force ``cfg`` for every call until :func:`reset_config_override`.
+
+    A :class:`KernelConfig` forces the decode path, a ``PrefillConfig`` the prefill path."""
     global _OVERRIDE
-    if cfg is not None and not isinstance(cfg, KernelConfig):
-        raise TypeError(f"expected a KernelConfig, got {type(cfg).__name__}")
+    if cfg is not None and not isinstance(cfg, (KernelConfig, _config_class("prefill"))):
+        raise TypeError(f"expected a KernelConfig or PrefillConfig, got {type(cfg).__name__}")
     _OVERRIDE = cfg
 
 
@@ -279,7 +515,7 @@ def reset_config_override() -> None:
 
 
 @contextlib.contextmanager
-def override_config(cfg: KernelConfig):
+def override_config(cfg):
     prev = _OVERRIDE
     set_config_override(cfg)
     try:
@@ -288,17 +524,69 @@ def override_config(cfg: KernelConfig):
         set_config_override(prev)
 
 
-def config_for(T: int, shape: MoEShape, target: Target | None = None) -> KernelConfig:
-    """The config for ``T`` tokens: override, else tuned table entry, else heuristic."""
+# ---- selection ----
+
+
+def heuristic_path(T: int, shape: MoEShape, target: Target) -> str:
+    """``"prefill"`` from bucket :data:`PREFILL_MIN_TOKENS` up, else ``"decode"``."""
+    return "prefill" if token_bucket(T) >= PREFILL_MIN_TOKENS else "decode"
+
+
+def table_entry(T: int, shape: MoEShape, target: Target) -> TableEntry | None:
+    """The tuned entry for ``T`` (bucket, or the largest bucket beyond it), else None."""
+    if not target.device_name:
+        return None
+    buckets = load_entries(target.device_name).get(shape.key())
+    if not buckets:
+        return None
+    b = token_bucket(T)
+    if b in buckets:
+        return buckets[b]
+    if b > max(buckets):
+        last = buckets[max(buckets)]
+        # A decode-only (e.g. migrated v1) table says nothing about where prefill starts.
+        if last.path == "decode" and heuristic_path(T, shape, target) == "prefill":
+            return None
+        return last
+    return None
+
+
+def select(T: int, shape: MoEShape, target: Target | None = None) -> TableEntry:
+    """Kernel path and config for ``T`` tokens: override, else table entry, else heuristics.
+
+    Depends only on (``token_bucket(T)``, shape, target), so a captured graph keeps its path."""
     if _OVERRIDE is not None:
+        return TableEntry("decode" if isinstance(_OVERRIDE, KernelConfig) else "prefill", _OVERRIDE)
+    target = target or current_target()
+    entry = table_entry(T, shape, target)
+    if entry is not None:
+        return entry
+    if heuristic_path(T, shape, target) == "prefill":
+        from sglang_fp4ext.moe.prefill import prefill_heuristic_config
+
+        return TableEntry("prefill", prefill_heuristic_config(T, shape, target))
+    return TableEntry("decode", heuristic_config(T, shape, target))
+
+
+def config_for(T: int, shape: MoEShape, target: Target | None = None) -> KernelConfig:
+    """The decode config for ``T`` tokens: override, else tuned decode entry, else heuristic."""
+    if isinstance(_OVERRIDE, KernelConfig):
         return _OVERRIDE
     target = target or current_target()
-    if target.device_name:
-        buckets = load_table(target.device_name).get(shape.key())
-        if buckets:
-            b = token_bucket(T)
-            if b in buckets:
-                return buckets[b]
-            if b > max(buckets):
-                return buckets[max(buckets)]
+    entry = table_entry(T, shape, target)
+    if entry is not None and entry.path == "decode":
+        return entry.config
     return heuristic_config(T, shape, target)
+
+
+def prefill_config_for(T: int, shape: MoEShape, target: Target | None = None):
+    """The prefill config for ``T`` tokens: override, else tuned prefill entry, else heuristic."""
+    from sglang_fp4ext.moe.prefill import PrefillConfig, prefill_heuristic_config
+
+    if isinstance(_OVERRIDE, PrefillConfig):
+        return _OVERRIDE
+    target = target or current_target()
+    entry = table_entry(T, shape, target)
+    if entry is not None and entry.path == "prefill":
+        return entry.config
+    return prefill_heuristic_config(T, shape, target)

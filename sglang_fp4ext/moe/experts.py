@@ -1,9 +1,11 @@
 """Which fp4ext expert path runs on a device, and running it: one place for every caller.
 
-``triton``: a CUDA GPU of SM80 or newer runs ``fused_moe_nvfp4`` on the kernel layout
-(``PreparedMoEWeights``, built once). ``reference``: anything else (CPU, older GPUs) runs the float32
-torch twin ``fused_moe_nvfp4_torch`` on the checkpoint layout (``MoEWeights``): correct and slow,
-for tests and bring-up. Used by the SGLang runner core and the transformers swap alike.
+``triton``: a CUDA GPU of SM80 or newer runs our Triton kernels on the kernel layout
+(``PreparedMoEWeights``, built once) through ``dispatch.fused_moe``, which picks the decode or
+prefill kernels per token-count bucket from the config tables (``moe/config.py``).
+``reference``: anything else (CPU, older GPUs) runs the float32 torch twin
+``fused_moe_nvfp4_torch`` on the checkpoint layout (``MoEWeights``): correct and slow, for tests
+and bring-up. Used by the SGLang runner core and the transformers swap alike.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ def run_experts(path: str, weights, hidden_states, topk_ids, topk_weights) -> to
     bf16 activations (as SGLang feeds them); ids ``< 0`` contribute nothing on both paths.
     """
     if path == "triton":
-        from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
+        from sglang_fp4ext.moe.dispatch import fused_moe
 
-        out = fused_moe_nvfp4(
+        out = fused_moe(
             hidden_states.to(torch.bfloat16).contiguous(),
             weights,
             topk_ids.to(torch.int32).contiguous(),

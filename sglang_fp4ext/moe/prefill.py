@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from sglang_fp4ext import target_info
-from sglang_fp4ext.moe.config import MoEShape, Target, current_target
+from sglang_fp4ext.moe.config import MoEShape, Target, current_target, prefill_config_for
 from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 
@@ -435,8 +435,8 @@ def fused_moe_nvfp4_prefill(
     hidden_states: (T, H) bf16; weights: :class:`PreparedMoEWeights` (E experts);
     topk_ids: (T, top_k) int32/int64 in [-1, E) (a fused shared expert is one more column
     pointing at expert E-1); topk_weights: (T, top_k) fp32/bf16/fp16; out: optional (T, H) bf16
-    destination; config: force a :class:`PrefillConfig` (else :func:`prefill_heuristic_config`
-    for this device). Returns ``out``.
+    destination; config: force a :class:`PrefillConfig` (else ``config.prefill_config_for``:
+    the device table's prefill entry or :func:`prefill_heuristic_config`). Returns ``out``.
     """
     _validate(hidden_states, weights, topk_ids, topk_weights, out, config)
     T, H = hidden_states.shape
@@ -447,7 +447,7 @@ def fused_moe_nvfp4_prefill(
         return out
     if config is None:
         target = current_target(dev) if dev.type == "cuda" else current_target()
-        config = prefill_heuristic_config(T, weights.shape(topk_ids.shape[1]), target)
+        config = prefill_config_for(T, weights.shape(topk_ids.shape[1]), target)
     for launch in _plan(
         hidden_states, weights, topk_ids, topk_weights, out, config, target_info.is_interpreter()
     ):

@@ -1,0 +1,66 @@
+"""The kernel-path dispatcher: decode or prefill kernels for a call, from the config tables.
+
+``fused_moe(hidden_states, weights, topk_ids, topk_weights)`` picks the path and config with
+``config.select(T, shape, target)`` -- the device table's entry for ``token_bucket(T)``, else
+the path heuristic (decode below ``config.PREFILL_MIN_TOKENS`` tokens, prefill from there) with
+that path's config heuristic -- and runs ``fused_moe.fused_moe_nvfp4`` (decode) or
+``prefill.fused_moe_nvfp4_prefill`` (prefill). Both read the same ``PreparedMoEWeights`` and
+return the same ``(T, H)`` bf16 sum. The choice depends only on (T, shape, target), never on
+data, so a CUDA graph captured for T replays the path it captured.
+
+``CALLS`` counts, per path, the calls this dispatcher launched (host side: a graph replay is not
+a call; tests and ``fp4ext tune`` read it to see which kernels ran).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from sglang_fp4ext.moe.config import Target, TableEntry, current_target, select
+
+__all__ = ["CALLS", "choose", "fused_moe"]
+
+#: Calls launched per kernel path ("decode" / "prefill") since import or ``CALLS.clear()``.
+CALLS: Counter = Counter()
+
+
+def choose(T: int, weights, top_k: int, target: Target | None = None) -> TableEntry:
+    """The (path, config) :func:`fused_moe` runs for ``T`` tokens on ``weights``' shape."""
+    if target is None:
+        dev = weights.device
+        target = current_target(dev) if dev.type == "cuda" else current_target()
+    return select(T, weights.shape(top_k), target)
+
+
+def fused_moe(
+    hidden_states: torch.Tensor,
+    weights,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    target: Target | None = None,
+) -> torch.Tensor:
+    """NVFP4 W4A16 MoE on the path the tables choose. Arguments as ``fused_moe_nvfp4``:
+    hidden_states (T, H) bf16; weights ``PreparedMoEWeights``; topk_ids (T, top_k) int32/int64
+    in [-1, E); topk_weights (T, top_k); out: optional (T, H) bf16. Returns ``out``."""
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
+        raise ValueError(
+            f"fused_moe: topk_ids must be a 2-D (T, top_k) tensor, got "
+            f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}"
+        )
+    entry = choose(hidden_states.shape[0], weights, topk_ids.shape[1], target)
+    CALLS[entry.path] += 1
+    if entry.path == "prefill":
+        from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
+
+        return fused_moe_nvfp4_prefill(
+            hidden_states, weights, topk_ids, topk_weights, out=out, config=entry.config
+        )
+    from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
+
+    return fused_moe_nvfp4(
+        hidden_states, weights, topk_ids, topk_weights, out=out, config=entry.config
+    )
