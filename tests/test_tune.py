@@ -1,0 +1,280 @@
+"""Config tables v2 (``moe/config.py``) and ``fp4ext tune`` (``moe/tune.py``), CPU tier.
+
+Table round trip, v1 migration, user-directory precedence, strict errors naming file / shape /
+bucket / field; the tuner's search space (deterministic, valid, capped, heuristic first); the
+whole tuning flow at a tiny shape with the kernels under the Triton interpreter (a wall-clock
+timer instead of graph replay; winners checked against the fp32 twin, table merged and
+re-read by the dispatcher); the CLI's no-GPU exit.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import time
+
+import pytest
+import torch
+
+from sglang_fp4ext import roofline
+from sglang_fp4ext.cli import main as cli_main
+from sglang_fp4ext.moe import config as C
+from sglang_fp4ext.moe import tune as TU
+from sglang_fp4ext.moe.config import KernelConfig, MoEShape, TableEntry, Target
+from sglang_fp4ext.moe.prefill import PrefillConfig
+
+H200 = Target("sm_90", "NVIDIA H200", 132)
+PRO6000 = Target("sm_120", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 188)
+A100 = Target("sm_80", "NVIDIA A100-SXM4-80GB", 108)
+TP8 = MoEShape(256, 6144, 256, 8)
+TP8_FUSED = MoEShape(257, 6144, 256, 9)
+EP8 = MoEShape(32, 6144, 2048, 8)
+SMALL = MoEShape(10, 272, 80, 9)
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(C.CONFIG_DIR_ENV, str(tmp_path))
+    C.clear_table_cache()
+    yield tmp_path
+    C.clear_table_cache()
+
+
+def _doc():
+    return C.table_document(
+        "Test GPU",
+        {
+            EP8.key(): {
+                1: TableEntry("decode", KernelConfig(split_k1=4, gemm2="tokens", block_n2=32)),
+                2048: TableEntry("prefill", PrefillConfig(block_m=64, stages1=2)),
+            }
+        },
+        {"note": "test"},
+    )
+
+
+# ---- table format ----
+
+
+def test_round_trip_and_lookup(user_dir):
+    doc = _doc()
+    path = user_dir / "Test_GPU.json"
+    path.write_text(json.dumps(doc))
+    dev, entries = C.read_table_file(path)
+    assert dev == "Test GPU" and C.table_document(dev, entries, doc["meta"]) == doc
+    tgt = Target("sm_90", "Test GPU", 132)
+    assert C.select(1, EP8, tgt) == entries[EP8.key()][1]
+    assert C.select(3000, EP8, tgt) == entries[EP8.key()][2048]  # beyond: largest (prefill)
+    assert C.select(2, EP8, tgt).config == C.heuristic_config(2, EP8, tgt)  # gap: heuristic
+    assert C.load_table("Test GPU") == {EP8.key(): {1: entries[EP8.key()][1].config}}
+
+
+def test_v1_table_migrates_to_decode(user_dir):
+    cfg = KernelConfig(grid="experts", block_n1=128, split_k1=2)
+    (user_dir / "Test_GPU.json").write_text(
+        json.dumps({"device_name": "Test GPU", "shapes": {TP8.key(): {"16": cfg.to_dict()}}})
+    )
+    assert C.load_entries("Test GPU") == {TP8.key(): {16: TableEntry("decode", cfg)}}
+
+
+def test_user_table_replaces_shipped_shape(user_dir):
+    shipped = C.load_entries.__wrapped__("NVIDIA H200")  # noqa: the shipped file alone
+    assert TP8.key() in shipped and EP8.key() in shipped
+    mine = TableEntry("prefill", PrefillConfig(block_m=32))
+    (user_dir / "NVIDIA_H200.json").write_text(
+        json.dumps(C.table_document("NVIDIA H200", {TP8.key(): {64: mine}}))
+    )
+    C.clear_table_cache()
+    got = C.load_entries("NVIDIA H200")
+    assert got[TP8.key()] == {64: mine}  # whole shape replaced
+    assert got[EP8.key()] == shipped[EP8.key()]  # other shapes still shipped
+    assert C.select(64, TP8, H200) == mine
+
+
+def test_default_user_dir(monkeypatch):
+    monkeypatch.delenv(C.CONFIG_DIR_ENV, raising=False)
+    assert C.user_config_dir() == C.DEFAULT_USER_CONFIG_DIR.expanduser()
+    monkeypatch.setenv(C.CONFIG_DIR_ENV, "/x/y")
+    assert C.user_table_path("NVIDIA H200").as_posix() == "/x/y/NVIDIA_H200.json"
+
+
+def _mutate(doc, f):
+    d = copy.deepcopy(doc)
+    f(d)
+    return d
+
+
+def _bucket(d, b="1"):
+    return d["shapes"][EP8.key()][b]
+
+
+@pytest.mark.parametrize(
+    "mutate,want",
+    [
+        (lambda d: d.update(version=3), "unknown table version 3"),
+        (lambda d: d.update(version="2"), "unknown table version '2'"),
+        (lambda d: d.update(extra=1), r"unknown top-level keys \['extra'\]"),
+        (lambda d: d.pop("device_name"), "'device_name' must be a non-empty string"),
+        (lambda d: d.update(shapes=[]), "'shapes' must be an object"),
+        (lambda d: d["shapes"].update({"E=32,H=6144,I=2048": {}}), "shape key must look like"),
+        (lambda d: d["shapes"].update({"E=32,H=6144,I=2048,top_k=8,x=1": {}}), "shape key"),
+        (lambda d: d["shapes"][EP8.key()].update({"3": _bucket(d)}), r"bucket '3': bucket keys"),
+        (lambda d: d["shapes"][EP8.key()].update({"01": _bucket(d)}), r"bucket '01'"),
+        (lambda d: _bucket(d).update(path="fast"), r"bucket '1', field 'path': must be one of"),
+        (lambda d: _bucket(d).pop("config"), r"bucket '1': a v2 bucket is"),
+        (lambda d: _bucket(d)["config"].update(blockn1=64), r"bucket '1', field 'blockn1'"),
+        (lambda d: _bucket(d)["config"].update(split_k1=4.0), r"field 'split_k1': must be int"),
+        (lambda d: _bucket(d)["config"].update(stages1=True), r"field 'stages1': must be int"),
+        (lambda d: _bucket(d)["config"].update(grid=1), r"field 'grid': must be str"),
+        (lambda d: _bucket(d)["config"].update(split_k1=3), r"bucket '1': KernelConfig.split_k1"),
+        (lambda d: _bucket(d, "2048").update(path="decode"), r"bucket '2048', field 'block_m'"),
+        (lambda d: _bucket(d, "2048")["config"].update(combine="sum"), r"2048'.*combine"),
+    ],
+)
+def test_malformed_tables_name_what_is_wrong(tmp_path, mutate, want):
+    path = tmp_path / "Test_GPU.json"
+    path.write_text(json.dumps(_mutate(_doc(), mutate)))
+    with pytest.raises(C.ConfigTableError, match=want) as ei:
+        C.read_table_file(path)
+    assert str(path) in str(ei.value)
+
+
+def test_malformed_table_fails_loudly_at_lookup(user_dir):
+    (user_dir / "Test_GPU.json").write_text("{not json")
+    with pytest.raises(C.ConfigTableError, match="Test_GPU.json: not valid JSON"):
+        C.select(1, EP8, Target("sm_90", "Test GPU", 132))
+    (user_dir / "Test_GPU.json").write_text(json.dumps(dict(_doc(), device_name="Other GPU")))
+    C.clear_table_cache()
+    with pytest.raises(C.ConfigTableError, match="does not match"):
+        C.load_entries("Test GPU")
+
+
+def test_shipped_tables_are_v2_and_complete():
+    for path in sorted(C._CONFIG_DIR.glob("*.json")):
+        raw = json.loads(path.read_text())
+        assert raw.get("version") == C.TABLE_VERSION, f"{path.name} is not a v2 table"
+        dev, entries = C.read_table_file(path)
+        assert C.table_path(dev) == path
+        for key, buckets in entries.items():
+            assert min(buckets) == 1 and set(buckets) == {1 << i for i in range(len(buckets))}
+
+
+# ---- search space ----
+
+
+@pytest.mark.parametrize("shape", [TP8, TP8_FUSED, EP8, SMALL], ids=["tp8", "fused", "ep8", "sm"])
+@pytest.mark.parametrize("target", [H200, PRO6000, A100], ids=["h200", "pro6000", "a100"])
+def test_search_space_is_deterministic_valid_and_small(shape, target):
+    from sglang_fp4ext.moe.prefill import prefill_heuristic_config
+
+    for b in TU.DEFAULT_BUCKETS:
+        space = TU.search_space(b, shape, target)
+        assert space == TU.search_space(b, shape, target)
+        assert bool(space["decode"]) == (b <= TU.DECODE_MAX_BUCKET)
+        assert bool(space["prefill"]) == (b >= TU.PREFILL_MIN_BUCKET)
+        for path, cls, heur in (
+            ("decode", KernelConfig, C.heuristic_config),
+            ("prefill", PrefillConfig, prefill_heuristic_config),
+        ):
+            cands = space[path]
+            assert len(cands) <= TU.MAX_CANDIDATES and len(set(cands)) == len(cands)
+            for c in cands:
+                assert type(c) is cls and cls(**c.to_dict()) == c  # __post_init__ passes
+            if cands:
+                assert cands[0] == heur(b, shape, target)
+                assert len(cands) >= 3, f"{path} b={b}: search space collapsed to {cands}"
+                quick = TU.search_space(b, shape, target, limit=TU.QUICK_CANDIDATES)[path]
+                assert quick == cands[: TU.QUICK_CANDIDATES]
+            if path == "prefill":
+                assert all(c.combine == "ordered" for c in cands)
+            else:  # split-K never beyond the K chunks
+                assert all(c.split_k1 <= -(-shape.H // 256) for c in cands)
+                assert all(c.split_k2 <= -(-shape.I // 256) for c in cands)
+    with pytest.raises(ValueError, match="neither"):
+        TU.search_space(64, TP8, H200, decode_max=16, prefill_min=128)
+
+
+def test_switch_point():
+    assert TU.switch_point({1: "decode", 2: "prefill", 4: "decode", 8: "prefill"}) == 8
+    assert TU.switch_point({1: "decode", 2: "prefill", 4: "prefill"}) == 2
+    assert TU.switch_point({1: "decode", 2: "decode"}) is None
+
+
+# ---- the tuning flow (interpreter, tiny shape) ----
+
+
+def _wall_timer(step, n):
+    t = time.perf_counter()
+    for i in range(n):
+        step(i)
+    return (time.perf_counter() - t) * 1e6 / n
+
+
+def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
+    tiny = roofline.ModelShape("tiny", 8, 2, 256, 128, 1)
+    other = TableEntry("decode", KernelConfig(split_k1=2))
+    tgt = Target("sm_90", "Test GPU", 132)
+    # An existing table with another shape: the tuner merges, never clobbers it.
+    TU.write_table(user_dir / "Test_GPU.json", "Test GPU", {SMALL.key(): {1: other}})
+    out = io.StringIO()
+    log = TU.tune(
+        [tiny], [1, 2, 4], budget_s=0.01, quick=True, copies=1, seed=seed, device="cpu",
+        timer=_wall_timer, target=tgt, decode_max=2, prefill_min=2, stream=out,
+        log_path=user_dir / "log.json",
+    )  # fmt: skip
+    text = out.getvalue()
+    assert log["ok"], text
+    assert "[tune 1/3] tiny T=1" in text and "[tune 3/3] tiny T=4" in text
+    key = "E=8,H=256,I=128,top_k=2"
+    slog = log["shapes"][key]
+    assert [slog["buckets"][b]["winner"] for b in ("1", "4")] == ["decode", "prefill"]
+    for b, blog in slog["buckets"].items():
+        assert blog["check"]["ok"] and blog["check"]["rms_rel"] > 0  # a real comparison
+        assert all(t["us"] > 0 for t in blog["timings"])
+    # Budget spent: only the heuristics ran (one per path; bucket 2 has both paths).
+    assert [len(slog["buckets"][b]["timings"]) for b in ("1", "2", "4")] == [1, 2, 1]
+    assert json.loads((user_dir / "log.json").read_text())["shapes"][key]["buckets"]
+    entries = C.load_entries("Test GPU")
+    assert entries[SMALL.key()] == {1: other}
+    assert sorted(entries[key]) == [1, 2, 4]
+    assert entries[key][4].path == "prefill" and entries[key][1].path == "decode"
+    assert slog["switch_point"] == (2 if entries[key][2].path == "prefill" else 4)
+    meta = json.loads((user_dir / "Test_GPU.json").read_text())["meta"]
+    assert meta["shapes"][key]["switch_point"] == slog["switch_point"]
+    assert C.select(3, MoEShape(8, 256, 128, 2), tgt) == entries[key][4]
+
+
+def test_tune_rejects_bad_buckets():
+    with pytest.raises(ValueError, match="powers of two"):
+        TU.tune([roofline.preset("glm5-tp8")], [3], device="cpu", timer=_wall_timer)
+
+
+# ---- CLI ----
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
+def test_cli_without_gpu_exits_2(capsys, user_dir):
+    assert cli_main(["tune", "--preset", "glm5-tp8,glm5-ep8", "--quick"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert not list(user_dir.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--preset", "glm9"], "no model preset 'glm9'"),
+        (["--E", "8", "--H", "256"], "needs all of --E, --H, --I and --top-k"),
+        (["--preset", "glm5-tp8", "--E", "8"], "not both"),
+        (["--decode-max", "16", "--prefill-min", "128"], "no bucket gap"),
+    ],
+)
+def test_cli_bad_arguments_exit_2(capsys, argv, msg):
+    assert cli_main(["tune", *argv]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_cli_bad_buckets_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as ei:
+        cli_main(["tune", "--buckets", "1,3"])
+    assert ei.value.code == 2 and "powers of two" in capsys.readouterr().err
