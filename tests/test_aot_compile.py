@@ -32,15 +32,13 @@ from sglang_fp4ext.moe import _decode_kernels as K
 
 cc, variants = int(sys.argv[1]), json.loads(sys.stdin.read())
 P1 = dict(x_ptr="*bf16", ids_ptr="*i32", q_ptr="*u8", s_ptr="*u8", a_ptr="*fp32",
-          inter_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32",
-          q2_ptr="*u8", s2_ptr="*u8", a2_ptr="*u8")
+          inter_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32")
 P2 = dict(inter_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32", q_ptr="*u8", s_ptr="*u8",
           a_ptr="*fp32", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32",
           pcnt_ptr="*i32")
 # What the JIT specialises on the real tensors: 16-byte aligned pointers, strides divisible by 16.
 DIV = set(P1) | set(P2) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stride",
-                           "s_e_stride", "s_chunk_stride", "stride_out", "q2_e_bytes",
-                           "s2_e_bytes", "a2_e_bytes"}
+                           "s_e_stride", "s_chunk_stride", "stride_out"}
 out = []
 for v in variants:
     fn, ptrs = {1: (K._moe_gemm1, P1), 2: (K._moe_gemm2, P2), 3: (K._moe_gemm2_tok, P2)}[
@@ -52,8 +50,7 @@ for v in variants:
                        options=dict(num_warps=v["num_warps"], num_stages=v["num_stages"]))
     ptx = k.asm["ptx"]
     out.append(dict(v, shared=k.metadata.shared, mma=("mma.sync" in ptx) or ("wgmma" in ptx)
-                    or ("tcgen05.mma" in ptx), packed_decode="fma.rn.bf16x2" in ptx,
-                    prefetch="prefetch.global.L2::evict_last" in ptx))
+                    or ("tcgen05.mma" in ptx), packed_decode="fma.rn.bf16x2" in ptx))
 print(json.dumps(out))
 """
 
@@ -78,12 +75,7 @@ def _variants():
             num_warps=c.warps1,
             num_stages=c.stages1,
             constexprs=dict(
-                SLOT_MODE=slot,
-                BN=c.block_n1,
-                BT=c.block_t,
-                BLOCK_P=c.block_p,
-                PREFETCH2=slot,  # the L2 prefetch of GEMM2 weights runs at small T (slot grids)
-                COMPUTE_F32=False,
+                SLOT_MODE=slot, BN=c.block_n1, BT=c.block_t, BLOCK_P=c.block_p, COMPUTE_F32=False
             ),
         )
         v2 = dict(
@@ -152,8 +144,6 @@ def test_every_config_compiles_with_tensor_cores(compiled, cc):
     for r in results[cc]:
         assert r["mma"], f"sm_{cc}: no tensor-core mma in PTX for {r}"
         assert r["packed_decode"], f"sm_{cc}: no inline-PTX bf16x2 decode in PTX for {r}"
-        if r["constexprs"].get("PREFETCH2"):
-            assert r["prefetch"], f"sm_{cc}: PREFETCH2 kernel without an L2 prefetch in PTX: {r}"
 
 
 def test_sm120_shared_memory_fits(compiled):

@@ -228,38 +228,6 @@ def _w4a16_acc(
 
 
 @triton.jit
-def _prefetch_line(ptr, ok):
-    """GPU only: ``prefetch.global.L2::evict_last`` of the 128-byte line at ``ptr`` where ``ok``.
-    Not pure (kept although its dummy result is unused); loads nothing into registers."""
-    return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .pred p;
-        setp.ne.b32 p, $2, 0;
-        @p prefetch.global.L2::evict_last [$1];
-        mov.b32 $0, 0;
-        }
-        """,
-        "=r,l,r",
-        args=[ptr, ok.to(tl.int32)],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
-def _prefetch_l2(base, nbytes, part, nparts, LINES: tl.constexpr):
-    """Share ``part`` of ``nparts`` of the contiguous bytes ``[base, base + nbytes)`` into L2."""
-    per = tl.cdiv(tl.cdiv(nbytes, 128), nparts)  # lines per part
-    first = part * per
-    for l0 in range(0, per, LINES):
-        line = first + l0 + tl.arange(0, LINES)
-        ok = (line < first + per) & (line * 128 < nbytes)
-        _prefetch_line(base + line.to(tl.int64) * 128, ok)
-
-
-@triton.jit
 def _route(
     ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE: tl.constexpr, BLOCK_P: tl.constexpr
 ):
@@ -364,25 +332,14 @@ def _moe_gemm1(
     CPS,
     TOP_K,
     SPLIT_K,
-    q2_ptr,
-    s2_ptr,
-    a2_ptr,
-    q2_e_bytes,
-    s2_e_bytes,
-    a2_e_bytes,
     SLOT_MODE: tl.constexpr,
     BN: tl.constexpr,
     BT: tl.constexpr,
     BLOCK_P: tl.constexpr,
-    PREFETCH2: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
     """GEMM1 + SiLU·mul. ws: (SPLIT_K, P, NP) fp32; cnt: (grid0, grid1) int32, 0 between calls;
-    plist: (E, P) int32, pcnt: (E,) int32 (routing lists for GEMM2).
-
-    ``PREFETCH2``: the working programs of expert ``e`` first pull ``e``'s GEMM2 weights (codes,
-    scales, row scales: ``*_e_bytes`` contiguous bytes per expert) into L2, split among them, so
-    GEMM2 reads them from L2 while DRAM idles under GEMM1's latency-bound loop (small T)."""
+    plist: (E, P) int32, pcnt: (E,) int32 (routing lists for GEMM2)."""
     pid0 = tl.program_id(0)
     nb = tl.program_id(1)
     ks = tl.program_id(2)
@@ -390,12 +347,6 @@ def _moe_gemm1(
     if m == 0:
         return
     e64 = e.to(tl.int64)
-    if PREFETCH2:
-        part = nb * SPLIT_K + ks
-        nparts = tl.num_programs(1) * SPLIT_K
-        _prefetch_l2(q2_ptr + e64 * q2_e_bytes, q2_e_bytes, part, nparts, 64)
-        _prefetch_l2(s2_ptr + e64 * s2_e_bytes, s2_e_bytes, part, nparts, 64)
-        _prefetch_l2(a2_ptr + e64 * a2_e_bytes, a2_e_bytes, part, nparts, 64)
     qe = q_ptr + e64 * q_e_stride
     se = s_ptr + e64 * s_e_stride
     ae = a_ptr + e64 * NP

@@ -27,7 +27,7 @@ from sglang_fp4ext.moe.config import KernelConfig, MoEShape, Target, config_for,
 from sglang_fp4ext.moe.layout import K_CHUNK, KernelMatrix, prepare_w2, prepare_w13
 from sglang_fp4ext.moe.weights import MoEWeights
 
-__all__ = ["PreparedMoEWeights", "fused_moe_nvfp4", "launch_grids", "prefetch_gemm2_weights"]
+__all__ = ["PreparedMoEWeights", "fused_moe_nvfp4", "launch_grids"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,7 +178,6 @@ def fused_moe_nvfp4(
     out: torch.Tensor | None = None,
     config: KernelConfig | None = None,
     target: Target | None = None,
-    l2_prefetch: bool | None = None,
 ) -> torch.Tensor:
     """NVFP4 W4A16 MoE decode. Args:
 
@@ -186,9 +185,7 @@ def fused_moe_nvfp4(
     topk_ids: (T, top_k) int32/int64 in [-1, E); topk_weights: (T, top_k) fp32/bf16/fp16;
     out: optional (T, H) bf16 destination; config: force a :class:`KernelConfig` (else
     :func:`config_for`); target: the GPU description for the config choice (default: this
-    device); l2_prefetch: GEMM1 pulls the routed experts' GEMM2 weights into L2 (default:
-    :func:`prefetch_gemm2_weights`). Always deterministic: the same inputs give bit-identical
-    outputs. Returns ``out``.
+    device). Always deterministic: the same inputs give bit-identical outputs. Returns ``out``.
     """
     validate_moe_inputs("fused_moe_nvfp4", hidden_states, weights, topk_ids, topk_weights, out)
     T, H = hidden_states.shape
@@ -231,10 +228,6 @@ def fused_moe_nvfp4(
     # Routing lists: GEMM1 writes every entry GEMM2 reads, so no clearing is needed.
     plist = _workspace(dev, "plist", E * P, torch.int32, zero=False)
     pcnt = _workspace(dev, "pcnt", E, torch.int32, zero=False)
-    if l2_prefetch is None:
-        l2_prefetch = prefetch_gemm2_weights(T, shape, weights)
-    prefetch = bool(l2_prefetch) and not interp  # a no-op for the result; GPU-only PTX
-    a2 = w2.alpha.view(torch.uint8)  # byte addressing for the prefetch
 
     K._moe_gemm1[g1](
         hidden_states,
@@ -261,17 +254,10 @@ def fused_moe_nvfp4(
         cps1,
         top_k,
         config.split_k1,
-        w2.q,
-        w2.scale,
-        a2,
-        w2.q.stride(0),
-        w2.scale.stride(0),
-        a2.stride(0),
         SLOT_MODE=config.grid == "slots",
         BN=config.block_n1,
         BT=config.block_t,
         BLOCK_P=config.block_p,
-        PREFETCH2=prefetch,
         COMPUTE_F32=interp,
         num_warps=config.warps1,
         num_stages=config.stages1,
@@ -343,21 +329,6 @@ def fused_moe_nvfp4(
         num_stages=config.stages2,
     )
     return out
-
-
-def _l2_bytes(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 0
-    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
-
-
-def prefetch_gemm2_weights(T: int, shape: MoEShape, weights: PreparedMoEWeights) -> bool:
-    """Whether GEMM1 should prefetch GEMM2's weights into L2: when the expected routed experts'
-    GEMM2 bytes (uniform top-k) fill at most a quarter of this GPU's L2, so they are still there
-    when GEMM2 runs and evict little else (small T; e.g. GLM-5 TP8 T <= 2 on a 60 MB L2)."""
-    E, k = shape.E, min(shape.top_k, shape.E)
-    distinct = min(float(T * k), E * (1.0 - (1.0 - k / E) ** T))
-    return distinct * weights.w2.nbytes_per_expert() <= _l2_bytes(weights.device) / 4
 
 
 def triton_next_pow2(n: int) -> int:
