@@ -256,3 +256,16 @@ def test_decode_bit_exact_vs_torch_twin(seed):
     )
     got = out.cpu()[:N, :Kd]
     assert torch.equal(got, ref), (got - ref).abs().max()
+
+
+def test_grown_workspace_keeps_the_old_buffer_alive():
+    """A graph captured before a workspace grew still points at the old buffer: it must not be
+    freed (SGLang captures the largest batch first, then warms smaller ones up eagerly)."""
+    fm.clear_workspaces()
+    dev = torch.device("cpu")
+    ptr = fm._workspace(dev, "probe", 8, torch.float32, zero=False).data_ptr()
+    grown = fm._workspace(dev, "probe", 64, torch.float32, zero=False)
+    assert grown.data_ptr() != ptr
+    assert any(t.data_ptr() == ptr for t in fm._RETIRED)
+    assert fm._workspace(dev, "probe", 16, torch.float32, zero=False).data_ptr() == grown.data_ptr()
+    fm.clear_workspaces()

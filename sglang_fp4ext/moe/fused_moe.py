@@ -74,6 +74,9 @@ class PreparedMoEWeights:
 # ---- workspaces (cached per device, grown only outside graph capture) ----
 
 _WORKSPACES: dict[tuple[str, str], torch.Tensor] = {}
+# Buffers replaced by a larger one stay alive: a CUDA graph captured earlier (SGLang captures the
+# largest batch first, then warms up smaller ones eagerly) may still hold their addresses.
+_RETIRED: list[torch.Tensor] = []
 
 
 def _workspace(
@@ -87,6 +90,8 @@ def _workspace(
                 f"fused_moe_nvfp4: workspace {name!r} must grow to {numel} elements during "
                 "CUDA-graph capture; run the same token count once eagerly before capturing"
             )
+        if buf is not None:
+            _RETIRED.append(buf)
         alloc = torch.zeros if zero else torch.empty
         buf = alloc(max(numel, 1), dtype=dtype, device=device)
         _WORKSPACES[key] = buf
@@ -94,8 +99,9 @@ def _workspace(
 
 
 def clear_workspaces() -> None:
-    """Drop the cached workspaces (tests)."""
+    """Drop the cached workspaces (tests; no captured graph may be replayed afterwards)."""
     _WORKSPACES.clear()
+    _RETIRED.clear()
 
 
 # ---- validation ----
