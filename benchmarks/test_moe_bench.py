@@ -8,9 +8,9 @@ GLM-5 EP8, DeepSeek-R1 NVFP4 TP8, Qwen3-Coder-480B NVFP4 TP8) x T = 1 .. 8192 x
   (``bench/peers.py``), run where SGLang and their kernels import and the GPU is new enough,
   else collected and skipped with the reason (e.g. on the H200 box: no SGLang); a peer that runs
   is checked against the torch twin of the pack it computes before it is timed;
-* ``fp4ext-decode``: the path SGLang's runner core serves every T with today
-  (``report.dispatch_path``; ``extra_info["served"]`` says so per case); ``fp4ext-prefill`` with
-  ``--fp4ext-paths decode,prefill`` (marked ``served=False`` while the runner does not call it).
+* ``fp4ext-decode`` and, with ``--fp4ext-paths decode,prefill``, ``fp4ext-prefill``: the two
+  kernel paths; ``extra_info["served"]`` marks the one SGLang's runner core takes for that T
+  (``moe.dispatch`` via the config table; ``report.dispatch_path`` / ``Layer.served_path``).
   fp4ext runs last in each group, so its ``speedup_vs`` holds the ratio to every peer that ran
   in this session (``speedup_vs_torch_peer`` the torch one).
 
@@ -44,7 +44,7 @@ import pytest
 
 from sglang_fp4ext import roofline
 from sglang_fp4ext.bench.peers import SGLANG_PEERS as _SGLANG_PEER_SPECS
-from sglang_fp4ext.bench.report import SUITE_TOKENS, dispatch_path, row_numbers
+from sglang_fp4ext.bench.report import SUITE_TOKENS, row_numbers
 from sglang_fp4ext.moe.config import override_config
 
 PEER = "torch-bf16"
@@ -105,7 +105,7 @@ def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
         "preset": preset_name,
         "T": T,
         "impl": impl,
-        "served_path": dispatch_path(T),
+        "served_path": layer.served_path(T),
         "copies": layer.copies,
         "seed": layer.seed,
         "copy_bandwidth_TBps": rates["copy_bw_Bps"] / 1e12,
@@ -131,7 +131,7 @@ def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
             assert check["ok"], f"{impl} {preset_name} T={T} does not match the twin: {check}"
             step = layer.ours(T, path)
             info.update(
-                served=path == dispatch_path(T),
+                served=path == layer.served_path(T),
                 config=repr(layer.config(T, path)),
                 check=check,
                 slowed=bool(slow),

@@ -9,6 +9,7 @@ measuring path at a small setting.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import random
@@ -211,15 +212,22 @@ def test_make_routing_layouts(seed):
     assert (tw[:, 8] == 1).all()
 
 
-def test_dispatch_path_marks_every_suite_token_count():
-    paths = {report.dispatch_path(T) for T in report.SUITE_TOKENS}
-    # Tripwire: the marking says "decode for every T" only while neither the runner core nor the
-    # decode entry point calls the prefill kernels; wiring them in must update dispatch_path.
-    calls_prefill = any(
-        "fused_moe_nvfp4_prefill" in (ROOT / "sglang_fp4ext" / f).read_text()
-        for f in ("sglang_backend.py", "moe/fused_moe.py")
-    )
-    assert paths == ({"decode", "prefill"} if calls_prefill else {"decode"})
+def test_dispatch_path_is_the_dispatchers_choice():
+    """The suite's "served" marking asks the code the runner core runs (moe.dispatch): the
+    heuristic switch without a table, the shipped table's per-bucket path on a tabled GPU."""
+    from sglang_fp4ext.moe import config as C
+    from sglang_fp4ext.moe import dispatch, experts
+
+    assert "dispatch" in inspect.getsource(experts.run_experts)  # the runner's path goes there
+    assert "select(" in inspect.getsource(dispatch.choose)
+    for T in report.SUITE_TOKENS:
+        want = "prefill" if C.token_bucket(T) >= C.PREFILL_MIN_TOKENS else "decode"
+        assert report.dispatch_path(T) == want
+    h200 = C.Target("sm_90", "NVIDIA H200", 132)
+    tp8 = C.MoEShape(256, 6144, 256, 8)
+    paths = {T: report.dispatch_path(T, tp8, h200) for T in report.SUITE_TOKENS}
+    assert paths == {T: C.select(T, tp8, h200).path for T in report.SUITE_TOKENS}
+    assert paths[1] == "decode" and paths[8192] == "prefill"
     assert report.SUITE_TOKENS[0] == 1 and report.SUITE_TOKENS[-1] == 8192
     with pytest.raises(ValueError, match="tokens must be >= 0"):
         report.dispatch_path(-1)

@@ -94,10 +94,14 @@ SCHEMA = "fp4ext-bench/1"
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SUITE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
-#: What ``sglang_backend.Fp4ExtRunnerCore.run_from_dispatch`` calls today: the decode kernels
-#: (``moe.fused_moe.fused_moe_nvfp4``) for every T. ``moe.prefill`` exists but is not wired into
-#: the runner yet; change :func:`dispatch_path` together with the runner.
-DISPATCH_RULE = "runner core calls moe.fused_moe.fused_moe_nvfp4 (decode kernels) for every T"
+#: What ``sglang_backend.Fp4ExtRunnerCore`` serves: ``moe.experts.run_experts`` ->
+#: ``moe.dispatch.fused_moe``, which picks the decode or prefill kernels per token bucket from the
+#: config table (``moe/config.py``: user dir, then the shipped ``configs/<GPU>.json``), else the
+#: heuristic switch (prefill from ``PREFILL_MIN_TOKENS``). :func:`dispatch_path` asks the same code.
+DISPATCH_RULE = (
+    "runner core -> moe.dispatch.fused_moe: the table's path per token bucket, else decode below "
+    "PREFILL_MIN_TOKENS and prefill from it"
+)
 
 
 def slowed_config():
@@ -121,11 +125,17 @@ def slowed_config():
     )
 
 
-def dispatch_path(tokens: int) -> str:
-    """The fp4ext path SGLang's runner core serves ``tokens`` rows with (see DISPATCH_RULE)."""
+def dispatch_path(tokens: int, shape=None, target=None) -> str:
+    """The fp4ext path SGLang's runner core serves ``tokens`` rows with (see DISPATCH_RULE):
+    ``moe.config.select`` for a ``MoEShape`` and target (this GPU by default); without a shape,
+    the heuristic switch alone."""
     if tokens < 0:
         raise ValueError(f"tokens must be >= 0, got {tokens}")
-    return "decode"
+    from sglang_fp4ext.moe import config as C
+
+    if shape is None:
+        return C.heuristic_path(tokens, None, None)
+    return C.select(tokens, shape, target).path
 
 
 # ---- environment -------------------------------------------------------------------------------
@@ -340,20 +350,30 @@ class Layer:
     def config(self, T: int, path: str = "decode"):
         """The config the kernels pick for ``T`` on ``path`` (table/heuristic; prefill: its
         heuristic), for the record."""
-        from sglang_fp4ext.moe.config import config_for, current_target
+        from sglang_fp4ext.moe.config import config_for
+
+        mshape, target = self._moe_shape_target()
+        if path == "prefill":
+            from sglang_fp4ext.moe.config import prefill_config_for
+
+            return prefill_config_for(T, mshape, target)
+        return config_for(T, mshape, target)
+
+    def _moe_shape_target(self):
+        from sglang_fp4ext.moe.config import current_target
 
         mshape = self.prepared[0].shape(self.shape.top_k_local)
         target = current_target(self.device) if self.device.type == "cuda" else current_target()
-        if path == "prefill":
-            from sglang_fp4ext.moe.prefill import prefill_heuristic_config
+        return mshape, target
 
-            return prefill_heuristic_config(T, mshape, target)
-        return config_for(T, mshape, target)
+    def served_path(self, T: int) -> str:
+        """The path the runner core (``moe.dispatch``) takes for ``T`` tokens on this layer."""
+        return dispatch_path(T, *self._moe_shape_target())
 
     def ours(self, T: int, path: str | None = None) -> Callable[[int], object]:
         from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
 
-        path = path or dispatch_path(T)
+        path = path or self.served_path(T)
         xs, routes, outs = self.inputs(T)
         if path == "decode":
             cfg = self.config(T)
@@ -367,10 +387,12 @@ class Layer:
         if path == "prefill":
             from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
 
+            pcfg = self.config(T, "prefill")
+
             def step(i):
                 ids, tw, _ = routes[i]
                 w = self.prepared[i % self.copies]
-                return fused_moe_nvfp4_prefill(xs[i], w, ids, tw, out=outs[i])
+                return fused_moe_nvfp4_prefill(xs[i], w, ids, tw, out=outs[i], config=pcfg)
 
             return step
         raise ValueError(f"unknown path {path!r}; expected 'decode' or 'prefill'")
@@ -768,8 +790,9 @@ def run_gpu(
     if not peer:
         result["notes"].append("torch bf16 grouped-GEMM peer not run (no torch._grouped_mm?)")
     layer = Layer(shape, copies, seed=seed)
+    result["dispatch"]["paths"] = {str(T): layer.served_path(T) for T in tokens}
     for T in tokens:
-        path = dispatch_path(T)
+        path = layer.served_path(T)
         check = layer.check(T, path)
         n = layer.n_inputs(T)
         t = time_graph_replay(layer.ours(T, path), n, replays=replays)
