@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["EnvVar", "SGLANG_VERSION_OVERRIDE", "LOG_LEVEL", "ALL"]
+__all__ = ["EnvVar", "SGLANG_VERSION_OVERRIDE", "LOG_LEVEL", "CONFIG_DIR", "ALL"]
 
 
 @dataclass(frozen=True)
@@ -32,4 +32,11 @@ LOG_LEVEL = EnvVar(
     "Log level for the sglang_fp4ext logger (DEBUG, INFO, ...); default: inherit SGLang's.",
 )
 
-ALL = (SGLANG_VERSION_OVERRIDE, LOG_LEVEL)
+CONFIG_DIR = EnvVar(
+    "SGLANG_FP4EXT_CONFIG_DIR",
+    "~/.cache/sglang_fp4ext/configs",
+    "Directory of user kernel-config tables (<GPU name>.json, written by `fp4ext tune`), read "
+    "before the tables shipped in sglang_fp4ext/moe/configs/.",
+)
+
+ALL = (SGLANG_VERSION_OVERRIDE, LOG_LEVEL, CONFIG_DIR)

@@ -13,6 +13,7 @@ import copy
 import io
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,7 +95,7 @@ def test_user_table_replaces_shipped_shape(user_dir):
 
 def test_default_user_dir(monkeypatch):
     monkeypatch.delenv(C.CONFIG_DIR_ENV, raising=False)
-    assert C.user_config_dir() == C.DEFAULT_USER_CONFIG_DIR.expanduser()
+    assert C.user_config_dir() == Path("~/.cache/sglang_fp4ext/configs").expanduser()
     monkeypatch.setenv(C.CONFIG_DIR_ENV, "/x/y")
     assert C.user_table_path("NVIDIA H200").as_posix() == "/x/y/NVIDIA_H200.json"
 

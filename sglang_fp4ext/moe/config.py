@@ -62,6 +62,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from sglang_fp4ext import envs
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 
 __all__ = [
@@ -289,9 +290,7 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
 TABLE_VERSION = 2
 PATHS = ("decode", "prefill")
 #: Environment variable naming the user table directory (checked before the shipped tables).
-CONFIG_DIR_ENV = "SGLANG_FP4EXT_CONFIG_DIR"
-#: User table directory when CONFIG_DIR_ENV is unset; ``fp4ext tune`` writes here by default.
-DEFAULT_USER_CONFIG_DIR = Path("~/.cache/sglang_fp4ext/configs")
+CONFIG_DIR_ENV = envs.CONFIG_DIR.name
 
 #: Path heuristic: prefill from this token bucket up when no table entry exists. Measured on the
 #: H200 (``benchmarks/results/tune_h200.json``, ``fp4ext tune``, graph replay): prefill wins from
@@ -347,10 +346,7 @@ def table_path(device_name: str) -> Path:
 
 def user_config_dir() -> Path:
     """``$SGLANG_FP4EXT_CONFIG_DIR`` when set, else ``~/.cache/sglang_fp4ext/configs``."""
-    import os
-
-    env = os.environ.get(CONFIG_DIR_ENV)
-    return Path(env).expanduser() if env else DEFAULT_USER_CONFIG_DIR.expanduser()
+    return Path(envs.CONFIG_DIR.get()).expanduser()
 
 
 def user_table_path(device_name: str) -> Path:
