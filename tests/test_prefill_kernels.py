@@ -400,7 +400,8 @@ _GLM5 = [(257, 6144, 256, 9), (32, 6144, 2048, 8)]  # TP8 with the fused shared 
 def _requests(cc):
     """The launches the heuristic makes for this arch at GLM-5 shapes -- every T bucket from 256 to
     8192 on sm_90 (H200) and sm_120 (RTX PRO 6000), T = 1024 and 4096 on sm_80/sm_100 (to keep
-    the CPU tier short) -- plus the 256-deep K step and the atomic combine once."""
+    the CPU tier short) -- plus the 256-deep K step and the atomic combine once, and on sm_90 the
+    prefill entries of the shipped H200 table."""
     arch, sms = _ARCHS[cc]
     buckets = range(8, 14) if cc in (90, 120) else (10, 12)
     req = [[s, 1 << b, arch, sms, None] for s in _GLM5 for b in buckets]
@@ -409,6 +410,14 @@ def _requests(cc):
         "stages1=2, stages2=2, combine='atomic')"
     )
     req.append([_GLM5[1], 4096, arch, sms, extra])
+    if cc == 90:  # the prefill entries of the shipped H200 table (used on that GPU only)
+        from sglang_fp4ext.moe import config as C
+
+        for key, buckets in C.load_entries("NVIDIA H200").items():
+            s = C.parse_shape_key(key)
+            for b, entry in sorted(buckets.items()):
+                if entry.path == "prefill":
+                    req.append([[s.E, s.H, s.I, s.top_k], b, arch, sms, repr(entry.config)])
     return req
 
 
@@ -452,6 +461,8 @@ def test_aot_every_launch_compiles_with_tensor_cores(compiled, cc):
     for r in res:
         if r["kernel"].startswith("_prefill_gemm"):
             assert r["mma"], f"sm_{cc}: no tensor-core MMA in the PTX of {r}"
+    if cc == 90:  # every launch fits the H200's opt-in shared memory per block
+        assert max(r["shared"] for r in res) <= 232_448
     for r in sorted(res, key=lambda r: -r["shared"])[:4]:
         print(f"sm_{cc} {r['kernel']} shared={r['shared']} mma={r['mma']} {r['config']}")
 
