@@ -9,13 +9,14 @@ captured the way SGLang's decode runner does: static inputs sized for the larges
 sliced per graph, one shared memory pool, largest bucket first, two eager runs before each
 capture. Every graph is replayed only after all are captured, so a workspace that moved while
 later graphs were warmed up would show. Outputs are poisoned with NaN before every run; eager
-runs are ``fused_moe_nvfp4`` (what ``run_experts`` calls) into a poisoned ``out``.
+runs are ``dispatch.fused_moe`` (what ``run_experts`` calls: the decode or prefill kernels, as the
+config table says for the bucket) into a poisoned ``out``.
 
 Padding: a batch of ``T`` real rows replayed in the policy's next bucket ``B`` with rows
 ``T..B`` holding stale data and their routed ids masked to ``-1`` (SGLang's CUDA masking leaves
 the shared-expert column) must give, for its real rows, bit for bit what the unpadded batch gives
-eagerly: the policy keeps ``B`` in ``T``'s kernel-config bucket, and every row's arithmetic is
-independent of the other rows.
+eagerly: the policy keeps ``B`` in ``T``'s kernel-config bucket (same path, same config), and
+every row's arithmetic is independent of the other rows on both paths.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import pytest
 import torch
 
 from sglang_fp4ext import capture_policy as cp
-from sglang_fp4ext.moe.config import config_for, current_target
+from sglang_fp4ext.moe import dispatch
+from sglang_fp4ext.moe.config import current_target, select
 from sglang_fp4ext.moe.experts import run_experts
-from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
 from tests import glm5_cases
 
 pytestmark = pytest.mark.gpu
@@ -82,7 +83,7 @@ def captured(policy):
 
 def _eager(pw, x, ids, tw):
     out = torch.full((x.shape[0], H), float("nan"), dtype=torch.bfloat16, device="cuda")
-    return fused_moe_nvfp4(x, pw, ids, tw, out=out)
+    return dispatch.fused_moe(x, pw, ids, tw, out=out)
 
 
 def _same_bits(a, b) -> bool:
@@ -110,8 +111,8 @@ def test_padded_batch_real_rows_equal_unpadded(captured, policy, T, seed):
     assert B > T, f"T={T} is a bucket: nothing padded"
     shape = captured.pw.shape(9)
     target = current_target()
-    # The policy's promise that makes bit equality the right bar: same kernel config.
-    assert config_for(B, shape, target) == config_for(T, shape, target), (T, B)
+    # The policy's promise that makes bit equality the right bar: same path and kernel config.
+    assert select(B, shape, target) == select(T, shape, target), (T, B)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs("tp8_shared", B, g)  # rows T..B: stale data
     ids[T:, :-1] = -1  # SGLang's mask on CUDA: routed columns of padded rows, shared one stays

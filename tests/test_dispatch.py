@@ -137,3 +137,23 @@ def test_run_experts_triton_goes_through_the_dispatcher(tables, monkeypatch, see
     assert dispatch.CALLS == {"prefill": 1} and out.dtype == torch.float32
     ref = fused_moe_nvfp4_torch(x.float().cpu(), w, ids.cpu(), tw.cpu())
     assert_close(out.cpu(), ref, max_rel=1e-2, rms_rel=5e-3, what="run_experts")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tp8_shared", "ep8"])
+@pytest.mark.parametrize("T", [1, 64, 512, 2048])
+def test_glm5_shipped_table_path_on_gpu(name, T, seed):
+    """GPU tier: at GLM-5 shapes the runner's entry (``run_experts`` -> dispatcher) takes the path
+    the shipped table (or the heuristic switch) names for T, and its output matches the twin."""
+    from sglang_fp4ext.moe.experts import run_experts
+    from tests import glm5_cases
+
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    want = C.select(T, pw.shape(ids.shape[1]), C.current_target(torch.device("cuda"))).path
+    before = dispatch.CALLS[want]
+    out = run_experts("triton", pw, x, ids, tw)
+    assert dispatch.CALLS[want] == before + 1
+    ref = fused_moe_nvfp4_torch(x, w, ids, tw)
+    assert_close(out, ref, max_rel=1e-2, rms_rel=5e-3, what=f"{name} T={T} {want}")
