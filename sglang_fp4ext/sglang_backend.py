@@ -23,7 +23,9 @@ the hooks.
 Expert paths (chosen per layer from its device, announced once per process in the log):
 ``triton`` on a CUDA GPU of SM80 or newer (``moe.fused_moe.fused_moe_nvfp4`` on the kernel layout),
 ``reference`` elsewhere (CPU, older GPUs: ``moe.reference.fused_moe_nvfp4_torch`` in fp32 on
-the checkpoint layout; correct and slow, meant for tests and bring-up).
+the checkpoint layout; correct and slow, meant for tests and bring-up). Each layer's runner core
+logs one INFO line the first time it runs (``fp4ext served MoE layer <id>: <path> path, <n> local
+experts``), so a server log shows which MoE layers fp4ext served.
 
 SGLang only logs exceptions raised by plugins and by ``HookRegistry.apply_hooks``; so the runner
 factory, called while SGLang builds each MoE layer, checks that every hook is in place and raises
@@ -356,6 +358,15 @@ class Fp4ExtRunnerCore(_CoreBase):
             quant_info.path, quant_info.weights, dispatch_output.hidden_states, topk.topk_ids,
             topk.topk_weights,
         )
+        if not getattr(self, "_served", False):
+            # One line per MoE layer (one core per layer), the first time it runs: the end-to-end
+            # check (testing/e2e.py served_moe_layers) reads these to prove fp4ext served every
+            # MoE layer of the model.
+            self._served = True
+            logger.info(
+                "fp4ext served MoE layer %s: %s path, %d local experts", runner_config.layer_id,
+                quant_info.path, quant_info.weights.num_experts,
+            )
         return StandardCombineInput(hidden_states=out)
 
 

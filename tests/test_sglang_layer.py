@@ -67,7 +67,13 @@ if SHARED:
     ids = torch.cat([ids, torch.full((T, 1), E, dtype=ids.dtype)], dim=1)
     weights = torch.cat([weights, torch.ones(T, 1, dtype=weights.dtype)], dim=1)
     topk_output = topk_output._replace(topk_ids=ids, topk_weights=weights)
+import io, logging
+served_log = io.StringIO()
+fp4ext_logger = logging.getLogger("sglang_fp4ext")
+fp4ext_logger.addHandler(logging.StreamHandler(served_log))
+fp4ext_logger.setLevel(logging.INFO)
 out = layer.forward(x, topk_output)
+layer.forward(x, topk_output)  # served before: logs nothing more
 if {REDUCE}:
     # Per-rank partial sums (GLM-5's DeepseekV2MoE uses reduce_results=False): SGLang's
     # tensor-parallel all-reduce makes the layer output.
@@ -81,8 +87,17 @@ print(json.dumps({{"loaded": loaded, "max_rel": st.max_rel, "rms_rel": st.rms_re
                    "swizzled_freed": layer.w13_blockscale_swizzled is None,
                    "local_experts": int(layer.w13_weight.shape[0]),
                    "local_inter": int(layer.w2_weight.shape[2]) * 2,
-                   "ids": ids.tolist()}}))
+                   "ids": ids.tolist(), "served_log": served_log.getvalue()}}))
 """
+
+
+def _assert_served_once(r, *, layer_id, path, local_experts):
+    """The runner core's per-layer line (what the end-to-end check parses): once per layer."""
+    from sglang_fp4ext.testing.e2e import served_moe_layers
+
+    assert r["served_log"].count("fp4ext served MoE layer") == 1, r["served_log"]
+    served = served_moe_layers(r["served_log"])
+    assert served == {layer_id: {(path, local_experts)}}, r["served_log"]
 
 
 @pytest.mark.parametrize("shared", [0, 1], ids=["routed-only", "fused-shared"])
@@ -98,6 +113,7 @@ def test_fused_moe_layer_matches_reference(tmp_path, seed, shared):
     assert r["out_dtype"] == "torch.bfloat16" and r["shape"] == [T, H]
     if shared:
         assert all(row[-1] == E for row in r["ids"])
+    _assert_served_once(r, layer_id=0, path="reference", local_experts=E + shared)
     # Same fp32 math on the same weights; the only difference is the final bf16 rounding of the
     # output (relative 2^-9 per element), so RMS stays well under 1e-2 of the output RMS.
     assert r["rms_rel"] < 5e-3, r
@@ -123,6 +139,7 @@ def test_two_process_tp_ep_matches_single_process_reference(tmp_path, seed, tp, 
             assert (r["local_experts"], r["local_inter"]) == (E, I // tp)
         else:
             assert (r["local_experts"], r["local_inter"]) == (E // ep, I)
+        _assert_served_once(r, layer_id=0, path="reference", local_experts=r["local_experts"])
         # As the single-process test, plus one fp32->bf16 rounding of each rank's partial sum.
         assert r["rms_rel"] < 5e-3, r
         assert r["max_rel"] < 1.5e-2, r
