@@ -219,6 +219,7 @@ def test_other_architectures(tmp_path, arch, ckpt_seed):
     assert cfg.model_type == arch and cfg.architectures == [ck.ARCHITECTURES[arch]]
     if arch == "deepseek_v3":
         assert cfg.rope_parameters["rope_type"] == "yarn"  # SGLang's CPU rope path needs one
+        assert (cfg.n_group, cfg.topk_group) == (4, 2)  # grouped routing, as DeepSeek-V3's 8/4
     t = ck.read_checkpoint(d)
     for e in (0, 15):
         for proj, (n, k) in zip(PROJ, [(128, 256), (128, 256), (256, 128)], strict=True):

@@ -1,17 +1,28 @@
 """A real SGLang HTTP server with ``--moe-runner-backend fp4ext`` on the CPU (issue 9, CPU tier).
 
-A tiny GLM-4.5 (``Glm4MoeForCausalLM``: sigmoid router with correction bias, shared expert) is
-quantised and exported by NVIDIA ModelOpt, served by ``python -m sglang.launch_server
---quantization modelopt_fp4 --moe-runner-backend fp4ext``, and greedy-decoded over HTTP. Every
-served token is judged teacher-forced by two oracles on the dequantised weights: SGLang's own
-bf16 MoE (same attention code, so only the expert path differs) and ``transformers`` in float32
-(an independent implementation). See ``sglang_fp4ext.testing.e2e.GAP_TOLERANCE`` for the
-tolerance and its measurement. The tiny model uses routed_scaling_factor 1.0: on non-CUDA devices
-SGLang 0.5.23's GLM-4.5 block applies the factor a second time for NVFP4 (README).
+Two tiny models, quantised and exported by NVIDIA ModelOpt, are served by ``python -m
+sglang.launch_server --quantization modelopt_fp4 --moe-runner-backend fp4ext`` and greedy-decoded
+over HTTP (4 prompts x 16 tokens):
+
+* GLM-4.5 (``Glm4MoeForCausalLM``: sigmoid router with correction bias, bf16 shared expert);
+* DeepSeek-V3 (``DeepseekV3ForCausalLM``, the MoE block GLM-5 runs in SGLang: MLA with a yarn
+  rope, grouped routing 4 groups / best 2, NVFP4 shared expert fused by SGLang as expert 16).
+
+Every served token is judged teacher-forced by two oracles on the dequantised weights: SGLang's
+own bf16 MoE (same attention code, so only the expert path differs) and ``transformers`` in
+float32 (an independent implementation, which also checks the first oracle). See
+``sglang_fp4ext.testing.e2e.GAP_TOLERANCE`` for the tolerance and its measurement. The server
+log must show fp4ext serving exactly the model's MoE layers (ids from its config).
+
+Two SGLang 0.5.23 CPU bugs shape the setup (README, Measured facts): the tiny models use
+routed_scaling_factor 1.0 (SGLang applies the factor a second time for NVFP4 off CUDA), and the
+CPU servers carry ``e2e.install_cpu_workarounds`` (DeepSeek MLA prefill on torch_native attends
+over the compressed latent; the workaround routes it through the absorbed-MLA path decode uses).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,32 +31,55 @@ import pytest
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
+# name -> (make_tiny_checkpoint arguments, fp4ext-server-only flags)
+MODELS = {
+    "glm45": (dict(arch="glm4_moe", quantize_shared_experts=False), []),
+    # SGLang fuses shared experts by default only for 256/384 routed experts: force it, so the
+    # tiny model runs the fused-shared path GLM-5-NVFP4 and DeepSeek-V3 take at full size.
+    "dsv3": (dict(arch="deepseek_v3", quantize_shared_experts=True),
+             ["--enforce-shared-experts-fusion"]),
+}
 
-@pytest.fixture(scope="module")
-def tiny_glm45(tmp_path_factory):
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def served_model(request, tmp_path_factory):
+    """One fp4ext server + one oracle server per model, shared by the assertions below."""
+    from sglang_fp4ext.testing import e2e
     from sglang_fp4ext.testing.checkpoint import make_tiny_checkpoint
 
-    return make_tiny_checkpoint(
-        tmp_path_factory.mktemp("glm45") / "model",
-        arch="glm4_moe",
-        seed=1234,
-        quantize_shared_experts=False,
-        routed_scaling_factor=1.0,
-    )
-
-
-def test_server_tokens_match_oracles(tiny_glm45, tmp_path):
-    from sglang_fp4ext.testing import e2e
-
+    kwargs, fp4ext_args = MODELS[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    ckpt = make_tiny_checkpoint(root / "model", seed=1234, routed_scaling_factor=1.0, **kwargs)
     args, env = e2e.cpu_server_args()
     r = e2e.check_checkpoint_against_oracle(
-        tiny_glm45, n_prompts=4, max_new_tokens=16, extra_args=args, env=env,
-        work_dir=tmp_path, hf_oracle=True,
+        ckpt, n_prompts=4, max_new_tokens=16, extra_args=args, env=env, work_dir=root / "run",
+        hf_oracle=True, fp4ext_args=fp4ext_args,
     )
-    assert r["fp4ext_layers_logged"], "the server log does not show fp4ext serving MoE layers"
-    assert all(len(o) == 16 for o in r["served"])
-    assert r["max_gap"] <= e2e.GAP_TOLERANCE, r
-    assert r["hf_max_gap"] <= e2e.GAP_TOLERANCE, r
+    return request.param, ckpt, r
+
+
+def test_server_tokens_match_oracles(served_model):
+    from sglang_fp4ext.testing.e2e import GAP_TOLERANCE
+
+    name, _, r = served_model
+    assert all(len(o) == 16 for o in r["served"]), r["served"]
+    summary = {k: r[k] for k in ("max_gap", "hf_max_gap", "exact_prompts", "server_log")}
+    assert r["max_gap"] <= GAP_TOLERANCE, (name, summary, r["gaps"])
+    assert r["hf_max_gap"] <= GAP_TOLERANCE, (name, summary, r["hf_gaps"])
+
+
+def test_server_log_shows_every_moe_layer(served_model):
+    name, ckpt, r = served_model
+    cfg = json.loads((ckpt / "config.json").read_text())
+    expected = list(range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"]))
+    assert r["moe_layers_expected"] == expected == [1, 2, 3]
+    # Every MoE layer logged by fp4ext, on the CPU's reference path, with its local experts
+    # (routed, plus the shared expert where SGLang fused it).
+    n_local = cfg["n_routed_experts"] + (1 if name == "dsv3" else 0)
+    assert r["moe_layers_served"] == {i: [("reference", n_local)] for i in expected}, r
+    assert r["fp4ext_layers_logged"] is True
+    if name == "dsv3":
+        assert r["cpu_workaround_logged"], f"MLA workaround not active: {r['server_log']}"
 
 
 def test_fp4ext_check_cli(tmp_path):

@@ -113,6 +113,9 @@ _DEFAULTS = {
     "deepseek_v3": {
         **_COMMON,
         **_MLA,
+        # Grouped routing as in DeepSeek-V3 (8 groups, best 4): 4 groups of 4 experts, best 2.
+        "n_group": 4,
+        "topk_group": 2,
         # SGLang's CPU rope path asserts a rope scaling; real DeepSeek-V3 configs carry this yarn.
         "rope_parameters": {
             "rope_type": "yarn",

@@ -8,14 +8,23 @@ Used by ``fp4ext check`` and the end-to-end tests. Three pieces:
 * ``SGLangServer``: ``python -m sglang.launch_server`` in a subprocess on a free loopback port,
   waited for on ``/health``, greedy ``/generate`` on token ids, stopped with its process group.
 * ``hf_greedy``: ``transformers`` greedy decoding on token ids (no tokenizer needed).
+* ``expected_moe_layers`` / ``served_moe_layers``: which layers of a model are MoE layers (SGLang's
+  rule) and which ones the server log says fp4ext served.
+* ``install_cpu_workarounds``: an SGLang plugin, active only in servers started with
+  ``cpu_server_args()``, that works around an SGLang 0.5.23 CPU bug in DeepSeek-family (MLA)
+  prefill attention (see its docstring).
 
 The servers and requests stay on 127.0.0.1 and are bounded in count and time.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,7 +40,17 @@ import torch
 
 from sglang_fp4ext.nvfp4.format import dequantize_nvfp4
 
-__all__ = ["dequantized_copy", "SGLangServer", "hf_greedy", "hf_choice_gaps", "prompts_for"]
+__all__ = [
+    "dequantized_copy",
+    "SGLangServer",
+    "hf_greedy",
+    "hf_choice_gaps",
+    "prompts_for",
+    "expected_moe_layers",
+    "served_moe_layers",
+    "cpu_server_args",
+    "install_cpu_workarounds",
+]
 
 
 def dequantized_copy(ckpt_dir, out_dir) -> Path:
@@ -219,15 +238,152 @@ def hf_choice_gaps(model_dir, prompts: list[list[int]], outputs: list[list[int]]
 #: checkpoints (4 prompts x 16 tokens each, logit std ~1.0) against transformers in float32:
 #: SGLang serving the *dequantised* weights with its own bf16 MoE picked tokens up to 0.22 below
 #: the best; fp4ext on the NVFP4 checkpoint up to 0.14. With the routed scaling applied twice
-#: (SGLang's GLM-4.5 CPU path, see README) fp4ext missed by 1.9-2.6.
+#: (SGLang's GLM-4.5 CPU path, see README) fp4ext missed by 1.9-2.6. Tiny DeepSeek-V3 (fused
+#: NVFP4 shared expert, grouped routing; 2026-11-30): fp4ext 0.03 below SGLang's own MoE and 0.11
+#: below transformers; with the fused shared expert dropped 2.35, with gate/up swapped 2.28,
+#: without ``install_cpu_workarounds`` 3.5 (4.4 against transformers).
 GAP_TOLERANCE = 0.5
 
 
+# ---- which MoE layers fp4ext served ----
+
+# The line sglang_backend.Fp4ExtRunnerCore logs once per layer (tests/test_sglang_layer.py parses
+# a real one with this).
+_SERVED_RE = re.compile(
+    r"fp4ext served MoE layer (\d+): (triton|reference) path, (\d+) local experts"
+)
+
+
+def expected_moe_layers(config: dict) -> list[int]:
+    """Layer ids SGLang builds as MoE layers for a DeepSeek-V2/V3 or GLM-4.5 style ``config``.
+
+    SGLang 0.5.23's rule: ``layer_id >= first_k_dense_replace`` and, for DeepSeek
+    (``deepseek_v2.py`` ``_is_layer_sparse``), ``layer_id % moe_layer_freq == 0``; GLM-4.5
+    (``glm4_moe.py``) has no ``moe_layer_freq``. MTP layers are not served without speculation.
+    """
+    if not config.get("n_routed_experts"):
+        return []
+    freq = config.get("moe_layer_freq", 1) if "deepseek" in config.get("model_type", "") else 1
+    first = config.get("first_k_dense_replace", 0)
+    return [i for i in range(config["num_hidden_layers"]) if i >= first and i % freq == 0]
+
+
+def served_moe_layers(log: str) -> dict[int, set[tuple[str, int]]]:
+    """``{layer id: {(path, local experts), ...}}`` from fp4ext's per-layer lines in a server log
+    (one line per layer and process; TP/EP ranks each log their own)."""
+    served: dict[int, set[tuple[str, int]]] = {}
+    for m in _SERVED_RE.finditer(log):
+        served.setdefault(int(m.group(1)), set()).add((m.group(2), int(m.group(3))))
+    return served
+
+
+# ---- SGLang on the CPU ----
+
+#: The entry-point name of ``install_cpu_workarounds`` in the servers ``cpu_server_args`` starts.
+CPU_WORKAROUND_PLUGIN = "fp4ext_e2e_cpu"
+CPU_WORKAROUND_LOG = (
+    "fp4ext e2e CPU workaround: torch_native MLA prefill runs SGLang's absorbed-MLA path"
+)
+_MLA_HANDLER_MODULE = "sglang.srt.models.deepseek_common.attention_backend_handler"
+_logger = logging.getLogger("sglang_fp4ext")
+
+
+def _absorbed_mla(attn, forward_batch):
+    from sglang.srt.models.deepseek_common.attention_backend_handler import (
+        _dispatch_mla_subtype,
+    )
+
+    return _dispatch_mla_subtype(attn, forward_batch)
+
+
+def _register_mla_handler(module) -> None:
+    module.AttentionBackendRegistry.register("torch_native", _absorbed_mla)
+    _logger.warning(CPU_WORKAROUND_LOG)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``_register_mla_handler`` right after the handler module is first imported, so the
+    processes that never build a DeepSeek model do not pay its ~7 s import."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _MLA_HANDLER_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            _register_mla_handler(module)
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def install_cpu_workarounds() -> None:
+    """SGLang plugin for the CPU test servers: fixes DeepSeek-family prefill attention.
+
+    SGLang 0.5.23 bug (CPU, ``--attention-backend torch_native``): DeepSeek's MLA attention
+    has no torch_native handler, so ``AttentionBackendRegistry.get_handler`` falls back to the
+    triton one (``models/deepseek_common/attention_backend_handler.py:54-55``), which sends every
+    prefix-free prefill down the MHA path (same file, 247-251). That path calls
+    ``attn_mha(q, k, v, save_kv_cache=False)`` with per-head K/V expanded from the latent
+    (``attention_forward_methods/forward_mha.py:305``), but
+    ``TorchNativeAttnBackend.forward_extend`` ignores the ``k``/``v`` it is given and attends
+    over the KV pool, which for MLA holds the compressed latent
+    (``layers/attention/torch_native_backend.py:313-316``). With DeepSeek's real dims (q 192
+    wide, latent 576) the shapes would not even match; with a tiny model where ``kv_lora_rank ==
+    qk_nope_head_dim == v_head_dim`` it silently attends over the latent. Decode takes the
+    absorbed-MLA path and is right, so prefill and decode of the same tokens disagree. Measured
+    on the tiny DeepSeek-V3 (2026-11-30): at the first prefill position, where attention is a
+    copy of V, SGLang's log-probabilities differed from transformers' by up to 4.9 (max over the
+    vocabulary); with this workaround its top-5 tokens there equal transformers' to 0.01.
+
+    The workaround registers a torch_native handler that always takes the absorbed-MLA path
+    (the one decode uses): only attention changes, identically in the fp4ext and oracle servers.
+    """
+    if _MLA_HANDLER_MODULE in sys.modules:
+        _register_mla_handler(sys.modules[_MLA_HANDLER_MODULE])
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+_PLUGIN_DIR: Path | None = None
+
+
+def _cpu_workaround_plugin_dir() -> Path:
+    """A directory holding a dist-info that declares ``install_cpu_workarounds`` as an SGLang
+    plugin (SGLang finds plugins by entry point); put on ``PYTHONPATH`` of the CPU servers."""
+    global _PLUGIN_DIR
+    if _PLUGIN_DIR is None:
+        d = Path(tempfile.mkdtemp(prefix="fp4ext-e2e-plugin-"))
+        info = d / f"{CPU_WORKAROUND_PLUGIN}-0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {CPU_WORKAROUND_PLUGIN}\nVersion: 0\n"
+        )
+        (info / "entry_points.txt").write_text(
+            f"[sglang.srt.plugins]\n{CPU_WORKAROUND_PLUGIN} = "
+            f"{__name__}:{install_cpu_workarounds.__name__}\n"
+        )
+        _PLUGIN_DIR = d
+    return _PLUGIN_DIR
+
+
 def cpu_server_args() -> tuple[list[str], dict[str, str]]:
-    """SGLang flags and environment for serving on a CPU-only machine."""
+    """SGLang flags and environment for serving on a CPU-only machine (with the CPU workaround
+    plugin, see ``install_cpu_workarounds``)."""
+    env = {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(_cpu_workaround_plugin_dir()), os.environ.get("PYTHONPATH")) if p
+        ),
+    }
+    if os.environ.get("SGLANG_PLUGINS"):  # a whitelist: keep ours on it
+        env["SGLANG_PLUGINS"] = f"{os.environ['SGLANG_PLUGINS']},{CPU_WORKAROUND_PLUGIN}"
     return (
         ["--device", "cpu", "--attention-backend", "torch_native", "--mem-fraction-static", "0.1"],
-        {"SGLANG_USE_CPU_ENGINE": "1"},
+        env,
     )
 
 
@@ -241,16 +397,18 @@ def serve_greedy(model_path, extra_args, env, prompts, max_new_tokens, log_path=
 
 def check_checkpoint_against_oracle(
     ckpt_dir, *, n_prompts: int = 4, max_new_tokens: int = 16, extra_args=(), env=None,
-    work_dir=None, seed: int = 0, hf_oracle: bool = False,
+    work_dir=None, seed: int = 0, hf_oracle: bool = False, fp4ext_args=(),
 ) -> dict:
     """Serve an NVFP4 checkpoint with fp4ext; judge every served token with an oracle.
 
     The oracle is the same SGLang server code on the *dequantised* checkpoint with SGLang's own
     bf16 MoE (same attention, so only the expert path differs): each fp4ext token is scored
     teacher-forced there, and its logprob must be within ``GAP_TOLERANCE`` of the oracle's best.
+    ``extra_args`` go to both servers, ``fp4ext_args`` to the fp4ext one only (e.g.
+    ``--enforce-shared-experts-fusion``, which the bf16 oracle does not need).
     ``hf_oracle=True`` also scores the tokens with ``transformers`` in float32 (an independent
-    model implementation; SGLang's CPU attention for some models, e.g. DeepSeek-V3 MLA, differs
-    from it by whole logits, so it is opt-in).
+    model implementation: it checks the SGLang oracle itself). ``fp4ext_layers_logged`` is true
+    when the server log shows fp4ext serving exactly the model's MoE layers.
     """
     ckpt_dir = Path(ckpt_dir)
     work = Path(work_dir or tempfile.mkdtemp(prefix="fp4ext-check-"))
@@ -259,7 +417,8 @@ def check_checkpoint_against_oracle(
     prompts = prompts_for(cfg["vocab_size"], n_prompts, seed=seed)
     outs, log = serve_greedy(
         ckpt_dir,
-        [*extra_args, "--quantization", "modelopt_fp4", "--moe-runner-backend", "fp4ext"],
+        [*extra_args, *fp4ext_args, "--quantization", "modelopt_fp4", "--moe-runner-backend",
+         "fp4ext"],
         env,
         prompts,
         max_new_tokens,
@@ -271,7 +430,8 @@ def check_checkpoint_against_oracle(
         oracle_outs = [oracle.generate(p, max_new_tokens) for p in prompts]
         gaps = [oracle.choice_gaps(p, o) for p, o in zip(prompts, outs)]
     max_gap = max(max(g) for g in gaps)
-    served = "fp4ext MoE layers" in log
+    expected, served = expected_moe_layers(cfg), served_moe_layers(log)
+    all_served = bool(expected) and sorted(served) == expected
     result = {
         "prompts": prompts,
         "served": outs,
@@ -279,8 +439,11 @@ def check_checkpoint_against_oracle(
         "exact_prompts": sum(a == b for a, b in zip(outs, oracle_outs)),
         "gaps": gaps,
         "max_gap": max_gap,
-        "fp4ext_layers_logged": served,
-        "ok": max_gap <= GAP_TOLERANCE and served,
+        "moe_layers_expected": expected,
+        "moe_layers_served": {k: sorted(v) for k, v in sorted(served.items())},
+        "fp4ext_layers_logged": all_served,
+        "cpu_workaround_logged": CPU_WORKAROUND_LOG in log,
+        "ok": max_gap <= GAP_TOLERANCE and all_served,
         "server_log": str(work / "server.log"),
     }
     if hf_oracle:
@@ -303,10 +466,14 @@ def check_against_default_backend(
     for a, b in zip(outs_default, outs_fp4ext):
         d = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         first_diff.append(d)
+    expected = expected_moe_layers(json.loads((Path(model_path) / "config.json").read_text()))
+    served = served_moe_layers(log)
     return {
         "default": outs_default,
         "fp4ext": outs_fp4ext,
         "identical_prompts": sum(d is None for d in first_diff),
         "first_divergence": first_diff,
-        "fp4ext_layers_logged": "fp4ext MoE layers" in log,
+        "moe_layers_expected": expected,
+        "moe_layers_served": {k: sorted(v) for k, v in sorted(served.items())},
+        "fp4ext_layers_logged": bool(expected) and sorted(served) == expected,
     }
