@@ -29,7 +29,6 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 # name -> (make_tiny_checkpoint arguments, fp4ext-server-only flags)
 MODELS = {
@@ -58,6 +57,8 @@ def served_model(request, tmp_path_factory):
     return request.param, ckpt, r
 
 
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_server_tokens_match_oracles(served_model):
     from sglang_fp4ext.testing.e2e import GAP_TOLERANCE
 
@@ -68,6 +69,8 @@ def test_server_tokens_match_oracles(served_model):
     assert r["hf_max_gap"] <= GAP_TOLERANCE, (name, summary, r["hf_gaps"])
 
 
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_server_log_shows_every_moe_layer(served_model):
     name, ckpt, r = served_model
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -82,6 +85,8 @@ def test_server_log_shows_every_moe_layer(served_model):
         assert r["cpu_workaround_logged"], f"MLA workaround not active: {r['server_log']}"
 
 
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_fp4ext_check_cli(tmp_path):
     """The README's main command, end to end, on the bundled tiny model."""
     proc = subprocess.run(
@@ -93,3 +98,21 @@ def test_fp4ext_check_cli(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "verdict: PASS" in proc.stdout
     assert "SGLang log says fp4ext served the MoE layers: yes" in proc.stdout
+
+
+def test_moe_layer_ids_from_config_and_log():
+    """The two halves of the "fp4ext served every MoE layer" check, on fixed inputs."""
+    from sglang_fp4ext.testing.e2e import expected_moe_layers, served_moe_layers
+
+    dsv3 = dict(model_type="deepseek_v3", n_routed_experts=16, num_hidden_layers=6,
+                first_k_dense_replace=1, moe_layer_freq=2)
+    assert expected_moe_layers(dsv3) == [2, 4]
+    assert expected_moe_layers({**dsv3, "model_type": "glm4_moe"}) == [1, 2, 3, 4, 5]
+    assert expected_moe_layers({**dsv3, "n_routed_experts": None}) == []
+    log = (
+        "[t] fp4ext served MoE layer 4: triton path, 32 local experts\n"
+        "[t] fp4ext served MoE layer 2: triton path, 32 local experts\n"
+        "[t TP1] fp4ext served MoE layer 2: triton path, 33 local experts\n"
+        "[t] fp4ext MoE layers run Triton W4A16\n"
+    )
+    assert served_moe_layers(log) == {2: {("triton", 32), ("triton", 33)}, 4: {("triton", 32)}}

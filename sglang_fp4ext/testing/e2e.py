@@ -257,13 +257,14 @@ _SERVED_RE = re.compile(
 def expected_moe_layers(config: dict) -> list[int]:
     """Layer ids SGLang builds as MoE layers for a DeepSeek-V2/V3 or GLM-4.5 style ``config``.
 
-    SGLang 0.5.23's rule: ``layer_id >= first_k_dense_replace`` and, for DeepSeek
-    (``deepseek_v2.py`` ``_is_layer_sparse``), ``layer_id % moe_layer_freq == 0``; GLM-4.5
-    (``glm4_moe.py``) has no ``moe_layer_freq``. MTP layers are not served without speculation.
+    SGLang 0.5.23's rule: ``layer_id >= first_k_dense_replace`` and, in the DeepSeek-V2 code
+    that DeepSeek-V3 and GLM-5 run (``deepseek_v2.py`` ``_is_layer_sparse``),
+    ``layer_id % moe_layer_freq == 0``; GLM-4.5 (``glm4_moe.py``) ignores ``moe_layer_freq``.
+    MTP layers are not served without speculation.
     """
     if not config.get("n_routed_experts"):
         return []
-    freq = config.get("moe_layer_freq", 1) if "deepseek" in config.get("model_type", "") else 1
+    freq = 1 if config.get("model_type") == "glm4_moe" else config.get("moe_layer_freq", 1)
     first = config.get("first_k_dense_replace", 0)
     return [i for i in range(config["num_hidden_layers"]) if i >= first and i % freq == 0]
 
