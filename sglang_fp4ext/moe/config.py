@@ -564,25 +564,27 @@ def select(T: int, shape: MoEShape, target: Target | None = None) -> TableEntry:
     return TableEntry("decode", heuristic_config(T, shape, target))
 
 
-def config_for(T: int, shape: MoEShape, target: Target | None = None) -> KernelConfig:
-    """The decode config for ``T`` tokens: override, else tuned decode entry, else heuristic."""
-    if isinstance(_OVERRIDE, KernelConfig):
+def _path_config(path: str, T: int, shape: MoEShape, target: Target | None):
+    """``path``'s config for ``T`` tokens: override of that path's type, else the tuned entry if
+    the table puts ``T`` on ``path``, else ``path``'s heuristic."""
+    if isinstance(_OVERRIDE, _config_class(path)):
         return _OVERRIDE
     target = target or current_target()
     entry = table_entry(T, shape, target)
-    if entry is not None and entry.path == "decode":
+    if entry is not None and entry.path == path:
         return entry.config
-    return heuristic_config(T, shape, target)
+    if path == "decode":
+        return heuristic_config(T, shape, target)
+    from sglang_fp4ext.moe.prefill import prefill_heuristic_config
+
+    return prefill_heuristic_config(T, shape, target)
+
+
+def config_for(T: int, shape: MoEShape, target: Target | None = None) -> KernelConfig:
+    """The decode config for ``T`` tokens: override, else tuned decode entry, else heuristic."""
+    return _path_config("decode", T, shape, target)
 
 
 def prefill_config_for(T: int, shape: MoEShape, target: Target | None = None):
     """The prefill config for ``T`` tokens: override, else tuned prefill entry, else heuristic."""
-    from sglang_fp4ext.moe.prefill import PrefillConfig, prefill_heuristic_config
-
-    if isinstance(_OVERRIDE, PrefillConfig):
-        return _OVERRIDE
-    target = target or current_target()
-    entry = table_entry(T, shape, target)
-    if entry is not None and entry.path == "prefill":
-        return entry.config
-    return prefill_heuristic_config(T, shape, target)
+    return _path_config("prefill", T, shape, target)
