@@ -311,6 +311,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:  # moved in a later SGLang: nothing to fix here
+            return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_register(module):
