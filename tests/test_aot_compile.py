@@ -10,18 +10,14 @@ compiles in a subprocess without that variable (two at a time).
 """
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from sglang_fp4ext.moe import config as C
 from sglang_fp4ext.moe.config import MoEShape, Target, heuristic_config
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
+from tests.kernel_cases import compile_per_arch
 
-ROOT = Path(__file__).resolve().parents[1]
 
 _SCRIPT = r"""
 import json, sys
@@ -110,31 +106,12 @@ def _variants():
 @pytest.fixture(scope="module")
 def compiled():
     variants = _variants()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     subset = [v for v in variants if v["constexprs"].get("SLOT_MODE") is True][:1]
     subset += [v for v in variants if v["constexprs"].get("SLOT_MODE") is False][:1]
     subset += [v for v in variants if v["kernel"] == 2][:1]
     subset += [v for v in variants if v["kernel"] == 3][:1]
     todo = {80: subset, 90: variants, 100: subset, 120: variants}
-    results = {}
-    for pair in ((90, 80), (120, 100)):
-        procs = {
-            cc: subprocess.Popen(
-                [sys.executable, "-c", _SCRIPT, str(cc)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            for cc in pair
-        }
-        for cc, p in procs.items():
-            out, err = p.communicate(json.dumps(todo[cc]), timeout=900)
-            assert p.returncode == 0, f"sm_{cc} compile failed:\n{err[-4000:]}"
-            results[cc] = json.loads(out.strip().splitlines()[-1])
-    return todo, results
+    return todo, compile_per_arch(_SCRIPT, todo, timeout=900)
 
 
 @pytest.mark.parametrize("cc", [80, 90, 100, 120])

@@ -22,25 +22,16 @@ import torch
 
 from sglang_fp4ext.moe import fused_moe as fm
 from sglang_fp4ext.moe.config import KernelConfig
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
+from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-from sglang_fp4ext.moe.weights import random_moe_weights
 from sglang_fp4ext.testing.compare import assert_close
+from tests.kernel_cases import DEV, small_weights
 
 MAX_REL, RMS_REL = 1e-2, 5e-3
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
-_WEIGHTS: dict = {}
 
 
 def _weights(E, H, I):
-    """Weights are the slow part on the CPU: one random set per shape (inputs vary per test)."""
-    key = (E, H, I)
-    if key not in _WEIGHTS:
-        g = torch.Generator().manual_seed(1234 + E * 7 + H + I)
-        w = random_moe_weights(E, H, I, generator=g)
-        _WEIGHTS[key] = (w.to(DEV), PreparedMoEWeights.from_moe_weights(w).to(DEV))
-    return _WEIGHTS[key]
+    return small_weights(E, H, I, seed=1234)
 
 
 def _routing(T, E, k, g, *, shared=False, drop=0.0, one_expert=None):

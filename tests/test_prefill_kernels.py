@@ -20,18 +20,12 @@ so rms_rel 5e-3 and max_rel 1e-2 leave margin without hiding a wrong expert, slo
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
 from sglang_fp4ext.moe.config import MoEShape, Target
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
 from sglang_fp4ext.moe.prefill import (
     PrefillConfig,
     fused_moe_nvfp4_prefill,
@@ -42,16 +36,12 @@ from sglang_fp4ext.moe.prefill import (
     prefill_heuristic_config,
 )
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-from sglang_fp4ext.moe.weights import random_moe_weights
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from sglang_fp4ext.testing.compare import assert_close
 from tests import glm5_cases
+from tests.kernel_cases import DEV, compile_per_arch, small_weights
 
 MAX_REL, RMS_REL = 1e-2, 5e-3
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-ROOT = Path(__file__).resolve().parents[1]
-
-_WEIGHTS: dict = {}
 
 
 @pytest.fixture(autouse=True)
@@ -63,13 +53,7 @@ def _poison_workspaces(monkeypatch):
 
 
 def _weights(E, H, I):
-    """One fixed random weight set per shape (slow on the CPU); inputs are fresh per test."""
-    key = (E, H, I)
-    if key not in _WEIGHTS:
-        g = torch.Generator().manual_seed(4321 + E * 7 + H + I)
-        w = random_moe_weights(E, H, I, generator=g)
-        _WEIGHTS[key] = (w.to(DEV), PreparedMoEWeights.from_moe_weights(w).to(DEV))
-    return _WEIGHTS[key]
+    return small_weights(E, H, I, seed=4321)
 
 
 def _routing(T, E, k, g, *, skew=0.0, live=None, shared=False, drop=0.0, one_expert=None):
@@ -423,26 +407,7 @@ def _requests(cc):
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    results = {}
-    for pair in ((90, 120), (80, 100)):  # two compilers at a time (CI has 2 cores)
-        procs = {
-            cc: subprocess.Popen(
-                [sys.executable, "-c", _AOT_SCRIPT, str(cc)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            for cc in pair
-        }
-        for cc, p in procs.items():
-            out, err = p.communicate(json.dumps(_requests(cc)), timeout=1200)
-            assert p.returncode == 0, f"sm_{cc} compile failed:\n{err[-4000:]}"
-            results[cc] = json.loads(out.strip().splitlines()[-1])
-    return results
+    return compile_per_arch(_AOT_SCRIPT, {cc: _requests(cc) for cc in _ARCHS}, timeout=1200)
 
 
 @pytest.mark.slow
