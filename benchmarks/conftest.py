@@ -63,7 +63,8 @@ def pytest_collection_modifyitems(config, items):
 def rates():
     """Copy bandwidth and bf16 matmul rate, measured once on this GPU; env and spec."""
     from sglang_fp4ext import hardware
-    from sglang_fp4ext.bench.report import bf16_matmul_tflops, environment
+    from sglang_fp4ext.bench.report import environment
+    from sglang_fp4ext.bench.timing import bf16_matmul_tflops
     from sglang_fp4ext.bench.timing import copy_bandwidth_Bps
 
     env = environment()

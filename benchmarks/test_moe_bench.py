@@ -85,7 +85,8 @@ def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
     shape = roofline.preset(preset_name)
     benchmark.group = f"{preset_name} T={T}"
     from sglang_fp4ext.bench.peers import has_grouped_mm, sglang_peer_unavailable
-    from sglang_fp4ext.bench.report import capture_replay, slowed_config
+    from sglang_fp4ext.bench.report import slowed_config
+    from sglang_fp4ext.bench.timing import capture_replay
 
     if impl in SGLANG_PEERS:
         reason = sglang_peer_unavailable(impl)

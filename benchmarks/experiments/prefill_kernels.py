@@ -15,8 +15,8 @@ import os
 import torch
 
 from sglang_fp4ext import roofline
-from sglang_fp4ext.bench.report import Layer, bf16_matmul_tflops
-from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, kernel_times_us
+from sglang_fp4ext.bench.report import Layer
+from sglang_fp4ext.bench.timing import bf16_matmul_tflops, copy_bandwidth_Bps, kernel_times_us
 
 bw = copy_bandwidth_Bps()
 mm = bf16_matmul_tflops()

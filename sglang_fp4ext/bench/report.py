@@ -42,8 +42,8 @@ the bf16 activations read and written once (``roofline.bytes_floor(..., tokens=T
 ``achieved_TBps`` = bytes floor / measured time (the bytes a fused kernel must move, not what it
 moved); ``tflops`` = ``roofline.moe_flops`` / time.
 
-Not in ``timing.py`` (owned elsewhere), so here: :func:`bf16_matmul_tflops` and
-:func:`capture_replay` (a graph of a fixed number of calls, kept for pytest-benchmark rounds).
+The measurements themselves (graph capture/replay, copy bandwidth, bf16 matmul rate) live in
+``timing.py``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ import importlib.util
 import json
 import math
 import platform
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -72,8 +71,6 @@ __all__ = [
     "SUITE_TOKENS",
     "Layer",
     "Progress",
-    "bf16_matmul_tflops",
-    "capture_replay",
     "default_name",
     "dispatch_path",
     "environment",
@@ -223,58 +220,6 @@ def make_routing(shape: ModelShape, tokens: int, *, device, generator=None):
 
 
 # ---- GPU measurement ---------------------------------------------------------------------------
-
-
-def bf16_matmul_tflops(n: int = 8192, repeats: int = 10) -> float:
-    """Measured dense bf16 matmul rate (``n``-cube ``torch.mm`` on random data), TFLOP/s."""
-    g = torch.Generator(device="cuda").manual_seed(1)
-    a = torch.randn(n, n, device="cuda", generator=g).to(torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", generator=g).to(torch.bfloat16)
-    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        torch.mm(a, b, out=c)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        torch.mm(a, b, out=c)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del a, b, c
-    return 2 * n**3 / statistics.median(times) / 1e12
-
-
-def capture_replay(step: Callable[[int], object], n_inputs: int, passes: int):
-    """Capture one CUDA graph of ``passes`` x ``step(0 .. n_inputs - 1)`` and return
-    ``(replay, calls)``: ``replay()`` runs it once, waits, and returns its device time in us
-    (CUDA events). ``calls = passes * n_inputs`` must not depend on measured speed, or a
-    regression gate comparing per-replay times would be blind (fixed by the caller)."""
-    if n_inputs < 1 or passes < 1:
-        raise ValueError("n_inputs and passes must be >= 1")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(n_inputs):  # eager warm-up: compile, grow workspaces outside capture
-            step(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(passes):
-            for i in range(n_inputs):
-                step(i)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def replay() -> float:
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3
-
-    replay.graph = graph  # keep it alive as long as the callable
-    return replay, passes * n_inputs
 
 
 class Layer:
@@ -760,7 +705,11 @@ def run_gpu(
     progress: Progress | None = None,
 ) -> dict:
     from sglang_fp4ext.bench.peers import SGLANG_PEERS, has_grouped_mm, sglang_peer_unavailable
-    from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, time_graph_replay
+    from sglang_fp4ext.bench.timing import (
+        bf16_matmul_tflops,
+        copy_bandwidth_Bps,
+        time_graph_replay,
+    )
 
     result = _base("gpu", shape, tokens, copies, replays, seed)
     here = hardware.spec_for_device_name(result["env"]["gpu"])

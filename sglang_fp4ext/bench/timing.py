@@ -1,11 +1,14 @@
-"""GPU timing: CUDA-graph replay with rotated weights, and the copy bandwidth of the same run.
+"""GPU timing: CUDA-graph replay with rotated weights, and the ceilings measured in the same run
+(device copy bandwidth, bf16 matmul rate).
 
 ``time_graph_replay(step, n_copies)`` captures ONE CUDA graph that calls ``step(0)``,
 ``step(1)``, ... ``step(n_copies - 1)`` back to back (each index uses its own layer copy: weights
 and inputs), replays it, and reports microseconds per call. With ``n_copies`` layer copies whose
 weights together exceed the L2 (>= 4 copies of a GLM-5 layer: 4 x ~680 MB vs 50-60 MB of L2) every
 call streams its weights from DRAM, as in a real decode step, and no host launch gap is timed
-(kernel-techniques §8). Each call is run eagerly once first (compiles, grows workspaces).
+(kernel-techniques §8). ``capture_replay`` is the capture both timers share (the pytest-benchmark
+suite keeps its graph for its rounds). Each call runs eagerly once first (compiles, grows
+workspaces).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import torch
 
 __all__ = [
     "ReplayTiming",
+    "capture_replay",
     "time_graph_replay",
     "kernel_times_us",
     "copy_bandwidth_Bps",
+    "bf16_matmul_tflops",
     "gpu_clocks",
 ]
 
@@ -34,40 +39,50 @@ class ReplayTiming:
     n_copies: int
 
 
+def capture_replay(step: Callable[[int], object], n_inputs: int, passes: int):
+    """Capture one CUDA graph of ``passes`` x ``step(0 .. n_inputs - 1)`` and return
+    ``(replay, calls)``: ``replay()`` runs it once, waits, and returns its device time in us
+    (CUDA events). ``calls = passes * n_inputs`` must not depend on measured speed, or a
+    regression gate comparing per-replay times would be blind (fixed by the caller). Each
+    ``step(i)`` runs once eagerly first on a side stream (compiles, grows workspaces)."""
+    if n_inputs < 1 or passes < 1:
+        raise ValueError("n_inputs and passes must be >= 1")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(n_inputs):  # eager warm-up: compile, grow workspaces outside capture
+            step(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(passes):
+            for i in range(n_inputs):
+                step(i)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def replay() -> float:
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3
+
+    replay.graph = graph  # keep it alive as long as the callable
+    return replay, passes * n_inputs
+
+
 def time_graph_replay(
     step: Callable[[int], object], n_copies: int, *, replays: int = 20, warmup_ms: float = 100.0
 ) -> ReplayTiming:
     """Median microseconds per ``step`` call, timed as CUDA-graph replay over ``n_copies``."""
     if n_copies < 1:
         raise ValueError("n_copies must be >= 1")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(n_copies):  # eager warm-up: compile, allocate workspaces
-            step(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(n_copies):
-            step(i)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    # Warm-up replays for about warmup_ms of GPU time (clocks settle).
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    one = max(start.elapsed_time(end), 1e-3)
-    for _ in range(max(1, int(warmup_ms / one))):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / n_copies)
-    del graph
+    replay, calls = capture_replay(step, n_copies, 1)
+    one_us = max(replay(), 1.0)
+    for _ in range(max(1, int(warmup_ms * 1e3 / one_us))):  # clocks settle
+        replay()
+    times = [replay() / calls for _ in range(replays)]
     return ReplayTiming(statistics.median(times), min(times), max(times), replays, n_copies)
 
 
@@ -114,6 +129,26 @@ def copy_bandwidth_Bps(nbytes: int = 2 << 30, repeats: int = 10) -> float:
     moved = 2 * n * 4
     del src, dst
     return moved / statistics.median(times)
+
+
+def bf16_matmul_tflops(n: int = 8192, repeats: int = 10) -> float:
+    """Measured dense bf16 matmul rate (``n``-cube ``torch.mm`` on random data), TFLOP/s."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randn(n, n, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", generator=g).to(torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        torch.mm(a, b, out=c)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        torch.mm(a, b, out=c)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del a, b, c
+    return 2 * n**3 / statistics.median(times) / 1e12
 
 
 def gpu_clocks() -> dict:
