@@ -58,14 +58,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from sglang_fp4ext import envs
+from sglang_fp4ext.roofline import expected_distinct_experts
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 
 __all__ = [
+    "ConfigDict",
     "ConfigTableError",
     "KernelConfig",
     "TableEntry",
@@ -99,8 +100,23 @@ def _pow2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
 
 
+class ConfigDict:
+    """JSON round trip of a frozen kernel-config dataclass (table entries): unknown keys are an
+    error naming the class, values are checked by the class's ``__post_init__``."""
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
-class KernelConfig:
+class KernelConfig(ConfigDict):
     """Tile and launch parameters of one (GEMM1, GEMM2) decode call. ``eval(repr(cfg)) == cfg``.
 
     ``grid``: ``"slots"`` (one program per pair slot; non-leaders exit) or ``"experts"``.
@@ -173,16 +189,6 @@ class KernelConfig:
                     f"KernelConfig.{name} must be in [1, 8], got {getattr(self, name)}"
                 )
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "KernelConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown KernelConfig fields {sorted(unknown)}")
-        return cls(**d)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -230,17 +236,12 @@ def token_bucket(T: int) -> int:
     return 1 if T <= 1 else 1 << (T - 1).bit_length()
 
 
-def _distinct_experts(T: int, E: int, k: int) -> float:
-    """Expected distinct experts hit by T tokens with uniform top-k routing."""
-    return E * (1.0 - (1.0 - min(k, E) / E) ** T)
-
-
 def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     """Deterministic default for any shape (see module docstring)."""
     b = token_bucket(max(T, 1))
     P = b * shape.top_k
     grid = "slots" if P <= shape.E else "experts"
-    D = max(1.0, min(float(P), _distinct_experts(b, shape.E, shape.top_k)))
+    D = max(1.0, min(float(P), expected_distinct_experts(b, shape.E, min(shape.top_k, shape.E))))
     rows_per_expert = P / D
     # 32-wide pair tiles spill on sm_90 (255 registers): 16 at most, more pairs loop.
     block_t = 8 if rows_per_expert <= 8 else 16

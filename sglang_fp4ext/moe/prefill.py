@@ -38,14 +38,21 @@ order.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 
 from sglang_fp4ext import target_info
-from sglang_fp4ext.moe.config import MoEShape, Target, current_target, prefill_config_for
+from sglang_fp4ext.moe.config import (
+    ConfigDict,
+    MoEShape,
+    Target,
+    current_target,
+    prefill_config_for,
+)
 from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
+from sglang_fp4ext.roofline import expected_distinct_experts
 
 __all__ = [
     "PrefillConfig",
@@ -74,7 +81,7 @@ def _next_pow2(n: int) -> int:
 
 
 @dataclass(frozen=True)
-class PrefillConfig:
+class PrefillConfig(ConfigDict):
     """Tiles and launch parameters of one prefill call. ``eval(repr(cfg)) == cfg``.
 
     ``block_m``: tokens per MMA tile (the grouping granularity; the MMA's N side). ``block_n*``:
@@ -144,20 +151,6 @@ class PrefillConfig:
                 f"PrefillConfig.combine must be 'ordered' or 'atomic', got {self.combine!r}"
             )
 
-    @classmethod
-    def from_dict(cls, d: dict) -> PrefillConfig:
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown PrefillConfig fields {sorted(unknown)}")
-        return cls(**d)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _distinct_experts(T: int, E: int, k: int) -> float:
-    """Expected distinct experts hit by T tokens with uniform top-k routing."""
-    return E * (1.0 - (1.0 - min(k, E) / E) ** T)
 
 
 def _datacenter_mma(arch: str) -> bool:
@@ -186,7 +179,7 @@ def prefill_heuristic_config(T: int, shape: MoEShape, target: Target) -> Prefill
       ``block_p`` slots per program in registers).
     """
     P = max(T, 1) * shape.top_k
-    D = max(1.0, min(float(P), _distinct_experts(max(T, 1), shape.E, shape.top_k)))
+    D = max(1.0, min(float(P), expected_distinct_experts(max(T, 1), shape.E, min(shape.top_k, shape.E))))
     block_m = min(128, max(16, _next_pow2(math.ceil(P / D))))
     block_n = 128 if _datacenter_mma(target.arch) else 64
     return PrefillConfig(
