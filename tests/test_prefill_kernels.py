@@ -4,7 +4,7 @@ CPU tier (kernels under ``TRITON_INTERPRET=1``; compiled on a GPU machine): the 
 against ``group_by_expert_torch`` bit for bit; the whole layer against ``fused_moe_nvfp4_torch``
 at small shapes with skewed routing, empty experts, every token on one expert, ``-1`` ids (and a
 token with none), top_k = 9 with the fused shared expert, T not a multiple of ``block_m``, padded
-H and I, both K steps, several grouping blocks, the atomic combine, int64 ids / bf16 weights;
+H and I, both K steps, GEMM2 row blocks grouped per program (with a partial last group), several grouping blocks, the atomic combine, int64 ids / bf16 weights;
 determinism, config rules and validation; AOT compilation of every launch the heuristic makes at
 GLM-5 shapes for sm_80/90/100/120, with tensor-core MMA and sm_120 shared memory <= 101,376 B.
 GPU tier: GLM-5 TP8 (fused shared expert) and EP8 shapes for T in {512, ..., 8192}, CUDA-graph
@@ -151,7 +151,13 @@ CASES = [
         21,
         9,
         PrefillConfig(
-            block_m=16, block_p=16, block_k1=256, block_k2=256, block_n1=32, block_n2=128
+            block_m=16,
+            block_p=16,
+            block_k1=256,
+            block_k2=256,
+            block_n1=32,
+            block_n2=128,
+            group_n2=2,  # 3 row blocks: one program takes 2, the next the last one
         ),
         dict(shared=True, drop=0.3),
     ),
@@ -159,10 +165,10 @@ CASES = [
         "empty_experts_bm32",
         16,
         256,
-        64,
+        160,
         27,
         2,
-        PrefillConfig(block_m=32, block_p=32),
+        PrefillConfig(block_m=32, block_p=32, group_n2=2),  # GEMM2: 2 blocks x 2 K steps
         dict(live=[0, 3, 4, 9]),
     ),
     Case(
@@ -182,7 +188,7 @@ CASES = [
         80,
         19,
         9,
-        PrefillConfig(**_SMALL, combine="atomic"),
+        PrefillConfig(**_SMALL, group_n2=4, combine="atomic"),
         dict(shared=True, drop=0.2),
     ),
     Case("heuristic_config", 12, 256, 64, 23, 8, None, dict(skew=0.5, drop=0.1)),
@@ -302,12 +308,11 @@ def test_heuristic_is_deterministic_and_never_atomic():
                 assert c.combine == "ordered"
                 assert c.block_m >= prev  # more rows per expert never shrink the tile
                 prev = c.block_m
-    assert (
-        prefill_heuristic_config(
-            4096, MoEShape(257, 6144, 256, 9), Target("sm_90", None, 132)
-        ).block_m
-        == 128
-    )
+    # GLM-5 TP8 at T = 4096: ~143 rows per routed expert -> one 256-row tile per expert on
+    # sm_90 (227 KB of shared memory), capped at 128 rows on sm_120 (99 KB).
+    glm5 = MoEShape(257, 6144, 256, 9)
+    assert prefill_heuristic_config(4096, glm5, Target("sm_90", None, 132)).block_m == 256
+    assert prefill_heuristic_config(4096, glm5, Target("sm_120", None, 188)).block_m == 128
 
 
 # ---- AOT compilation (no GPU) ----

@@ -22,15 +22,16 @@ tile exit at once.
 
 GEMMs (weights in the ``layout.py`` kernel layout, shared with the decode path): the weight rows
 are the MMA's M side (``BN`` rows, decoded to bf16 in registers with the decode kernels' exact
-bit trick) and the ``BM`` tokens of a tile its N side, so Hopper's wgmma takes the decoded weights
-as its register operand and only the activations go through shared memory. K advances by
-``BK`` = 256 (one layout chunk, ``_decode_chunk``) or 128 (half a chunk, ``_decode_half``: fewer
-registers and half the activation bytes per pipeline stage).
+packed bit trick) and the ``BM`` tokens of a tile its N side, so Hopper's wgmma takes the decoded
+weights as its register operand and only the activations go through shared memory. K advances by
+``BK`` = 256 (one layout chunk) or 128 (half a chunk: fewer registers and half the activation
+bytes per pipeline stage); see ``_w4a16_step``.
 
 4. ``_prefill_gemm1``, grid ``(Np1 / BN, m_tiles)``: ``inter[r] = silu(x[t] @ gate_e^T) *
    (x[t] @ up_e^T)`` for sorted row ``r`` holding pair ``p`` (token ``t = p // top_k``), bf16
    ``(P, I)`` in sorted order.
-5. ``_prefill_gemm2``, grid ``(Np2 / BN, m_tiles)``: ``y = topk_weights[p] * inter[r] @ down_e^T``.
+5. ``_prefill_gemm2``, grid ``(cdiv(Np2 / BN, NG), m_tiles)``: ``y = topk_weights[p] * inter[r] @
+   down_e^T``, ``NG`` row blocks per program.
    Ordered combine (default): ``y`` goes to row ``p`` of a bf16 ``(P, H)`` workspace. Atomic
    combine (opt-in): fp32 ``atomic_add`` into ``acc32[t]`` (order of addition not fixed).
 6. ``_prefill_combine``, grid ``(cdiv(T, BT), cdiv(H, BH))``: ordered: ``out[t] = sum_j y[t*k+j]``
@@ -47,7 +48,14 @@ numbers.
 import triton
 import triton.language as tl
 
-from ._decode_kernels import _TWO_P26, _decode_chunk, _e4m3_bits_to_f32, _silu_mul_store, _to_bf16
+from ._decode_kernels import (
+    _TWO_P26,
+    _e4m3_bits_to_f32,
+    _fp4x4_to_bf16_asm,
+    _nibbles_to_w,
+    _silu_mul_store,
+    _to_bf16,
+)
 
 # ---- grouping ----
 
@@ -128,83 +136,73 @@ def _tile_of(counts_ptr, m, NBINS: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def _decode_half(
-    q_ptr,
-    s_ptr,
-    rows,
-    kc,
-    half,
-    q_row_stride,
-    s_chunk_stride,
-    BN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    """Half ``half`` of chunk ``kc`` (0: low nibbles = K ``256kc + [0, 128)``; 1: high nibbles =
-    ``256kc + [128, 256)``) of ``BN`` rows -> (BN, 128), times 2^-26. Same exact bit placement as
-    ``_decode_chunk``: sign to fp32 bit 31, magnitude to bits 24..22, e4m3 scale times 2^100."""
-    g = tl.arange(0, 8)
-    i = tl.arange(0, 16)
-    qp = (
-        q_ptr
-        + rows[:, None, None] * q_row_stride
-        + kc * 128
-        + g[None, :, None] * 16
-        + i[None, None, :]
-    )
-    n = (tl.load(qp).to(tl.uint32) >> (4 * half)) & 0xF  # (BN, 8, 16): group g shares scale g
-    sp = s_ptr + kc * s_chunk_stride + rows[:, None] * 16 + half * 8 + g[None, :]
-    s = _e4m3_bits_to_f32(tl.load(sp))
-    w = (((n & 0x8) << 28) | ((n & 0x7) << 22)).to(tl.float32, bitcast=True) * s[:, :, None]
-    return tl.reshape(w, [BN, 128]).to(DOT_DTYPE)
+def _k_steps(K, KC, BK: tl.constexpr):
+    """Main-loop steps over K: ``KC`` layout chunks (``BK`` = 256) or half chunks up to ``K``."""
+    if BK == 256:
+        return KC
+    else:
+        return tl.cdiv(K, 128)
 
 
 @triton.jit
-def _w4a16_tile(
+def _w4a16_step(
+    acc,
     q_ptr,
     s_ptr,
     x_ptr,
     rows,
     xrow,
     xmask,
+    ks,
     K,
-    KC,
     q_row_stride,
     s_chunk_stride,
     stride_x,
     BN: tl.constexpr,
-    BM: tl.constexpr,
     BK: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
-    """acc (BN, BM) fp32 = W[rows, :K] @ X[xrow, :K]^T with the weights times 2^-26.
+    """``acc`` (BN, BM) fp32 += W[rows, K step ks] @ X[xrow, same K]^T, the weights times 2^-26.
 
     ``q_ptr``/``s_ptr`` point at one expert; ``xrow`` (BM,) int64 rows of X, ``xmask`` (BM,) valid.
-    Padding columns of W are zero codes, so only the activation loads are masked along K.
+    Byte ``16g + i`` of a row's chunk ``kc`` holds K ``256kc + 16g + i`` (low nibble) and
+    ``256kc + 128 + 16g + i`` (high nibble); group ``g`` shares scale byte ``g`` (low) or ``8 + g``
+    (high). ``BK`` = 256: step ``ks`` is chunk ``ks``, both nibbles decoded at once
+    (``_fp4x4_to_bf16_asm``, 2.25 instructions per weight), two dots. ``BK`` = 128: step ``ks``
+    is half ``ks % 2`` of chunk ``ks // 2`` (``_nibbles_to_w``, 2.75 per weight): half the decoded
+    registers and half the activation bytes per pipeline stage. Padding columns of W are zero
+    codes, so only the activation loads are masked along K.
     """
     DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
-    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    g = tl.arange(0, 8)
+    i = tl.arange(0, 16)
     kk = tl.arange(0, 128)
     xp = x_ptr + xrow[:, None] * stride_x + kk[None, :]
-    if BK == 256:
-        for kc in range(0, KC):
-            w_lo, w_hi = _decode_chunk(
-                q_ptr, s_ptr, rows, kc, q_row_stride, s_chunk_stride, BN, DOT_DTYPE
-            )
-            k = kc * 256 + kk
-            x_lo = tl.load(xp + kc * 256, mask=xmask[:, None] & (k[None, :] < K), other=0.0)
-            x_hi = tl.load(
-                xp + kc * 256 + 128, mask=xmask[:, None] & (k[None, :] + 128 < K), other=0.0
-            )
-            acc = tl.dot(w_lo, tl.trans(x_lo.to(DOT_DTYPE)), acc)
-            acc = tl.dot(w_hi, tl.trans(x_hi.to(DOT_DTYPE)), acc)
+    if BK == 256 and not COMPUTE_F32:
+        qp = q_ptr + rows[:, None, None] * q_row_stride + ks * 128 + g[None, :, None] * 16
+        b = tl.load(qp + i[None, None, :])  # (BN, 8, 16)
+        sp = s_ptr + ks * s_chunk_stride + rows[:, None] * 16 + g[None, :]
+        c_lo = _e4m3_bits_to_f32(tl.load(sp)).to(tl.bfloat16)
+        c_hi = _e4m3_bits_to_f32(tl.load(sp + 8)).to(tl.bfloat16)
+        w_lo, w_hi = _fp4x4_to_bf16_asm(b, c_lo[:, :, None], c_hi[:, :, None])
+        k = ks * 256 + kk
+        x_lo = tl.load(xp + ks * 256, mask=xmask[:, None] & (k[None, :] < K), other=0.0)
+        x_hi = tl.load(xp + ks * 256 + 128, mask=xmask[:, None] & (k[None, :] + 128 < K), other=0.0)
+        acc = tl.dot(tl.reshape(w_lo, [BN, 128]), tl.trans(x_lo), acc)
+        acc = tl.dot(tl.reshape(w_hi, [BN, 128]), tl.trans(x_hi), acc)
     else:
-        for ks in range(0, tl.cdiv(K, 128)):  # half-chunk steps; steps past K would add zeros
-            w = _decode_half(
-                q_ptr, s_ptr, rows, ks // 2, ks % 2, q_row_stride, s_chunk_stride, BN, DOT_DTYPE
-            )
-            k = ks * 128 + kk
-            x = tl.load(xp + ks * 128, mask=xmask[:, None] & (k[None, :] < K), other=0.0)
-            acc = tl.dot(w, tl.trans(x.to(DOT_DTYPE)), acc)
+        # BK = 256 under the interpreter runs as two half steps (the same products).
+        for hh in tl.static_range(1 + (BK == 256)):
+            kh = ks * (1 + (BK == 256)) + hh  # half-chunk index
+            kc = kh // 2
+            h = kh % 2
+            qp = q_ptr + rows[:, None, None] * q_row_stride + kc * 128 + g[None, :, None] * 16
+            b = tl.load(qp + i[None, None, :])
+            s = tl.load(s_ptr + kc * s_chunk_stride + rows[:, None] * 16 + 8 * h + g[None, :])
+            w = tl.reshape(_nibbles_to_w(b, s[:, :, None], h, COMPUTE_F32), [BN, 128])
+            k = kh * 128 + kk
+            x = tl.load(xp + kh * 128, mask=xmask[:, None] & (k[None, :] < K), other=0.0)
+            acc = tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), acc)
     return acc
 
 
@@ -248,23 +246,25 @@ def _prefill_gemm1(
     tok = (pair // TOP_K).to(tl.int64)
     e64 = e.to(tl.int64)
     rows = nb * BN + tl.arange(0, BN)
-    acc = _w4a16_tile(
-        q_ptr + e64 * q_e_stride,
-        s_ptr + e64 * s_e_stride,
-        x_ptr,
-        rows,
-        tok,
-        rmask,
-        H,
-        KC,
-        q_row_stride,
-        s_chunk_stride,
-        stride_x,
-        BN,
-        BM,
-        BK,
-        COMPUTE_F32,
-    )
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    for ks in range(0, _k_steps(H, KC, BK)):
+        acc = _w4a16_step(
+            acc,
+            q_ptr + e64 * q_e_stride,
+            s_ptr + e64 * s_e_stride,
+            x_ptr,
+            rows,
+            tok,
+            rmask,
+            ks,
+            H,
+            q_row_stride,
+            s_chunk_stride,
+            stride_x,
+            BN,
+            BK,
+            COMPUTE_F32,
+        )
     _silu_mul_store(acc, a_ptr + e64 * NP, rows, r, rmask, inter_ptr, nb, I, BN, BM, COMPUTE_F32)
 
 
@@ -292,47 +292,61 @@ def _prefill_gemm2(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    NG: tl.constexpr,
     ATOMIC: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
-    """GEMM2 x routing weight. ``dst``: (P, H) bf16 rows by pair slot, or with ``ATOMIC`` (T, H)
-    fp32 accumulated with ``atomic_add`` (zero before the launch)."""
-    nb = tl.program_id(0)
+    """GEMM2 x routing weight for M tile ``program_id(1)`` and the ``NG`` row blocks of ``BN``
+    weight rows from ``program_id(0) * NG`` (the tile's rows, routing weights and expert are read
+    once for all of them). ``dst``: (P, H) bf16 rows by pair
+    slot, or with ``ATOMIC`` (T, H) fp32 accumulated with ``atomic_add`` (zero before the launch)."""
     e, row0, nrows = _tile_of(counts_ptr, tl.program_id(1), NBINS, BM)
     if nrows <= 0:
         return
     r = row0 + tl.arange(0, BM)
     rmask = tl.arange(0, BM) < nrows
     pair = tl.load(sorted_ptr + r, mask=rmask, other=0)
-    e64 = e.to(tl.int64)
-    rows = nb * BN + tl.arange(0, BN)
-    acc = _w4a16_tile(
-        q_ptr + e64 * q_e_stride,
-        s_ptr + e64 * s_e_stride,
-        inter_ptr,
-        rows,
-        r.to(tl.int64),
-        rmask,
-        I,
-        KC,
-        q_row_stride,
-        s_chunk_stride,
-        I,
-        BN,
-        BM,
-        BK,
-        COMPUTE_F32,
-    )
-    alpha = tl.load(a_ptr + e64 * NP + rows) * _TWO_P26
     tw = tl.load(tw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
-    y = acc * alpha[:, None] * tw[None, :]
-    omask = (rows[:, None] < H) & rmask[None, :]
     if ATOMIC:
-        dp = dst_ptr + (pair // TOP_K).to(tl.int64)[None, :] * stride_dst + rows[:, None]
-        tl.atomic_add(dp, y, mask=omask, sem="relaxed")
+        drow = (pair // TOP_K).to(tl.int64) * stride_dst
     else:
-        dp = dst_ptr + pair.to(tl.int64)[None, :] * stride_dst + rows[:, None]
-        tl.store(dp, _to_bf16(y, COMPUTE_F32), mask=omask)
+        drow = pair.to(tl.int64) * stride_dst
+    e64 = e.to(tl.int64)
+    nb0 = tl.program_id(0) * NG
+    ksteps = _k_steps(I, KC, BK)
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    # One flat loop over (row block, K step): the pipeliner then prefetches the next row block's
+    # weights during this block's last steps and epilogue (a nested loop restarts cold per block).
+    for it in range(0, tl.minimum(NG, NP // BN - nb0) * ksteps):
+        rows = (nb0 + it // ksteps) * BN + tl.arange(0, BN)
+        ks = it % ksteps
+        acc = _w4a16_step(
+            acc,
+            q_ptr + e64 * q_e_stride,
+            s_ptr + e64 * s_e_stride,
+            inter_ptr,
+            rows,
+            r.to(tl.int64),
+            rmask,
+            ks,
+            I,
+            q_row_stride,
+            s_chunk_stride,
+            I,
+            BN,
+            BK,
+            COMPUTE_F32,
+        )
+        if ks == ksteps - 1:
+            alpha = tl.load(a_ptr + e64 * NP + rows) * _TWO_P26
+            y = acc * alpha[:, None] * tw[None, :]
+            omask = (rows[:, None] < H) & rmask[None, :]
+            dp = dst_ptr + drow[None, :] + rows[:, None]
+            if ATOMIC:
+                tl.atomic_add(dp, y, mask=omask, sem="relaxed")
+            else:
+                tl.store(dp, _to_bf16(y, COMPUTE_F32), mask=omask)
+            acc = tl.zeros([BN, BM], dtype=tl.float32)
 
 
 @triton.jit

@@ -101,6 +101,7 @@ class PrefillConfig(ConfigDict):
     block_k2: int = 128
     warps2: int = 8
     stages2: int = 2
+    group_n2: int = 1
     block_p: int = 1024
     combine: str = "ordered"
 
@@ -110,7 +111,7 @@ class PrefillConfig(ConfigDict):
                 raise ValueError(
                     f"PrefillConfig.{f.name} must be an int, got {getattr(self, f.name)!r}"
                 )
-        for name in ("block_m", "block_n1", "block_n2", "warps1", "warps2", "block_p"):
+        for name in ("block_m", "block_n1", "block_n2", "warps1", "warps2", "group_n2", "block_p"):
             if not _pow2(getattr(self, name)):
                 raise ValueError(
                     f"PrefillConfig.{name} must be a power of two, got {getattr(self, name)!r}"
@@ -338,7 +339,7 @@ def _plan(
     launches.append(
         _Launch(
             "_prefill_gemm2",
-            (w2.n_pad // config.block_n2, m_tiles),
+            (-(-(w2.n_pad // config.block_n2) // config.group_n2), m_tiles),
             (
                 inter,
                 sorted_pair,
@@ -359,7 +360,7 @@ def _plan(
                 w2.scale.stride(0),
                 w2.scale.stride(1),
             ),
-            dict(common, BN=config.block_n2, BK=config.block_k2, ATOMIC=atomic),
+            dict(common, BN=config.block_n2, BK=config.block_k2, NG=config.group_n2, ATOMIC=atomic),
             config.warps2,
             config.stages2,
         )
