@@ -1,4 +1,5 @@
-"""Where the prefill path's time goes (prepared for the next H200 run; not yet run).
+"""Where the prefill path's time goes (ran on the H200 on 2026-11-30 at commit adfc0cf, before the
+packed decode: ``benchmarks/results/prefill_kernels_before_h200.json``).
 
 For GLM-5 TP8 (fused shared expert), TP8 and EP8 at T = 1024, 4096, 8192: the tabled prefill config,
 its six launches' device times (``torch.profiler`` via ``bench.timing.kernel_times_us``, weights

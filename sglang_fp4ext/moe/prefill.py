@@ -166,35 +166,59 @@ def _datacenter_mma(arch: str) -> bool:
 def prefill_heuristic_config(T: int, shape: MoEShape, target: Target) -> PrefillConfig:
     """Deterministic default for ``T`` tokens (any shape); never the atomic combine.
 
+    Measured on the H200 (``benchmarks/results/prefill_sweep_h200.json``: GLM-5 TP8, TP8 with the
+    fused shared expert and EP8, T = 512..8192, each GEMM's variants timed per kernel):
+
     * ``block_m``: the expected rows per expert ``T k / D(T)`` (uniform routing) rounded up to a
-      power of two, within [16, 128]. Each decoded weight element feeds ``block_m`` MACs, so the
-      FP4 decode (~7 ALU operations per element) is amortised only at large ``block_m``; 128 caps
-      the padding of a part-filled last tile per expert.
-    * K steps of 128 (half a layout chunk), 8 warps, 3 stages everywhere. 256-deep steps hold
-      twice the decoded weights in registers and spill at ``block_m = 128`` (ptxas, Triton 3.8).
-    * Weight rows: 128 (two Hopper warpgroups of 64) on sm_90/sm_100 (AOT, Triton 3.8, sm_90:
-      182,272 B shared, 185/233 registers, no spills); 64 elsewhere: sm_120 and sm_8x run
-      ``mma.sync`` with both operands and the accumulator in registers, and 128 x 128 spills
-      there, while 64 x 128 fits (98,304 B shared <= 101,376 on sm_120, no spills).
+      power of two, within [16, 256] on sm_90/sm_100 and [16, 128] elsewhere. Every M tile decodes
+      its expert's weights again, so tiles as large as the rows per expert win (T = 4096 TP8:
+      ~128 +- 11 rows, half the experts overflow a 128-row tile: 256 rows 2,014 us vs 2,050).
+    * GEMM1 on sm_90/sm_100: ``block_m <= 128``: 256-deep K steps (the packed decode of both
+      nibbles, 2.25 instructions per weight), 2 stages; 64 weight rows and 4 warps (one
+      warpgroup) up to 64 tokens (T = 512 TP8: 410 vs 441 us for 128 rows), 128 rows and 8 warps
+      above; ``block_m = 256``: 128 rows, 128-deep steps, 8 warps, 2 stages (256-deep steps
+      exceed the 227 KB of shared memory there).
+    * GEMM2 on sm_90/sm_100: 128 rows, 128-deep steps, 8 warps, 2 stages, 8 row blocks per program.
+    * Elsewhere (sm_120 and sm_8x: ``mma.sync`` with every operand in registers, 99 KB of shared
+      memory on sm_120): 64 weight rows, 128-deep steps, 8 warps, 3 stages (64 x 128 tiles fit:
+      no spills, <= 101,376 B shared on sm_120; 128 x 128 spills), 8 row blocks per program.
     * ``block_p``: ``P`` rounded up to a power of two within [64, 1024] (the grouping sorts
       ``block_p`` slots per program in registers).
     """
     P = max(T, 1) * shape.top_k
     D = max(1.0, min(float(P), expected_distinct_experts(max(T, 1), shape.E, min(shape.top_k, shape.E))))
-    block_m = min(128, max(16, _next_pow2(math.ceil(P / D))))
-    block_n = 128 if _datacenter_mma(target.arch) else 64
+    big = _datacenter_mma(target.arch)
+    block_m = min(256 if big else 128, max(16, _next_pow2(math.ceil(P / D))))
+    block_p = min(1024, max(64, _next_pow2(P)))
+    if not big:
+        return PrefillConfig(
+            block_m=block_m,
+            block_n1=64,
+            block_k1=128,
+            warps1=8,
+            stages1=3,
+            block_n2=64,
+            block_k2=128,
+            warps2=8,
+            stages2=3,
+            group_n2=8,
+            block_p=block_p,
+        )
+    if block_m == 256:
+        g1 = dict(block_n1=128, block_k1=128, warps1=8, stages1=2)
+    elif block_m == 128:
+        g1 = dict(block_n1=128, block_k1=256, warps1=8, stages1=2)
+    else:
+        g1 = dict(block_n1=64, block_k1=256, warps1=4, stages1=2)
     return PrefillConfig(
         block_m=block_m,
-        block_n1=block_n,
-        block_k1=128,
-        warps1=8,
-        stages1=3,
-        block_n2=block_n,
+        **g1,
+        block_n2=128,
         block_k2=128,
         warps2=8,
-        stages2=3,
-        block_p=min(1024, max(64, _next_pow2(P))),
-        combine="ordered",
+        stages2=2,
+        group_n2=8,
+        block_p=block_p,
     )
 
 

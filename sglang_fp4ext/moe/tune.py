@@ -30,10 +30,12 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages. Split-K and
   ``tiles2`` are runtime arguments (no recompilation).
 * prefill (:func:`prefill_candidates`), around ``prefill.prefill_heuristic_config``: the
-  heuristic; ``block_m`` x2 (<= 128) and /2 (>= 16); the other weight-row tile (64 <-> 128) for
-  both GEMMs; 2 and 4 stages; 4 warps; 256-deep K steps; the other row tile for one GEMM only;
-  ``block_m`` /2 with the other row tile; ``block_m`` x2 with 2 stages. The atomic combine is
-  never a candidate (it is not deterministic run to run).
+  heuristic; ``block_m`` x2 (<= 256; at 256 with 128-deep GEMM1 steps) and /2 (>= 16); GEMM1
+  with 64 rows / 4 warps / 256-deep steps, with 128 rows / 8 warps / 256-deep steps, and the
+  former at ``block_m`` /2; 4 and 16 GEMM2 row blocks per program, and 64-row GEMM2 tiles on 4
+  warps with 16; the narrow GEMM1 at ``block_m`` /4 and /8 (under expert parallelism a local
+  expert sees ~EP times fewer rows than the per-rank shape suggests); 64-row tiles for both GEMMs.
+  The atomic combine is never a candidate (it is not deterministic run to run).
 
 The **switch point** of a shape (in the log and the table's ``meta``) is the smallest tuned bucket
 from which the prefill path wins every larger tuned bucket (``null`` if it never does).
@@ -164,26 +166,31 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
     base = prefill_heuristic_config(b, shape, target)
     r = dataclasses.replace
     bm = base.block_m
-    other_n = 64 if base.block_n1 == 128 else 128
 
     def m(v):
-        if not 16 <= v <= 128:
-            raise ValueError("block_m outside [16, 128]")
+        if not 16 <= v <= 256:
+            raise ValueError("block_m outside [16, 256]")
         return v
 
+    # GEMM1 variants that won somewhere in the H200 sweep (prefill_heuristic_config's docstring).
+    narrow = dict(block_n1=64, block_k1=256, warps1=4, stages1=2)
+    wide = dict(block_n1=128, block_k1=256, warps1=8, stages1=2)
+    half = dict(block_n1=128, block_k1=128, warps1=8, stages1=2)
     make = [
         lambda: base,
-        lambda: r(base, block_m=m(2 * bm)),
+        lambda: r(base, block_m=m(2 * bm), **(half if 2 * bm == 256 else {})),
         lambda: r(base, block_m=m(bm // 2)),
-        lambda: r(base, block_n1=other_n, block_n2=other_n),
-        lambda: r(base, stages1=2, stages2=2),
-        lambda: r(base, stages1=4, stages2=4),
-        lambda: r(base, warps1=4, warps2=4),
-        lambda: r(base, block_k1=256, block_k2=256),
-        lambda: r(base, block_n1=other_n),
-        lambda: r(base, block_n2=other_n),
-        lambda: r(base, block_m=m(bm // 2), block_n1=other_n, block_n2=other_n),
-        lambda: r(base, block_m=m(2 * bm), stages1=2, stages2=2),
+        lambda: r(base, **narrow),
+        lambda: r(base, **wide),
+        lambda: r(base, block_m=m(bm // 2), **narrow),
+        lambda: r(base, group_n2=4),
+        lambda: r(base, group_n2=16),
+        lambda: r(base, block_n2=64, warps2=4, group_n2=16),
+        # Far smaller tiles: under expert parallelism most ids are another rank's, so the rows
+        # per local expert are ~EP times fewer than the shape alone suggests.
+        lambda: r(base, block_m=m(bm // 4), **narrow),
+        lambda: r(base, block_m=m(bm // 8), **narrow),
+        lambda: r(base, block_n1=64, block_n2=64),
     ]
     return _unique_valid(make, min(limit, MAX_CANDIDATES))
 
