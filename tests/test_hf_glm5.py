@@ -21,7 +21,7 @@ import functools
 import pytest
 import torch
 
-from sglang_fp4ext.testing.compare import assert_close
+from sglang_fp4ext.testing.compare import assert_close, error_stats
 
 
 def _tiny_glm5(seed):
@@ -85,6 +85,9 @@ def _run(path, device, seed, logits_tol, pin_routing=False):
     with torch.no_grad():
         ref_logits = oracle(batch).logits.float()
         got_logits = ours(batch).logits.float()
+        st = error_stats(got_logits, ref_logits)
+        print(f"seed {seed}: logits ({path}) vs HF: max_rel {st.max_rel:.2e}, "
+              f"rms_rel {st.rms_rel:.2e} (tolerance {logits_tol})")
         assert_close(got_logits, ref_logits, what=f"logits ({path})", **logits_tol)
         ref_tokens = _greedy(oracle, prompt, 32)
         got_tokens = _greedy(ours, prompt, 32)
