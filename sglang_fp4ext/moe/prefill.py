@@ -191,34 +191,19 @@ def prefill_heuristic_config(T: int, shape: MoEShape, target: Target) -> Prefill
     block_m = min(256 if big else 128, max(16, _next_pow2(math.ceil(P / D))))
     block_p = min(1024, max(64, _next_pow2(P)))
     if not big:
-        return PrefillConfig(
-            block_m=block_m,
-            block_n1=64,
-            block_k1=128,
-            warps1=8,
-            stages1=3,
-            block_n2=64,
-            block_k2=128,
-            warps2=8,
-            stages2=3,
-            group_n2=8,
-            block_p=block_p,
-        )
-    if block_m == 256:
+        g1 = dict(block_n1=64, block_k1=128, warps1=8, stages1=3)
+        g2 = dict(block_n2=64, stages2=3)
+    elif block_m == 256:
         g1 = dict(block_n1=128, block_k1=128, warps1=8, stages1=2)
+        g2 = dict(block_n2=128, stages2=2)
     elif block_m == 128:
         g1 = dict(block_n1=128, block_k1=256, warps1=8, stages1=2)
+        g2 = dict(block_n2=128, stages2=2)
     else:
         g1 = dict(block_n1=64, block_k1=256, warps1=4, stages1=2)
+        g2 = dict(block_n2=128, stages2=2)
     return PrefillConfig(
-        block_m=block_m,
-        **g1,
-        block_n2=128,
-        block_k2=128,
-        warps2=8,
-        stages2=2,
-        group_n2=8,
-        block_p=block_p,
+        block_m=block_m, **g1, **g2, block_k2=128, warps2=8, group_n2=8, block_p=block_p
     )
 
 
