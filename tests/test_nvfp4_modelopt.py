@@ -61,8 +61,12 @@ def _inputs(n, k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_bit_exact_families(dtype, seed):
     for name, x in _inputs(48, 128).items():
-        if dtype == torch.float16 and name in ("tiny", "huge", "mixed_magnitudes"):
-            continue  # outside fp16's range
+        if dtype == torch.float16:
+            if name in ("tiny", "huge", "mixed_magnitudes"):
+                continue  # outside fp16's range
+            # The log-normal tail reaches past fp16's 65,504 in some draws (seed 536002357): keep
+            # it finite, saturated at the largest fp16 magnitudes.
+            x = x.clamp(-65504.0, 65504.0)
         _assert_same(x.to(dtype), what=f"{name}/{dtype}")
 
 
