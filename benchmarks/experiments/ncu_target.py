@@ -1,16 +1,30 @@
-"""Nsight Compute target: three eager decode calls, GLM-5 TP8, T = argv[1]. Used as
+"""Nsight Compute target: three eager MoE calls with the H200 table's config, T = argv[1]; GLM-5
+TP8, or EP8 with ``ep8``; the decode path, or the prefill path with ``prefill``. Used as
+
 ``ncu --clock-control none -k regex:_moe_gemm --launch-skip 2 --launch-count 2 --section SpeedOfLight
 --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats
---section MemoryWorkloadAnalysis python benchmarks/experiments/ncu_target.py 16``."""
-import torch, sys
-from sglang_fp4ext.bench import GLM5_TP8, random_packed_weights, uniform_routing
+--section MemoryWorkloadAnalysis python benchmarks/experiments/ncu_target.py 16`` (decode,
+``decode_diagnosis_h200.json``) and, with ``-k regex:_prefill_gemm --launch-skip 4`` plus
+``--section InstructionStats --section ComputeWorkloadAnalysis`` and ``4096 prefill``,
+``benchmarks/results/ncu_prefill_tp8_4096_before_h200.txt`` (prefill kernels of commit adfc0cf).
+"""
+import sys
+
+import torch
+
+from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
 from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
+from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
+
 T = int(sys.argv[1])
+bs = GLM5_EP8 if "ep8" in sys.argv[2:] else GLM5_TP8
+call = fused_moe_nvfp4_prefill if "prefill" in sys.argv[2:] else fused_moe_nvfp4
 gen = torch.Generator(device="cuda").manual_seed(1)
-bs = GLM5_TP8
-prep = PreparedMoEWeights.from_moe_weights(random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen))
+prep = PreparedMoEWeights.from_moe_weights(
+    random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen)
+)
 ids, tw, _ = uniform_routing(T, bs, device="cuda", generator=gen)
 x = torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
 for _ in range(3):
-    fused_moe_nvfp4(x, prep, ids, tw)
+    call(x, prep, ids, tw)
 torch.cuda.synchronize()
