@@ -186,7 +186,10 @@ def test_slowed_config_runs_the_real_kernels_correctly(seed):
         with override_config(slow):
             assert layer.config(T) == slow
             check = layer.check(T, "decode")
-        assert check["ok"] and check["rms_rel"] > 0, check
+        assert check["ok"], check
+        ids = layer.inputs(T)[1][0][0]
+        # (T = 1 under EP2 may route every expert to the other rank: exact zeros on both sides.)
+        assert check["rms_rel"] > 0 or not bool((ids >= 0).any()), check
     assert layer.config(1) != slow  # the override ends with its context
 
 
