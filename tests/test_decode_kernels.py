@@ -223,7 +223,8 @@ def test_validation_errors():
 def test_decode_bit_exact_vs_torch_twin(seed):
     """The kernels' in-register decode (inline PTX on a GPU, the fp32 bit trick under the
     interpreter) including the K permutation equals the torch twin bit for bit: every byte value
-    and random e4m3 scales (incl. subnormal and zero scale bytes), times 2^-26."""
+    and random non-negative e4m3 scales (incl. subnormal, zero and -0 scale bytes; zero-scale
+    blocks' codes are zeroed by the layout), times 2^-26."""
     from sglang_fp4ext.moe import _decode_kernels as K
     from sglang_fp4ext.moe.layout import dequantize_kernel_matrix, prepare_matrix
 
@@ -232,8 +233,9 @@ def test_decode_bit_exact_vs_torch_twin(seed):
     q = torch.randint(0, 256, (E, N, Kd // 2), dtype=torch.uint8, generator=g)
     q[0, 0, :] = torch.arange(256, dtype=torch.uint8)  # every byte value in one row
     sb = torch.randint(0, 256, (E, N, Kd // 16), dtype=torch.uint8, generator=g)
-    sb[(sb & 0x7F) == 0x7F] = 0x38  # no NaN scales (e4m3 0x7F / 0xFF)
-    sb[0, 1, :8] = torch.tensor([0, 1, 2, 7, 0x80, 0x81, 0x08, 0x7E], dtype=torch.uint8)
+    sb &= 0x7F  # block scales are >= 0
+    sb[sb == 0x7F] = 0x38  # no NaN scales
+    sb[0, 1, :8] = torch.tensor([0, 1, 2, 7, 0x80, 0x03, 0x08, 0x7E], dtype=torch.uint8)
     m = prepare_matrix(q, sb.view(torch.float8_e4m3fn), torch.ones(E, N))
     ref = dequantize_kernel_matrix(m)[0] * 2.0**-26
     dev = torch.device(DEV)

@@ -6,12 +6,16 @@ import torch
 
 from sglang_fp4ext.moe.layout import (
     E2M1_VALUES,
+    SCALE_CODE_BF16_BIAS,
     K_CHUNK,
     ROW_ALIGN,
     dequantize_kernel_matrix,
     prepare_matrix,
     prepare_w2,
     prepare_w13,
+    scale_code_to_e4m3,
+    scale_code_values,
+    e4m3_to_scale_code,
     unprepare_matrix,
     unprepare_w13,
 )
@@ -76,8 +80,10 @@ def test_nibble_and_scale_order_golden():
             b = int(m.q[0, 0, c * 128 + i])
             assert b & 0xF == int(codes[c * K_CHUNK + i])
             assert b >> 4 == int(codes[c * K_CHUNK + 128 + i])
-        sb = m.scale[0, c, 0].view(torch.float8_e4m3fn).float()
-        assert torch.equal(sb, scale[c * 16 : c * 16 + 16].float())
+        # Scale codes: normal e4m3 bytes + 24, in the checkpoint's block order.
+        sc = m.scale[0, c, 0]
+        assert torch.equal(sc.int(), scale[c * 16 : c * 16 + 16].view(torch.uint8).int() + 24)
+        assert torch.equal(scale_code_values(sc), scale[c * 16 : c * 16 + 16].float())
     # The twin agrees with a direct LUT decode of the checkpoint codes.
     lut = torch.tensor(E2M1_VALUES)
     ref = lut[codes.long()] * scale.float().repeat_interleave(16)
@@ -125,3 +131,50 @@ def test_bad_inputs_raise_clear_errors():
         prepare_w13(q, s, torch.ones(1, 3))
     with pytest.raises(ValueError, match="w2_scale_2"):
         prepare_w2(q, s, torch.ones(2))
+
+
+def test_scale_codes_every_e4m3_byte():
+    """Every finite non-negative e4m3 byte gets a distinct code whose decode (the kernels' bits,
+    ``c * 16 + bias`` as bf16 = scale * 2^100) is its exact value, and the inverse gives the byte
+    back; -0 is 0; negative and NaN scales are refused with the tensor's name and index."""
+    b = torch.arange(256, dtype=torch.uint8)
+    ok = (b < 0x7F) | (b == 0x80)
+    c = e4m3_to_scale_code(b[ok])
+    vals = b[ok].view(torch.float8_e4m3fn).float()
+    assert torch.equal(scale_code_values(c), vals.abs())
+    assert c[:-1].unique().numel() == 127 and int(c[-1]) == 0 and int(c.max()) == 150
+    assert torch.equal(scale_code_to_e4m3(c[:-1]).view(torch.uint8), b[:0x7F])
+    # The kernels' bf16 bits, computed as they are (16-bit multiply-add), then widened exactly.
+    bits = (c.to(torch.int32) * 16 + SCALE_CODE_BF16_BIAS).to(torch.int16)
+    as_bf16 = bits.view(torch.bfloat16).float() * 2.0**-100
+    assert torch.equal(as_bf16[c > 0], vals[c > 0])
+    for bad, what in ((0x81, "-0.001953125"), (0xB8, "-1.0"), (0x7F, "nan"), (0xFF, "nan")):
+        s = torch.full((2, 3), 0x38, dtype=torch.uint8)
+        s[1, 2] = bad
+        msg = rf"w2_weight_scale: scale {what} .* at index \(1, 2\) is negative or NaN"
+        with pytest.raises(ValueError, match=msg):
+            e4m3_to_scale_code(s.view(torch.float8_e4m3fn), "w2_weight_scale")
+
+
+def test_zero_scale_blocks_zero_their_codes(seed):
+    """A zero scale has no zero code: the layout zeroes the block's weight codes, so kernels (any
+    finite decoded scale times code 0) and the twin still give ModelOpt's exact 0."""
+    g = torch.Generator().manual_seed(seed)
+    E, H, I = 2, 256, 64
+    w = _random_pack(E, H, I, g)
+    zero = torch.rand(w.w2_scale.shape, generator=g) < 0.2
+    s = w.w2_scale.view(torch.uint8).clone()
+    s[zero] = torch.where(torch.rand(int(zero.sum()), generator=g) < 0.5, 0x00, 0x80).to(s.dtype)
+    s = s.view(torch.float8_e4m3fn)
+    m = prepare_w2(w.w2, s, w.w2_scale_2)
+    q, sb, _ = unprepare_matrix(m)
+
+    def blocks(t):  # (E, H, I/16, 8): the 8 packed bytes of each 16-element block
+        return t.reshape(E, H, I // 16, 8)
+
+    assert blocks(w.w2)[zero].ne(0).any()  # the random codes there were not all zero
+    assert blocks(q)[zero].eq(0).all()
+    assert torch.equal(blocks(q)[~zero], blocks(w.w2)[~zero])
+    assert sb.view(torch.uint8)[zero].eq(0).all()
+    _, ref = MoEWeights(w.w13, w.w13_scale, w.w13_scale_2, w.w2, s, w.w2_scale_2).dequantize()
+    assert torch.equal(dequantize_kernel_matrix(m), ref)

@@ -44,12 +44,13 @@ numbers.
 import triton
 import triton.language as tl
 
-# The FP4 bit trick leaves values 2^-126 too small and the e4m3 bit trick 2^-120 too small.
+from sglang_fp4ext.moe.layout import SCALE_CODE_BF16_BIAS
+
+# The FP4 bit trick leaves values 2^-126 too small and scale codes decode to the scale times 2^100.
 # Weights are decoded as w * 2^-26 (exact, normal range in bf16) and the epilogue multiplies by
 # 2^26 together with the per-row global scale.
-_TWO_P120 = tl.constexpr(1.329227995784916e36)  # 2^120
-_TWO_P100 = tl.constexpr(1.2676506002282294e30)  # 2^100
 _TWO_P26 = tl.constexpr(67108864.0)  # 2^26
+_SCALE_BIAS = tl.constexpr(SCALE_CODE_BF16_BIAS)
 
 
 @triton.jit
@@ -64,11 +65,13 @@ def _to_bf16(x, COMPUTE_F32: tl.constexpr):
 
 
 @triton.jit
-def _e4m3_bits_to_f32(s):
-    """e4m3 bytes -> fp32 (times 2^100), by bit placement: exact, no fp8 dtype needed (sm_80)."""
-    s = s.to(tl.uint32)
-    bits = ((s & 0x80) << 24) | ((s & 0x7F) << 20)
-    return bits.to(tl.float32, bitcast=True) * _TWO_P120 * _TWO_P100
+def _scale_bf16(c, COMPUTE_F32: tl.constexpr):
+    """Scale codes (``layout.py``) -> the block scale times 2^100: bf16 bits ``c * 16 + bias``,
+    one integer multiply-add, exact (<= 4 significant bits, exponent in range). Under the
+    interpreter (``COMPUTE_F32``) the same bits shifted into an fp32."""
+    if COMPUTE_F32:
+        return ((c.to(tl.uint32) << 20) + (_SCALE_BIAS << 16)).to(tl.float32, bitcast=True)
+    return ((c.to(tl.uint16) << 4) + _SCALE_BIAS).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -76,7 +79,7 @@ def _fp4x4_to_bf16_asm(b, s_lo, s_hi):
     """GPU only (inline PTX, sm_80+): packed bytes -> (low-nibble, high-nibble) bf16 values.
 
     Elementwise: output ``lo[i] = e2m1(b[i] & 0xF) * s_lo[i]``, ``hi[i] = e2m1(b[i] >> 4) *
-    s_hi[i]``, where the scales are bf16 (e4m3 times 2^100) and the results ``w * 2^-26``. Four
+    s_hi[i]``, where the scales are bf16 (``_scale_bf16``) and the results ``w * 2^-26``. Four
     bytes per instance: ``prmt`` spreads bytes 0,1 (2,3) to the two 16-bit halves, a mask isolates
     one nibble per half, one integer multiply makes two shifted copies (sign lands on bf16 bit 15,
     magnitude on bits 8..6, the same bit trick as the fp32 path with bf16's 8-bit exponent), a mask
@@ -122,8 +125,8 @@ def _fp4x4_nibble_to_bf16_asm(b, s, half):
 
     ``_fp4x4_to_bf16_asm``'s sequence for one nibble, chosen at run time by ``half`` (0: low,
     1: high) through the mask and multiplier operands (no extra instruction): for K loops that
-    step half a layout chunk at a time. 11 instructions per 4 weights. ``s`` bf16 (e4m3 times
-    2^100), results ``w * 2^-26``, exact.
+    step half a layout chunk at a time. 11 instructions per 4 weights. ``s`` bf16
+    (``_scale_bf16``), results ``w * 2^-26``, exact.
     """
     mask = (0x000F000F << (4 * half)).to(tl.uint32)
     mult = (0x1040 >> (4 * half)).to(tl.uint32)
@@ -154,8 +157,8 @@ def _fp4x4_nibble_to_bf16_asm(b, s, half):
 
 
 @triton.jit
-def _nibbles_to_w(b, s_bits, half, COMPUTE_F32: tl.constexpr):
-    """Packed codes ``b`` uint8 and e4m3 scale bytes ``s_bits`` (broadcast against ``b``) -> the
+def _nibbles_to_w(b, s_codes, half, COMPUTE_F32: tl.constexpr):
+    """Packed codes ``b`` uint8 and scale codes ``s_codes`` (broadcast against ``b``) -> the
     weights of one nibble of each byte (``half`` 0: low, 1: high), ``w * 2^-26``, exact. GPU: bf16
     from ``_fp4x4_nibble_to_bf16_asm``. Interpreter (``COMPUTE_F32``): fp32 by the pure-Triton bit
     trick (sign to fp32 bit 31, magnitude to bits 24..22: the E2M1 value times 2^-126, the E2M1
@@ -163,10 +166,9 @@ def _nibbles_to_w(b, s_bits, half, COMPUTE_F32: tl.constexpr):
     if COMPUTE_F32:
         n = b.to(tl.uint32) >> (4 * half)
         w = (((n & 0x8) << 28) | ((n & 0x7) << 22)).to(tl.float32, bitcast=True)
-        return w * _e4m3_bits_to_f32(s_bits)
+        return w * _scale_bf16(s_codes, True)
     else:
-        # Scales times 2^100 are exact in bf16 (<= 4 significant bits, exponent in range).
-        return _fp4x4_nibble_to_bf16_asm(b, _e4m3_bits_to_f32(s_bits).to(tl.bfloat16), half)
+        return _fp4x4_nibble_to_bf16_asm(b, _scale_bf16(s_codes, False), half)
 
 
 @triton.jit
@@ -179,7 +181,7 @@ def _kappa(w, R: tl.constexpr):
 
 @triton.jit
 def _decode_w(b, s_lo, s_hi, BN: tl.constexpr, COMPUTE_F32: tl.constexpr):
-    """Packed codes ``b`` (BN, 8, 16) uint8 and e4m3 scale bytes (BN, 8) of the two halves of a
+    """Packed codes ``b`` (BN, 8, 16) uint8 and scale codes (BN, 8) of the two halves of a
     chunk -> (low, high) halves (BN, 128) in ``_kappa`` order, ``w * 2^-26``, exact.
 
     GPU: the inline-PTX packed bf16 decode of both nibbles at once. Interpreter (``COMPUTE_F32``):
@@ -189,9 +191,8 @@ def _decode_w(b, s_lo, s_hi, BN: tl.constexpr, COMPUTE_F32: tl.constexpr):
         lo = _nibbles_to_w(b, s_lo[:, :, None], 0, True)
         hi = _nibbles_to_w(b, s_hi[:, :, None], 1, True)
     else:
-        # Scales times 2^100 are exact in bf16 (<= 4 significant bits, exponent in range).
-        c_lo = _e4m3_bits_to_f32(s_lo).to(tl.bfloat16)
-        c_hi = _e4m3_bits_to_f32(s_hi).to(tl.bfloat16)
+        c_lo = _scale_bf16(s_lo, False)
+        c_hi = _scale_bf16(s_hi, False)
         lo, hi = _fp4x4_to_bf16_asm(b, c_lo[:, :, None], c_hi[:, :, None])
     lo = _kappa(tl.reshape(lo, [BN, 128]), BN)
     hi = _kappa(tl.reshape(hi, [BN, 128]), BN)

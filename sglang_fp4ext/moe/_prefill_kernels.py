@@ -50,9 +50,9 @@ import triton.language as tl
 
 from ._decode_kernels import (
     _TWO_P26,
-    _e4m3_bits_to_f32,
     _fp4x4_to_bf16_asm,
     _nibbles_to_w,
+    _scale_bf16,
     _silu_mul_store,
     _to_bf16,
 )
@@ -182,8 +182,8 @@ def _w4a16_step(
         qp = q_ptr + rows[:, None, None] * q_row_stride + ks * 128 + g[None, :, None] * 16
         b = tl.load(qp + i[None, None, :])  # (BN, 8, 16)
         sp = s_ptr + ks * s_chunk_stride + rows[:, None] * 16 + g[None, :]
-        c_lo = _e4m3_bits_to_f32(tl.load(sp)).to(tl.bfloat16)
-        c_hi = _e4m3_bits_to_f32(tl.load(sp + 8)).to(tl.bfloat16)
+        c_lo = _scale_bf16(tl.load(sp), False)
+        c_hi = _scale_bf16(tl.load(sp + 8), False)
         w_lo, w_hi = _fp4x4_to_bf16_asm(b, c_lo[:, :, None], c_hi[:, :, None])
         k = ks * 256 + kk
         x_lo = tl.load(xp + ks * 256, mask=xmask[:, None] & (k[None, :] < K), other=0.0)

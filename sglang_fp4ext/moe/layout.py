@@ -8,7 +8,7 @@ rounded up to :data:`K_CHUNK`):
 field      shape, dtype                 meaning
 =========  ===========================  ============================================================
 ``q``      (E, Np, Kp/2) uint8          FP4 codes, K-contiguous, nibble order permuted per K chunk
-``scale``  (E, Kp/256, Np, 16) uint8    e4m3 block-scale bytes, chunk-major: 16 per row and chunk
+``scale``  (E, Kp/256, Np, 16) uint8    block-scale codes (below), chunk-major: 16 per row and chunk
 ``alpha``  (E, Np) float32              per-row fp32 global scale (``scale_2``); 0 on padding rows
 =========  ===========================  ============================================================
 
@@ -22,6 +22,16 @@ elements ``256c + 16j .. 256c + 16j + 15`` (unchanged ModelOpt semantics), so by
 low nibbles (low-nibble byte ``i`` -> scale ``i // 16``) and bytes 8-15 the high nibbles.
 Scales are stored chunk-major so that a tile of rows reads one contiguous ``rows * 16``-byte run.
 
+**Scale codes.** Each e4m3 block scale is re-encoded at load time as one byte ``c = (E + 10) << 3
+| m`` for the value ``2^E * (1 + m/8)`` (``E`` in -9..8: e4m3's subnormals ``j * 2^-9`` are
+normalised, every one fits 3 mantissa bits), and ``c = 0`` for a zero scale. A kernel turns a code
+into the scale times 2^100 with one integer multiply-add, ``bits = c * 16 + SCALE_CODE_BF16_BIAS``
+as bf16 (or the same bits shifted left by 16 as fp32): exact, with no special case for subnormal
+e4m3, where decoding e4m3 bits directly costs ~6 instructions per scale (sm_90 SASS). For a
+normal e4m3 byte ``b`` the code is ``b + 24``. Code 0 decodes to a non-zero number, so the codes
+of a zero-scale block are zeroed (the block's weights are 0 either way). Negative and NaN scales
+are rejected: ModelOpt's block scales are ``amax / 6`` over a positive global scale.
+
 **Padding.** Rows ``N..Np`` and columns ``K..Kp`` are zero codes with zero scales and zero alpha:
 they contribute exactly 0, so kernels need no masks on weight loads. Every tile height up to
 ``ROW_ALIGN`` (a power of two) divides ``Np``, and the layout is the same for every kernel config.
@@ -32,7 +42,8 @@ they contribute exactly 0, so kernels need no masks on weight loads. Every tile 
 
 Values are exact: dequantised weight ``= e2m1(code) * e4m3(scale) * alpha``, the same numbers as
 ``MoEWeights.dequantize`` (ModelOpt's rule). :func:`dequantize_kernel_matrix` is the torch twin
-that reads this layout back; :func:`unprepare_matrix` inverts the preparation bit-exactly.
+that reads this layout back; :func:`unprepare_matrix` inverts the preparation bit-exactly (up to
+the codes of zero-scale blocks, which come back as 0).
 """
 
 from __future__ import annotations
@@ -52,6 +63,10 @@ __all__ = [
     "unprepare_w13",
     "dequantize_kernel_matrix",
     "E2M1_VALUES",
+    "SCALE_CODE_BF16_BIAS",
+    "e4m3_to_scale_code",
+    "scale_code_to_e4m3",
+    "scale_code_values",
 ]
 
 #: Elements of K per chunk: 128 packed bytes and 16 e4m3 scale bytes per row.
@@ -78,6 +93,73 @@ E2M1_VALUES = (
     -4.0,
     -6.0,
 )
+
+
+#: bf16 bits of (scale * 2^100) = code * 16 + this: exponent field (E + 10) + 217 = E + 100 + 127.
+SCALE_CODE_BF16_BIAS = 217 << 7
+
+
+def _e4m3_code_table() -> list[int]:
+    """Scale code of every e4m3fn byte; -1 where the byte is not a valid block scale."""
+    table = []
+    for b in range(256):
+        ef, mm = (b >> 3) & 0xF, b & 7
+        if b & 0x80 or b == 0x7F:  # negative (or -0) or NaN
+            table.append(0 if b == 0x80 else -1)
+        elif ef:  # normal: 2^(ef-7) * (1 + mm/8)
+            table.append(b + 24)
+        elif mm:  # subnormal mm * 2^-9, normalised: 2^E (1 + m/8)
+            E = mm.bit_length() - 1 - 9
+            m = (mm << (3 - (mm.bit_length() - 1))) & 7
+            table.append((E + 10) << 3 | m)
+        else:
+            table.append(0)
+    return table
+
+
+_CODE_OF_E4M3 = _e4m3_code_table()
+_E4M3_OF_CODE = [0] * 256
+for _b, _c in enumerate(_CODE_OF_E4M3):
+    if _c > 0 or _b == 0:
+        _E4M3_OF_CODE[_c] = _b
+
+
+def e4m3_to_scale_code(s: torch.Tensor, what: str = "block scale") -> torch.Tensor:
+    """e4m3fn block scales (or their uint8 bytes) -> scale codes (module docstring), uint8.
+
+    Raises ValueError naming ``what`` and the first offending index for a negative or NaN scale.
+    (-0 is taken as 0.)
+    """
+    b = _as_bytes(s)
+    lut = torch.tensor(_CODE_OF_E4M3, dtype=torch.int16, device=b.device)
+    c = lut[b.long()]
+    bad = c < 0
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        v = float(b[idx].view(torch.float8_e4m3fn).float())
+        raise ValueError(
+            f"{what}: scale {v} (byte 0x{int(b[idx]):02x}) at index {idx} is negative or NaN; "
+            "NVFP4 block scales must be finite and >= 0"
+        )
+    return c.to(torch.uint8)
+
+
+def scale_code_to_e4m3(c: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`e4m3_to_scale_code` (on its image): codes -> float8_e4m3fn."""
+    lut = torch.tensor(_E4M3_OF_CODE, dtype=torch.uint8, device=c.device)
+    return lut[c.long()].view(torch.float8_e4m3fn)
+
+
+def scale_code_values(c: torch.Tensor) -> torch.Tensor:
+    """Torch twin of the kernels' scale decode: codes -> float32 scale values (exact).
+
+    Reproduces the kernels' bits, ``(c * 16 + SCALE_CODE_BF16_BIAS) << 16`` as fp32 = scale *
+    2^100, and undoes the 2^100; code 0 (a zero scale) gives 0, where a kernel gets a finite
+    number times zeroed weight codes.
+    """
+    bits = (c.to(torch.int32) * 16 + SCALE_CODE_BF16_BIAS) << 16
+    v = bits.view(torch.float32) * 2.0**-100
+    return torch.where(c == 0, torch.zeros_like(v), v)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -151,6 +233,9 @@ def prepare_matrix(q: torch.Tensor, scale: torch.Tensor, alpha: torch.Tensor) ->
     nc = Kp // K_CHUNK
     dev = q.device
 
+    sc = e4m3_to_scale_code(sb, "scale")
+    # A zero scale has no code that decodes to 0: zero its block's weight codes instead (exact).
+    q = q.reshape(E, N, K // 16, 8).masked_fill((sc == 0)[..., None], 0).view(E, N, K2)
     codes = torch.zeros(E, Np, Kp, dtype=torch.uint8, device=dev)
     codes[:, :N, 0:K:2] = q & 0xF
     codes[:, :N, 1:K:2] = q >> 4
@@ -158,7 +243,7 @@ def prepare_matrix(q: torch.Tensor, scale: torch.Tensor, alpha: torch.Tensor) ->
     qk = (codes[:, :, :, 0, :] | (codes[:, :, :, 1, :] << 4)).reshape(E, Np, Kp // 2)
 
     sk = torch.zeros(E, Np, Kp // 16, dtype=torch.uint8, device=dev)
-    sk[:, :N, : K // 16] = sb
+    sk[:, :N, : K // 16] = sc
     sk = sk.view(E, Np, nc, 16).permute(0, 2, 1, 3).contiguous()
 
     ak = torch.zeros(E, Np, dtype=torch.float32, device=dev)
@@ -175,7 +260,7 @@ def unprepare_matrix(m: KernelMatrix) -> tuple[torch.Tensor, torch.Tensor, torch
     codes = codes[:, : m.n, : m.k]
     q = (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
     s = m.scale.permute(0, 2, 1, 3).reshape(E, Np, Kp // 16)[:, : m.n, : m.k // 16]
-    return q, s.contiguous().view(torch.float8_e4m3fn), m.alpha[:, : m.n].contiguous()
+    return q, scale_code_to_e4m3(s.contiguous()), m.alpha[:, : m.n].contiguous()
 
 
 def prepare_w13(
@@ -199,6 +284,7 @@ def prepare_w13(
     def inter(t):  # [E, 2I, ...] gate rows then up rows -> rows g0 u0 g1 u1 ...
         return torch.stack([t[:, :I], t[:, I:]], dim=2).reshape(t.shape)
 
+    e4m3_to_scale_code(w13_scale, "w13_weight_scale")  # the error's index in SGLang's row order
     alpha = w13_scale_2.to(torch.float32)[:, :, None].expand(E, 2, I).transpose(1, 2).reshape(E, I2)
     return prepare_matrix(inter(w13), inter(_as_bytes(w13_scale)), alpha)
 
@@ -220,6 +306,7 @@ def prepare_w2(w2: torch.Tensor, w2_scale: torch.Tensor, w2_scale_2: torch.Tenso
     _check(
         tuple(w2_scale_2.shape) == (E,), f"w2_scale_2 must be (E,), got {tuple(w2_scale_2.shape)}"
     )
+    e4m3_to_scale_code(w2_scale, "w2_weight_scale")
     return prepare_matrix(w2, w2_scale, w2_scale_2.to(torch.float32)[:, None].expand(E, H))
 
 
@@ -230,7 +317,7 @@ def dequantize_kernel_matrix(m: KernelMatrix) -> torch.Tensor:
     lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=m.q.device)
     b = m.q.view(E, Np, nc, K_CHUNK // 2).long()
     vals = torch.stack([lut[b & 0xF], lut[b >> 4]], dim=3)  # [E, Np, nc, half, 128]
-    s = m.scale.view(torch.float8_e4m3fn).float().permute(0, 2, 1, 3)  # [E, Np, nc, 16]
+    s = scale_code_values(m.scale).permute(0, 2, 1, 3)  # [E, Np, nc, 16]
     s = s.view(E, Np, nc, 2, 8).repeat_interleave(16, dim=4)  # per element of each half
     # ModelOpt's order: the fp32 product of the two scales first, then times the code.
     w = (vals * (s * m.alpha[:, :, None, None, None])).reshape(E, Np, nc * K_CHUNK)
