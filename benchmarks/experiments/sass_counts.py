@@ -1,0 +1,227 @@
+"""SASS instruction counts of the launches one MoE call makes, compiled here (no GPU needed).
+
+    python benchmarks/experiments/sass_counts.py [--cc 90] [--out FILE] SHAPE:T[:path] ...
+
+SHAPE is ``tp8`` / ``ep8`` (GLM-5 per-GPU shapes); path ``decode`` (default) or ``prefill``; the
+config is the H200 table's (the heuristic's where the table has none). Each launch is compiled with
+``triton.compile`` for ``sm_<cc>`` exactly as the call would launch it (tensors on the ``meta``
+device, the JIT's 16-byte divisibility specialisation), disassembled with the ``nvdisasm`` that
+ships with Triton, and reported: registers, spill bytes, shared memory, total instructions, the
+instructions of the innermost loop that holds the MMAs (one K step of one tile) and its opcode
+mix. Counts are static, per thread of a warp; they say what a change does to the instruction
+stream (the decode kernels are issue-latency bound, ``decode_diagnosis_h200.json``), not its time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
+from sglang_fp4ext.moe import _decode_kernels, _prefill_kernels
+from sglang_fp4ext.moe import fused_moe as F
+from sglang_fp4ext.moe import prefill as PF
+from sglang_fp4ext.moe.config import MoEShape, Target, config_for, prefill_config_for
+from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
+
+_PTR = {
+    torch.bfloat16: "*bf16",
+    torch.float32: "*fp32",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+    torch.uint8: "*u8",
+}
+_H200 = Target("sm_90", "NVIDIA H200", 132)
+
+
+def _meta(dt, *shape):
+    return torch.empty(*shape, dtype=dt, device="meta")
+
+
+def _matrix(E: int, N: int, K: int) -> KernelMatrix:
+    Np, Kp = -(-N // ROW_ALIGN) * ROW_ALIGN, -(-K // K_CHUNK) * K_CHUNK
+    return KernelMatrix(
+        _meta(torch.uint8, E, Np, Kp // 2),
+        _meta(torch.uint8, E, Kp // K_CHUNK, Np, 16),
+        _meta(torch.float32, E, Np),
+        N,
+        K,
+    )
+
+
+def _weights(shape: MoEShape) -> F.PreparedMoEWeights:
+    E, H, I = shape.E, shape.H, shape.I
+    return F.PreparedMoEWeights(_matrix(E, 2 * I, H), _matrix(E, H, I))
+
+
+def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
+    """(kernel, grid, args, constexprs, warps, stages) of one ``fused_moe_nvfp4`` call, recorded
+    by running the real launcher against recording stand-ins for the kernels."""
+    w = _weights(shape)
+    calls = []
+
+    class _Rec:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            def launch(*args, num_warps, num_stages, **constexprs):
+                calls.append((self.fn, grid, args, constexprs, num_warps, num_stages))
+
+            return launch
+
+    names = ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok")
+    saved = {n: getattr(_decode_kernels, n) for n in names}
+    saved_ws, saved_val = F._workspace, F.validate_moe_inputs
+    try:
+        for n in names:
+            setattr(_decode_kernels, n, _Rec(saved[n]))
+        F._workspace = lambda dev, name, n, dt, zero: _meta(dt, max(n, 1))
+        F.validate_moe_inputs = lambda *a, **k: None  # meta tensors are not on a CUDA device
+        k = shape.top_k
+        x = _meta(torch.bfloat16, T, shape.H)
+        ids, tw = _meta(torch.int32, T, k), _meta(torch.float32, T, k)
+        F.fused_moe_nvfp4(x, w, ids, tw, out=x, config=cfg)
+    finally:
+        for n in names:
+            setattr(_decode_kernels, n, saved[n])
+        F._workspace, F.validate_moe_inputs = saved_ws, saved_val
+    return calls
+
+
+def prefill_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
+    w = _weights(shape)
+    k = shape.top_k
+    x = _meta(torch.bfloat16, T, shape.H)
+    plan = PF._plan(x, w, _meta(torch.int32, T, k), _meta(torch.float32, T, k), x, cfg, False)
+    return [
+        (getattr(_prefill_kernels, L.kernel), L.grid, L.args, dict(L.constexprs))
+        + (L.num_warps, L.num_stages)
+        for L in plan
+        if "gemm" in L.kernel
+    ]
+
+
+def _signature(fn, args, constexprs):
+    sig, consts, attrs = {}, dict(constexprs), {}
+    for i, (name, v) in enumerate(zip(fn.arg_names, args)):
+        if isinstance(v, torch.Tensor):
+            sig[name], div = _PTR[v.dtype], True
+        elif v == 1:  # the JIT specialises 1 to a constant
+            sig[name], consts[name], div = "constexpr", 1, False
+        else:
+            sig[name], div = ("i32" if abs(v) < 2**31 else "i64"), v % 16 == 0
+        if div:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    sig.update({n: "constexpr" for n in constexprs})
+    return sig, consts, attrs
+
+
+def _mma_loop(lines: list[str]) -> list[str]:
+    """The smallest backward-branch loop body that contains an MMA instruction."""
+    ins = [i for i, l in enumerate(lines) if re.match(r"\s+/\*[0-9a-f]+\*/", l)]
+    labels = {l.split(":")[0]: i for i, l in enumerate(lines) if re.match(r"\.L_x_\d+:", l)}
+    best = None
+    for i, l in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", l)
+        if m and labels.get(m.group(1), i) < i:
+            body = [lines[j] for j in ins if labels[m.group(1)] < j <= i]
+            if any(re.search(r"\b(HMMA|HGMMA|UTCHMMA|OMMA|QMMA)", b) for b in body):
+                if best is None or len(body) < len(best):
+                    best = body
+    return best or []
+
+
+def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
+    sig, consts, attrs = _signature(fn, args, constexprs)
+    k = triton.compile(
+        ASTSource(fn, sig, consts, attrs),
+        target=GPUTarget("cuda", cc, 32),
+        options=dict(num_warps=warps, num_stages=stages),
+    )
+    bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        Path(cubin).write_bytes(k.asm["cubin"])
+        def tool(*cmd):
+            return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+        sass = tool(bindir / "nvdisasm", "-c", cubin)
+        res = tool(bindir / "cuobjdump", "-res-usage", cubin)
+    lines = sass.splitlines()
+    loop = _mma_loop(lines)
+    mix = collections.Counter()
+    for l in loop:
+        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", l)
+        if m:
+            mix[m.group(1)] += 1
+    return dict(
+        kernel=fn.__name__,
+        grid=list(grid),
+        warps=warps,
+        stages=stages,
+        constexprs={k: v for k, v in constexprs.items() if k != "COMPUTE_F32"},
+        registers=int(re.search(r"REG:(\d+)", res).group(1)),
+        spill_bytes=int(re.search(r"LOCAL:(\d+)", res).group(1)),
+        shared_bytes=k.metadata.shared,
+        instructions=sum(1 for l in lines if re.match(r"\s+/\*[0-9a-f]+\*/", l)),
+        mma_loop_instructions=len(loop),
+        mma_loop_mix=dict(mix.most_common(12)),
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", nargs="+", help="SHAPE:T[:decode|prefill], SHAPE tp8 or ep8")
+    ap.add_argument("--cc", type=int, default=90, help="compute capability to compile for")
+    ap.add_argument("--out", help="write the JSON here (else stdout)")
+    a = ap.parse_args(argv)
+    rows = []
+    for case in a.cases:
+        name, T, *rest = case.split(":")
+        path = rest[0] if rest else "decode"
+        bs = {"tp8": GLM5_TP8, "ep8": GLM5_EP8}[name]
+        shape = MoEShape(bs.E_local, bs.H, bs.I, bs.top_k)
+        if path == "decode":
+            cfg = config_for(int(T), shape, _H200)
+            launches = decode_launches(int(T), shape, cfg)
+        else:
+            cfg = prefill_config_for(int(T), shape, _H200)
+            launches = prefill_launches(int(T), shape, cfg)
+        for L in launches:
+            r = dict(case=case, config=repr(cfg), **count(*L, cc=a.cc))
+            rows.append(r)
+            print(
+                f"{case:16} {r['kernel']:16} regs {r['registers']:3} spill {r['spill_bytes']} "
+                f"loop {r['mma_loop_instructions']:5} total {r['instructions']}",
+                file=sys.stderr,
+            )
+    doc = dict(
+        what="static SASS counts (benchmarks/experiments/sass_counts.py)",
+        triton=triton.__version__,
+        torch=torch.__version__,
+        cc=a.cc,
+        rows=rows,
+    )
+    text = json.dumps(doc, indent=1)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
