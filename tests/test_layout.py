@@ -131,6 +131,13 @@ def test_bad_inputs_raise_clear_errors():
         prepare_w13(q, s, torch.ones(1, 3))
     with pytest.raises(ValueError, match="w2_scale_2"):
         prepare_w2(q, s, torch.ones(2))
+    # A bad scale value is named by its SGLang parameter, at its index in SGLang's row order.
+    bad = torch.full((1, 32, 1), 0x38, dtype=torch.uint8)
+    bad[0, 17, 0] = 0xB8  # -1.0, up row 1 (rows 0-15 gate, 16-31 up)
+    with pytest.raises(ValueError, match=r"w13_weight_scale: scale -1.0 .* index \(0, 17, 0\)"):
+        prepare_w13(q, bad.view(torch.float8_e4m3fn), torch.ones(1, 2))
+    with pytest.raises(ValueError, match=r"w2_weight_scale: scale -1.0 .* index \(0, 17, 0\)"):
+        prepare_w2(q, bad.view(torch.float8_e4m3fn), torch.ones(1))
 
 
 def test_scale_codes_every_e4m3_byte():

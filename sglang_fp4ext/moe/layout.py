@@ -69,7 +69,7 @@ __all__ = [
     "scale_code_values",
 ]
 
-#: Elements of K per chunk: 128 packed bytes and 16 e4m3 scale bytes per row.
+#: Elements of K per chunk: 128 packed bytes and 16 block-scale codes per row.
 K_CHUNK = 256
 #: Rows are padded to a multiple of this; every kernel tile height (<= ROW_ALIGN) divides it.
 ROW_ALIGN = 128
@@ -93,6 +93,15 @@ E2M1_VALUES = (
     -4.0,
     -6.0,
 )
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
 
 
 #: bf16 bits of (scale * 2^100) = code * 16 + this: exponent field (E + 10) + 217 = E + 100 + 127.
@@ -199,41 +208,39 @@ class KernelMatrix:
         )
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
-def prepare_matrix(q: torch.Tensor, scale: torch.Tensor, alpha: torch.Tensor) -> KernelMatrix:
+def prepare_matrix(
+    q: torch.Tensor, scale: torch.Tensor, alpha: torch.Tensor, name: str = "scale"
+) -> KernelMatrix:
     """Checkpoint layout -> kernel layout, for one projection of all experts.
 
     Args:
         q: (E, N, K/2) uint8, ModelOpt packing (element ``2i`` in the low nibble of byte ``i``).
         scale: (E, N, K/16) float8_e4m3fn (or its uint8 bytes), row-major block scales.
         alpha: (E, N) float32 per-row global scale.
+        name: what errors about ``scale``'s values call it (e.g. SGLang's parameter name).
     """
     _check(
         q.dim() == 3 and q.dtype == torch.uint8,
         f"q must be (E, N, K/2) uint8, got {tuple(q.shape)} {q.dtype}",
     )
     E, N, K2 = q.shape
+    _check(
+        tuple(scale.shape) == (E, N, 2 * K2 // 16),
+        f"scale must be (E, N, K/16)={(E, N, 2 * K2 // 16)}, got {tuple(scale.shape)}",
+    )
+    return _prepare(q, e4m3_to_scale_code(scale, name), alpha)
+
+
+def _prepare(q: torch.Tensor, sc: torch.Tensor, alpha: torch.Tensor) -> KernelMatrix:
+    """:func:`prepare_matrix` on scale codes ``sc`` (E, N, K/16) uint8 (shapes checked there)."""
+    E, N, K2 = q.shape
     K = 2 * K2
     _check(K % 16 == 0, f"K={K} must be a multiple of 16 (NVFP4 block size)")
-    sb = _as_bytes(scale)
-    _check(
-        tuple(sb.shape) == (E, N, K // 16),
-        f"scale must be (E, N, K/16)={(E, N, K // 16)}, got {tuple(scale.shape)}",
-    )
     _check(tuple(alpha.shape) == (E, N), f"alpha must be (E, N)={(E, N)}, got {tuple(alpha.shape)}")
     Np, Kp = _round_up(N, ROW_ALIGN), _round_up(K, K_CHUNK)
     nc = Kp // K_CHUNK
     dev = q.device
 
-    sc = e4m3_to_scale_code(sb, "scale")
     # A zero scale has no code that decodes to 0: zero its block's weight codes instead (exact).
     q = q.reshape(E, N, K // 16, 8).masked_fill((sc == 0)[..., None], 0).view(E, N, K2)
     codes = torch.zeros(E, Np, Kp, dtype=torch.uint8, device=dev)
@@ -284,9 +291,14 @@ def prepare_w13(
     def inter(t):  # [E, 2I, ...] gate rows then up rows -> rows g0 u0 g1 u1 ...
         return torch.stack([t[:, :I], t[:, I:]], dim=2).reshape(t.shape)
 
-    e4m3_to_scale_code(w13_scale, "w13_weight_scale")  # the error's index in SGLang's row order
+    _check(
+        tuple(w13_scale.shape) == (E, I2, 2 * w13.shape[2] // 16),
+        f"w13_scale must be (E, 2I, H/16), got {tuple(w13_scale.shape)}",
+    )
+    # Codes before the interleave, so that an error's index is in SGLang's row order.
+    codes = e4m3_to_scale_code(w13_scale, "w13_weight_scale")
     alpha = w13_scale_2.to(torch.float32)[:, :, None].expand(E, 2, I).transpose(1, 2).reshape(E, I2)
-    return prepare_matrix(inter(w13), inter(_as_bytes(w13_scale)), alpha)
+    return _prepare(inter(w13), inter(codes), alpha)
 
 
 def unprepare_w13(m: KernelMatrix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -306,8 +318,8 @@ def prepare_w2(w2: torch.Tensor, w2_scale: torch.Tensor, w2_scale_2: torch.Tenso
     _check(
         tuple(w2_scale_2.shape) == (E,), f"w2_scale_2 must be (E,), got {tuple(w2_scale_2.shape)}"
     )
-    e4m3_to_scale_code(w2_scale, "w2_weight_scale")
-    return prepare_matrix(w2, w2_scale, w2_scale_2.to(torch.float32)[:, None].expand(E, H))
+    alpha = w2_scale_2.to(torch.float32)[:, None].expand(E, H)
+    return prepare_matrix(w2, w2_scale, alpha, "w2_weight_scale")
 
 
 def dequantize_kernel_matrix(m: KernelMatrix) -> torch.Tensor:
