@@ -9,7 +9,14 @@ Two launches per layer, both with a static grid fixed by ``T``, ``top_k``, the s
   inter[p] @ down_e^T`` (bf16 ``(T, H)``); each program walks ``NT`` row tiles of ``BN`` rows of
   one expert (all its pairs) and the top-k sum goes through the arrival-counter combine below.
   Or ``_moe_gemm2_tok``, grid ``(T, NB2)`` (small T): one program per token and row tile walks
-  the token's experts and writes its output once (no workspace, no atomics).
+  the token's experts and writes its output once (no workspace, no atomics);
+  ``_moe_gemm2_tokw`` (``wsplit2``) spreads those experts over the program's warps.
+
+**Warp splits** (``wsplit1``/``wsplit2``, tuner candidates): a batched (3D) ``tl.dot`` whose
+slices Triton places on separate warps lets a CTA's warps share one program's work, GEMM1's K
+chunks or GEMM2's experts, summed in-CTA in a fixed order at the end. The decode kernels are
+bound by each warp's serial instruction chain (``decode_diagnosis_h200.json``); this shortens
+the chain per warp and drops GEMM1's split-K workspace round trip.
 
 **Work items** come straight from ``topk_ids`` (no alignment kernel). With ``SLOT_MODE`` program
 ``g`` takes pair slot ``g`` and only the first slot of its expert (the leader) works; otherwise
@@ -34,7 +41,8 @@ Measured (Triton 3.6, sm_90 SASS): ~3.5 instructions per weight in the GEMM1 K l
 **Determinism.** Split-K partials (GEMM1) and the top-k combine (GEMM2) go through an fp32
 workspace and a per-tile arrival counter; the last program to arrive sums in a fixed order,
 finishes the tile and resets the counter to 0, so the next launch (or CUDA-graph replay) starts
-clean. Results are bit-identical run to run; there is no atomic-accumulation variant.
+clean; warp splits sum in-CTA in a fixed order. Results are bit-identical run to run; there is
+no atomic-accumulation variant.
 
 Under the interpreter ``COMPUTE_F32`` casts both dot operands to fp32 (the interpreter computes bf16
 ``tl.dot`` on raw bits); the decoded weights are exact in bf16, so both paths multiply the same
@@ -247,6 +255,72 @@ def _w4a16_acc(
 
 
 @triton.jit
+def _w4a16_acc_wsplit(
+    q_ptr,
+    s_ptr,
+    x_ptr,
+    rows,
+    xrow,
+    xmask,
+    kc0,
+    kc1,
+    K,
+    q_row_stride,
+    s_chunk_stride,
+    stride_x,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    WS: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
+    """``_w4a16_acc`` with ``WS`` chunks per step, one per slice of a batched (3D) ``tl.dot``:
+    Triton gives each slice its own warps (``warpsPerCTA = [WS, 1, 1]`` with ``WS`` warps), so a
+    CTA's warps split K and the partials are summed in-CTA at the end (``tl.sum`` over slices, a
+    fixed order: deterministic, no workspace or atomics). Each warp's serial chain is ``WS`` times
+    shorter than one warp walking all chunks. Chunks past ``kc1`` are masked (zero codes)."""
+    DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
+    acc = tl.zeros([WS, BN, BT], dtype=tl.float32)
+    sl = tl.arange(0, WS)
+    g = tl.arange(0, 8)
+    i = tl.arange(0, 16)
+    kk = tl.arange(0, 128)
+    qp0 = (
+        q_ptr
+        + sl[:, None, None, None] * 128
+        + rows[None, :, None, None] * q_row_stride
+        + g[None, None, :, None] * 16
+        + i[None, None, None, :]
+    )
+    sp0 = s_ptr + sl[:, None, None] * s_chunk_stride + rows[None, :, None] * 16 + g[None, None, :]
+    xp0 = x_ptr + sl[:, None, None] * 256 + xrow[None, :, None] * stride_x + kk[None, None, :]
+    for kc in range(kc0, kc1, WS):
+        live = kc + sl < kc1
+        b = tl.load(qp0 + kc * 128, mask=live[:, None, None, None], other=0)
+        sp = sp0 + kc * s_chunk_stride
+        s_lo = tl.load(sp, mask=live[:, None, None], other=0)
+        s_hi = tl.load(sp + 8, mask=live[:, None, None], other=0)
+        # The 2D decode on the flattened slices (the same registers: no layout change, measured).
+        w_lo, w_hi = _decode_w(
+            tl.reshape(b, [WS * BN, 8, 16]),
+            tl.reshape(s_lo, [WS * BN, 8]),
+            tl.reshape(s_hi, [WS * BN, 8]),
+            WS * BN,
+            COMPUTE_F32,
+        )
+        k = (kc + sl)[:, None, None] * 256 + kk[None, None, :]
+        xm = live[:, None, None] & xmask[None, :, None]
+        x_lo = tl.load(xp0 + kc * 256, mask=xm & (k < K), other=0.0).to(DOT_DTYPE)
+        x_hi = tl.load(xp0 + kc * 256 + 128, mask=xm & (k + 128 < K), other=0.0).to(DOT_DTYPE)
+        x_lo = tl.reshape(_kappa(tl.reshape(x_lo, [WS * BT, 128]), WS * BT), [WS, BT, 128])
+        x_hi = tl.reshape(_kappa(tl.reshape(x_hi, [WS * BT, 128]), WS * BT), [WS, BT, 128])
+        w_lo = tl.reshape(w_lo, [WS, BN, 128]).to(DOT_DTYPE)
+        w_hi = tl.reshape(w_hi, [WS, BN, 128]).to(DOT_DTYPE)
+        acc = tl.dot(w_lo, tl.trans(x_lo, 0, 2, 1), acc)
+        acc = tl.dot(w_hi, tl.trans(x_hi, 0, 2, 1), acc)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
 def _route(
     ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE: tl.constexpr, BLOCK_P: tl.constexpr
 ):
@@ -355,10 +429,12 @@ def _moe_gemm1(
     BN: tl.constexpr,
     BT: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    WSPLIT: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
     """GEMM1 + SiLU·mul. ws: (SPLIT_K, P, NP) fp32; cnt: (grid0, grid1) int32, 0 between calls;
-    plist: (E, P) int32, pcnt: (E,) int32 (routing lists for GEMM2)."""
+    plist: (E, P) int32, pcnt: (E,) int32 (routing lists for GEMM2). ``WSPLIT`` > 1: the CTA's
+    warps split each program's K range ``WSPLIT`` ways (``_w4a16_acc_wsplit``)."""
     pid0 = tl.program_id(0)
     nb = tl.program_id(1)
     ks = tl.program_id(2)
@@ -381,23 +457,43 @@ def _moe_gemm1(
             pmask = slot < m
             pairs = tl.load(lbase + slot, mask=pmask, other=0)
         tok = (pairs // TOP_K).to(tl.int64)
-        acc = _w4a16_acc(
-            qe,
-            se,
-            x_ptr,
-            rows,
-            tok,
-            pmask,
-            kc0,
-            kc1,
-            H,
-            q_row_stride,
-            s_chunk_stride,
-            stride_x,
-            BN,
-            BT,
-            COMPUTE_F32,
-        )
+        if WSPLIT == 1:
+            acc = _w4a16_acc(
+                qe,
+                se,
+                x_ptr,
+                rows,
+                tok,
+                pmask,
+                kc0,
+                kc1,
+                H,
+                q_row_stride,
+                s_chunk_stride,
+                stride_x,
+                BN,
+                BT,
+                COMPUTE_F32,
+            )
+        else:
+            acc = _w4a16_acc_wsplit(
+                qe,
+                se,
+                x_ptr,
+                rows,
+                tok,
+                pmask,
+                kc0,
+                kc1,
+                H,
+                q_row_stride,
+                s_chunk_stride,
+                stride_x,
+                BN,
+                BT,
+                WSPLIT,
+                COMPUTE_F32,
+            )
         if SPLIT_K == 1:
             _silu_mul_store(acc, ae, rows, pairs, pmask, inter_ptr, nb, I, BN, BT, COMPUTE_F32)
         else:
@@ -634,6 +730,99 @@ def _moe_gemm2_tok(
         acc += part * coef[:, None]
         part = tl.where(done, 0.0, part)
     o = tl.sum(tl.where(col[None, :] == 0, acc, 0.0), 1)
+    op = out_ptr + t.to(tl.int64) * stride_out + rows
+    tl.store(op, _to_bf16(o, COMPUTE_F32), mask=rows < H)
+
+
+@triton.jit
+def _moe_gemm2_tokw(
+    inter_ptr,
+    ids_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    out_ptr,
+    T,
+    E,
+    H,
+    I,
+    NP,
+    stride_out,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    TOP_K,
+    K_POW2: tl.constexpr,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    WS: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
+    """``_moe_gemm2_tok`` with the token's experts spread over the CTA's warps: ``WS`` valid
+    slots per step (the n-th valid slot on slice n of a batched ``tl.dot``, so ids ``-1`` cost no
+    step), each slice walking its expert's ``KC`` chunks; slices are weighted and summed in-CTA
+    in slot order (fixed: deterministic, no workspace or atomics). Each warp's serial chain covers
+    one expert instead of all of the token's."""
+    t = tl.program_id(0)
+    nb = tl.program_id(1)
+    rows = nb * BN + tl.arange(0, BN)
+    kj = tl.arange(0, K_POW2)
+    idt = tl.load(ids_ptr + t * TOP_K + kj, mask=kj < TOP_K, other=-1).to(tl.int32)
+    valid = (idt >= 0) & (idt < E)
+    rank = tl.cumsum(valid.to(tl.int32), 0) - 1
+    nv = tl.sum(valid.to(tl.int32), 0)
+    sl = tl.arange(0, WS)
+    col = tl.arange(0, BT)
+    g = tl.arange(0, 8)
+    i = tl.arange(0, 16)
+    kk = tl.arange(0, 128)
+    DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
+    o = tl.zeros([BN], dtype=tl.float32)
+    for g0 in range(0, nv, WS):
+        n = g0 + sl  # wanted rank of each slice
+        live = n < nv
+        sel = valid[None, :] & (rank[None, :] == n[:, None])  # (WS, K_POW2)
+        j = tl.sum(tl.where(sel, kj[None, :], 0), 1)
+        e64 = tl.sum(tl.where(sel, idt[None, :], 0), 1).to(tl.int64)
+        p = (t * TOP_K + j).to(tl.int64)
+        qp = (
+            q_ptr
+            + e64[:, None, None, None] * q_e_stride
+            + rows[None, :, None, None] * q_row_stride
+            + g[None, None, :, None] * 16
+            + i[None, None, None, :]
+        )
+        sp = s_ptr + e64[:, None, None] * s_e_stride + rows[None, :, None] * 16 + g[None, None, :]
+        xp = inter_ptr + p[:, None, None] * I + col[None, :, None] * 0 + kk[None, None, :]
+        xm = live[:, None, None] & (col[None, :, None] == 0)
+        acc = tl.zeros([WS, BN, BT], dtype=tl.float32)
+        for kc in range(0, KC):
+            b = tl.load(qp + kc * 128, mask=live[:, None, None, None], other=0)
+            s_lo = tl.load(sp + kc * s_chunk_stride, mask=live[:, None, None], other=0)
+            s_hi = tl.load(sp + kc * s_chunk_stride + 8, mask=live[:, None, None], other=0)
+            w_lo, w_hi = _decode_w(
+                tl.reshape(b, [WS * BN, 8, 16]),
+                tl.reshape(s_lo, [WS * BN, 8]),
+                tl.reshape(s_hi, [WS * BN, 8]),
+                WS * BN,
+                COMPUTE_F32,
+            )
+            k = kc * 256 + kk[None, None, :]
+            x_lo = tl.load(xp + kc * 256, mask=xm & (k < I), other=0.0).to(DOT_DTYPE)
+            x_hi = tl.load(xp + kc * 256 + 128, mask=xm & (k + 128 < I), other=0.0).to(DOT_DTYPE)
+            x_lo = tl.reshape(_kappa(tl.reshape(x_lo, [WS * BT, 128]), WS * BT), [WS, BT, 128])
+            x_hi = tl.reshape(_kappa(tl.reshape(x_hi, [WS * BT, 128]), WS * BT), [WS, BT, 128])
+            w_lo = tl.reshape(w_lo, [WS, BN, 128]).to(DOT_DTYPE)
+            w_hi = tl.reshape(w_hi, [WS, BN, 128]).to(DOT_DTYPE)
+            acc = tl.dot(w_lo, tl.trans(x_lo, 0, 2, 1), acc)
+            acc = tl.dot(w_hi, tl.trans(x_hi, 0, 2, 1), acc)
+        alpha = tl.load(a_ptr + e64[:, None] * NP + rows[None, :], mask=live[:, None], other=0.0)
+        tw = tl.load(tw_ptr + p, mask=live, other=0.0).to(tl.float32)
+        y = tl.sum(tl.where(col[None, None, :] == 0, acc, 0.0), 2)  # (WS, BN): column 0
+        o += tl.sum(y * (alpha * _TWO_P26 * tw[:, None]), 0)
     op = out_ptr + t.to(tl.int64) * stride_out + rows
     tl.store(op, _to_bf16(o, COMPUTE_F32), mask=rows < H)
 

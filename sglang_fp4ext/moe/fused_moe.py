@@ -264,12 +264,15 @@ def fused_moe_nvfp4(
         BN=config.block_n1,
         BT=config.block_t,
         BLOCK_P=config.block_p,
+        WSPLIT=config.wsplit1,
         COMPUTE_F32=interp,
         num_warps=config.warps1,
         num_stages=config.stages1,
     )
     if config.gemm2 == "tokens":
-        K._moe_gemm2_tok[g2](
+        wsp = config.wsplit2
+        kernel, extra = (K._moe_gemm2_tok, {}) if wsp == 1 else (K._moe_gemm2_tokw, dict(WS=wsp))
+        kernel[g2](
             inter,
             topk_ids,
             topk_weights,
@@ -295,6 +298,7 @@ def fused_moe_nvfp4(
             COMPUTE_F32=interp,
             num_warps=config.warps2,
             num_stages=config.stages2,
+            **extra,
         )
         return out
     K._moe_gemm2[g2](
