@@ -33,7 +33,13 @@ from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
 from sglang_fp4ext.moe import _decode_kernels, _prefill_kernels
 from sglang_fp4ext.moe import fused_moe as F
 from sglang_fp4ext.moe import prefill as PF
-from sglang_fp4ext.moe.config import MoEShape, Target, config_for, prefill_config_for
+from sglang_fp4ext.moe.config import (
+    KernelConfig,
+    MoEShape,
+    Target,
+    config_for,
+    prefill_config_for,
+)
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
 
 _PTR = {
@@ -82,7 +88,7 @@ def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
 
             return launch
 
-    names = ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok")
+    names = ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok", "_moe_gemm2_tokw")
     saved = {n: getattr(_decode_kernels, n) for n in names}
     saved_ws, saved_val = F._workspace, F.validate_moe_inputs
     try:
@@ -187,6 +193,7 @@ def main(argv=None) -> int:
     ap.add_argument("cases", nargs="+", help="SHAPE:T[:decode|prefill], SHAPE tp8 or ep8")
     ap.add_argument("--cc", type=int, default=90, help="compute capability to compile for")
     ap.add_argument("--out", help="write the JSON here (else stdout)")
+    ap.add_argument("--config", help="a KernelConfig(...) / PrefillConfig(...) for every case")
     a = ap.parse_args(argv)
     rows = []
     for case in a.cases:
@@ -194,11 +201,13 @@ def main(argv=None) -> int:
         path = rest[0] if rest else "decode"
         bs = {"tp8": GLM5_TP8, "ep8": GLM5_EP8}[name]
         shape = MoEShape(bs.E_local, bs.H, bs.I, bs.top_k)
+        names = {"KernelConfig": KernelConfig, "PrefillConfig": PF.PrefillConfig}
+        forced = eval(a.config, names) if a.config else None
         if path == "decode":
-            cfg = config_for(int(T), shape, _H200)
+            cfg = forced or config_for(int(T), shape, _H200)
             launches = decode_launches(int(T), shape, cfg)
         else:
-            cfg = prefill_config_for(int(T), shape, _H200)
+            cfg = forced or prefill_config_for(int(T), shape, _H200)
             launches = prefill_launches(int(T), shape, cfg)
         for L in launches:
             r = dict(case=case, config=repr(cfg), **count(*L, cc=a.cc))
