@@ -307,6 +307,23 @@ def test_decode_bit_exact_vs_torch_twin(seed):
     assert torch.equal(got, ref), (got - ref).abs().max()
 
 
+def test_scale_code_decode_gpu_and_interpreter_forms_agree():
+    """``_scale_bf16``'s GPU form (16-bit multiply-add, bf16 bitcast) and its interpreter form
+    (fp32 bits) give the same value for every scale code, and that value is the layout twin's
+    scale times 2^100. (On a GPU the kernel runs compiled; on the CPU the interpreter executes
+    the GPU form's integer ops too.)"""
+    from sglang_fp4ext.moe import _decode_kernels as K
+    from sglang_fp4ext.moe.layout import scale_code_values
+
+    codes = torch.zeros(256, dtype=torch.uint8)
+    codes[:150] = torch.arange(1, 151, dtype=torch.uint8)  # every non-zero code (0: zero scale)
+    out = torch.full((2, 256), float("nan"), device=DEV)  # poison
+    K._scale_probe[(1,)](codes.to(DEV), out[0], out[1], N=256)
+    gpu, interp = out[0, :150].cpu(), out[1, :150].cpu()
+    assert torch.equal(gpu, interp)
+    assert torch.equal(gpu * 2.0**-100, scale_code_values(codes[:150]))
+
+
 def test_grown_workspace_keeps_the_old_buffer_alive():
     """A graph captured before a workspace grew still points at the old buffer: it must not be
     freed (SGLang captures the largest batch first, then warms smaller ones up eagerly)."""

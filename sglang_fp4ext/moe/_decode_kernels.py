@@ -855,3 +855,12 @@ def _decode_probe(
     op = out_ptr + rows[:, None].to(tl.int64) * (KC * 256) + kc * 256 + j[None, :]
     tl.store(op, w_lo.to(tl.float32))
     tl.store(op + 128, w_hi.to(tl.float32))
+
+
+@triton.jit
+def _scale_probe(c_ptr, gpu_ptr, interp_ptr, N: tl.constexpr):
+    """Test kernel: ``_scale_bf16``'s GPU form (as fp32) and interpreter form for ``N`` codes."""
+    i = tl.arange(0, N)
+    c = tl.load(c_ptr + i)
+    tl.store(gpu_ptr + i, _scale_bf16(c, False).to(tl.float32))
+    tl.store(interp_ptr + i, _scale_bf16(c, True))
