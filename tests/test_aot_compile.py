@@ -37,8 +37,8 @@ DIV = set(P1) | set(P2) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stri
                            "s_e_stride", "s_chunk_stride", "stride_out"}
 out = []
 for v in variants:
-    fn, ptrs = {1: (K._moe_gemm1, P1), 2: (K._moe_gemm2, P2), 3: (K._moe_gemm2_tok, P2),
-                4: (K._moe_gemm2_tokw, P2)}[v["kernel"]]
+    fn, ptrs = {1: (K._moe_gemm1, P1), 2: (K._moe_gemm2, P2), 3: (K._moe_gemm2_tok, P2)}[
+        v["kernel"]]
     consts = v["constexprs"]
     sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names if n in DIV}
@@ -99,13 +99,11 @@ def _variants():
         )
         if c.gemm2 == "tokens":
             tok = dict(K_POW2=1 << (k - 1).bit_length(), BN=c.block_n2, BT=c.block_t)
-            if c.wsplit2 > 1:
-                tok["WS"] = c.wsplit2
             v2 = dict(
-                kernel=3 if c.wsplit2 == 1 else 4,
+                kernel=3,
                 num_warps=c.warps2,
                 num_stages=c.stages2,
-                constexprs=dict(tok, COMPUTE_F32=False),
+                constexprs=dict(tok, WS=c.wsplit2, COMPUTE_F32=False),
             )
         for v in (v1, v2):
             key = json.dumps(v, sort_keys=True)
@@ -123,7 +121,7 @@ def compiled():
     subset += [v for v in variants if v["kernel"] == 2][:1]
     subset += [v for v in variants if v["kernel"] == 3][:1]
     subset += [v for v in variants if v["constexprs"].get("WSPLIT", 1) > 1][:1]
-    subset += [v for v in variants if v["kernel"] == 4][:1]
+    subset += [v for v in variants if v["constexprs"].get("WS", 1) > 1][:1]
     todo = {80: subset, 90: variants, 100: subset, 120: variants}
     return todo, compile_per_arch(_SCRIPT, todo, timeout=900)
 

@@ -88,7 +88,7 @@ def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
 
             return launch
 
-    names = ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok", "_moe_gemm2_tokw")
+    names = ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok")
     saved = {n: getattr(_decode_kernels, n) for n in names}
     saved_ws, saved_val = F._workspace, F.validate_moe_inputs
     try:

@@ -9,8 +9,8 @@ Two launches per layer, both with a static grid fixed by ``T``, ``top_k``, the s
   inter[p] @ down_e^T`` (bf16 ``(T, H)``); each program walks ``NT`` row tiles of ``BN`` rows of
   one expert (all its pairs) and the top-k sum goes through the arrival-counter combine below.
   Or ``_moe_gemm2_tok``, grid ``(T, NB2)`` (small T): one program per token and row tile walks
-  the token's experts and writes its output once (no workspace, no atomics);
-  ``_moe_gemm2_tokw`` (``wsplit2``) spreads those experts over the program's warps.
+  the token's experts and writes its output once (no workspace, no atomics); with ``WS`` > 1
+  (``wsplit2``) those experts are spread over the program's warps.
 
 **Warp splits** (``wsplit1``/``wsplit2``, tuner candidates): a batched (3D) ``tl.dot`` whose
 slices Triton places on separate warps lets a CTA's warps share one program's work, GEMM1's K
@@ -188,6 +188,12 @@ def _kappa(w, R: tl.constexpr):
 
 
 @triton.jit
+def _kappa_batched(x, B: tl.constexpr, R: tl.constexpr):
+    """``_kappa`` on each of ``B`` slices of ``x`` (B, R, 128): the same registers, flattened."""
+    return tl.reshape(_kappa(tl.reshape(x, [B * R, 128]), B * R), [B, R, 128])
+
+
+@triton.jit
 def _decode_w(b, s_lo, s_hi, BN: tl.constexpr, COMPUTE_F32: tl.constexpr):
     """Packed codes ``b`` (BN, 8, 16) uint8 and scale codes (BN, 8) of the two halves of a
     chunk -> (low, high) halves (BN, 128) in ``_kappa`` order, ``w * 2^-26``, exact.
@@ -311,8 +317,8 @@ def _w4a16_acc_wsplit(
         xm = live[:, None, None] & xmask[None, :, None]
         x_lo = tl.load(xp0 + kc * 256, mask=xm & (k < K), other=0.0).to(DOT_DTYPE)
         x_hi = tl.load(xp0 + kc * 256 + 128, mask=xm & (k + 128 < K), other=0.0).to(DOT_DTYPE)
-        x_lo = tl.reshape(_kappa(tl.reshape(x_lo, [WS * BT, 128]), WS * BT), [WS, BT, 128])
-        x_hi = tl.reshape(_kappa(tl.reshape(x_hi, [WS * BT, 128]), WS * BT), [WS, BT, 128])
+        x_lo = _kappa_batched(x_lo, WS, BT)
+        x_hi = _kappa_batched(x_hi, WS, BT)
         w_lo = tl.reshape(w_lo, [WS, BN, 128]).to(DOT_DTYPE)
         w_hi = tl.reshape(w_hi, [WS, BN, 128]).to(DOT_DTYPE)
         acc = tl.dot(w_lo, tl.trans(x_lo, 0, 2, 1), acc)
@@ -673,6 +679,7 @@ def _moe_gemm2_tok(
     K_POW2: tl.constexpr,
     BN: tl.constexpr,
     BT: tl.constexpr,
+    WS: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
     """Token-centric GEMM2 (small T): program ``(t, nb)`` owns ``out[t, nb * BN ...]`` and walks
@@ -681,6 +688,11 @@ def _moe_gemm2_tok(
     store per output; deterministic. An expert shared by several tokens is streamed once per
     token (programs of one row tile run together, so repeats mostly hit L2): use while experts
     see ~1 token each. The pair sits in column 0 of a ``BT``-wide MMA tile (the rest masked).
+
+    ``WS`` > 1 spreads the token's experts over the CTA's warps: ``WS`` valid slots per step (the
+    n-th valid slot on slice n of a batched ``tl.dot``, so ids ``-1`` cost no step), each slice
+    walking its expert's ``KC`` chunks; slices are weighted and summed in-CTA in slot order
+    (fixed: deterministic). Each warp's serial chain covers one expert instead of all.
     """
     t = tl.program_id(0)
     nb = tl.program_id(1)
@@ -695,134 +707,90 @@ def _moe_gemm2_tok(
     i = tl.arange(0, 16)
     kk = tl.arange(0, 128)
     DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
-    acc = tl.zeros([BN, BT], dtype=tl.float32)
-    part = tl.zeros([BN, BT], dtype=tl.float32)
-    for it in range(0, nv * KC):
-        n = it // KC
-        kc = it - n * KC
-        sel = valid & (rank == n)
-        j = tl.sum(tl.where(sel, kj, 0), 0)  # slot of the n-th valid expert
-        e64 = tl.sum(tl.where(sel, idt, 0), 0).to(tl.int64)
-        p = t * TOP_K + j
-        qp = (
-            q_ptr
-            + e64 * q_e_stride
-            + rows[:, None, None] * q_row_stride
-            + kc * 128
-            + g[None, :, None] * 16
-            + i[None, None, :]
-        )
-        sp = s_ptr + e64 * s_e_stride + kc * s_chunk_stride + rows[:, None] * 16 + g[None, :]
-        w_lo, w_hi = _decode_w(tl.load(qp), tl.load(sp), tl.load(sp + 8), BN, COMPUTE_F32)
-        k = kc * 256 + kk
-        xm = (col[:, None] == 0) & (k[None, :] < I)
-        xp = inter_ptr + p.to(tl.int64) * I + col[:, None] * 0 + k[None, :]
-        x_lo = _kappa(tl.load(xp, mask=xm, other=0.0).to(DOT_DTYPE), BT)
-        x_hi = tl.load(xp + 128, mask=(col[:, None] == 0) & (k[None, :] + 128 < I), other=0.0)
-        x_hi = _kappa(x_hi.to(DOT_DTYPE), BT)
-        part = tl.dot(w_lo.to(DOT_DTYPE), tl.trans(x_lo), part)
-        part = tl.dot(w_hi.to(DOT_DTYPE), tl.trans(x_hi), part)
-        # After an expert's last chunk: weight its partial, add, restart (branch-free for the
-        # software pipeliner).
-        done = kc == KC - 1
-        alpha = tl.load(a_ptr + e64 * NP + rows) * _TWO_P26
-        coef = tl.where(done, alpha * tl.load(tw_ptr + p).to(tl.float32), 0.0)
-        acc += part * coef[:, None]
-        part = tl.where(done, 0.0, part)
-    o = tl.sum(tl.where(col[None, :] == 0, acc, 0.0), 1)
-    op = out_ptr + t.to(tl.int64) * stride_out + rows
-    tl.store(op, _to_bf16(o, COMPUTE_F32), mask=rows < H)
-
-
-@triton.jit
-def _moe_gemm2_tokw(
-    inter_ptr,
-    ids_ptr,
-    tw_ptr,
-    q_ptr,
-    s_ptr,
-    a_ptr,
-    out_ptr,
-    T,
-    E,
-    H,
-    I,
-    NP,
-    stride_out,
-    q_e_stride,
-    q_row_stride,
-    s_e_stride,
-    s_chunk_stride,
-    KC,
-    TOP_K,
-    K_POW2: tl.constexpr,
-    BN: tl.constexpr,
-    BT: tl.constexpr,
-    WS: tl.constexpr,
-    COMPUTE_F32: tl.constexpr,
-):
-    """``_moe_gemm2_tok`` with the token's experts spread over the CTA's warps: ``WS`` valid
-    slots per step (the n-th valid slot on slice n of a batched ``tl.dot``, so ids ``-1`` cost no
-    step), each slice walking its expert's ``KC`` chunks; slices are weighted and summed in-CTA
-    in slot order (fixed: deterministic, no workspace or atomics). Each warp's serial chain covers
-    one expert instead of all of the token's."""
-    t = tl.program_id(0)
-    nb = tl.program_id(1)
-    rows = nb * BN + tl.arange(0, BN)
-    kj = tl.arange(0, K_POW2)
-    idt = tl.load(ids_ptr + t * TOP_K + kj, mask=kj < TOP_K, other=-1).to(tl.int32)
-    valid = (idt >= 0) & (idt < E)
-    rank = tl.cumsum(valid.to(tl.int32), 0) - 1
-    nv = tl.sum(valid.to(tl.int32), 0)
-    sl = tl.arange(0, WS)
-    col = tl.arange(0, BT)
-    g = tl.arange(0, 8)
-    i = tl.arange(0, 16)
-    kk = tl.arange(0, 128)
-    DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
-    o = tl.zeros([BN], dtype=tl.float32)
-    for g0 in range(0, nv, WS):
-        n = g0 + sl  # wanted rank of each slice
-        live = n < nv
-        sel = valid[None, :] & (rank[None, :] == n[:, None])  # (WS, K_POW2)
-        j = tl.sum(tl.where(sel, kj[None, :], 0), 1)
-        e64 = tl.sum(tl.where(sel, idt[None, :], 0), 1).to(tl.int64)
-        p = (t * TOP_K + j).to(tl.int64)
-        qp = (
-            q_ptr
-            + e64[:, None, None, None] * q_e_stride
-            + rows[None, :, None, None] * q_row_stride
-            + g[None, None, :, None] * 16
-            + i[None, None, None, :]
-        )
-        sp = s_ptr + e64[:, None, None] * s_e_stride + rows[None, :, None] * 16 + g[None, None, :]
-        xp = inter_ptr + p[:, None, None] * I + col[None, :, None] * 0 + kk[None, None, :]
-        xm = live[:, None, None] & (col[None, :, None] == 0)
-        acc = tl.zeros([WS, BN, BT], dtype=tl.float32)
-        for kc in range(0, KC):
-            b = tl.load(qp + kc * 128, mask=live[:, None, None, None], other=0)
-            s_lo = tl.load(sp + kc * s_chunk_stride, mask=live[:, None, None], other=0)
-            s_hi = tl.load(sp + kc * s_chunk_stride + 8, mask=live[:, None, None], other=0)
-            w_lo, w_hi = _decode_w(
-                tl.reshape(b, [WS * BN, 8, 16]),
-                tl.reshape(s_lo, [WS * BN, 8]),
-                tl.reshape(s_hi, [WS * BN, 8]),
-                WS * BN,
-                COMPUTE_F32,
+    if WS == 1:
+        acc = tl.zeros([BN, BT], dtype=tl.float32)
+        part = tl.zeros([BN, BT], dtype=tl.float32)
+        for it in range(0, nv * KC):
+            n = it // KC
+            kc = it - n * KC
+            sel = valid & (rank == n)
+            j = tl.sum(tl.where(sel, kj, 0), 0)  # slot of the n-th valid expert
+            e64 = tl.sum(tl.where(sel, idt, 0), 0).to(tl.int64)
+            p = t * TOP_K + j
+            qp = (
+                q_ptr
+                + e64 * q_e_stride
+                + rows[:, None, None] * q_row_stride
+                + kc * 128
+                + g[None, :, None] * 16
+                + i[None, None, :]
             )
-            k = kc * 256 + kk[None, None, :]
-            x_lo = tl.load(xp + kc * 256, mask=xm & (k < I), other=0.0).to(DOT_DTYPE)
-            x_hi = tl.load(xp + kc * 256 + 128, mask=xm & (k + 128 < I), other=0.0).to(DOT_DTYPE)
-            x_lo = tl.reshape(_kappa(tl.reshape(x_lo, [WS * BT, 128]), WS * BT), [WS, BT, 128])
-            x_hi = tl.reshape(_kappa(tl.reshape(x_hi, [WS * BT, 128]), WS * BT), [WS, BT, 128])
-            w_lo = tl.reshape(w_lo, [WS, BN, 128]).to(DOT_DTYPE)
-            w_hi = tl.reshape(w_hi, [WS, BN, 128]).to(DOT_DTYPE)
-            acc = tl.dot(w_lo, tl.trans(x_lo, 0, 2, 1), acc)
-            acc = tl.dot(w_hi, tl.trans(x_hi, 0, 2, 1), acc)
-        alpha = tl.load(a_ptr + e64[:, None] * NP + rows[None, :], mask=live[:, None], other=0.0)
-        tw = tl.load(tw_ptr + p, mask=live, other=0.0).to(tl.float32)
-        y = tl.sum(tl.where(col[None, None, :] == 0, acc, 0.0), 2)  # (WS, BN): column 0
-        o += tl.sum(y * (alpha * _TWO_P26 * tw[:, None]), 0)
+            sp = s_ptr + e64 * s_e_stride + kc * s_chunk_stride + rows[:, None] * 16 + g[None, :]
+            w_lo, w_hi = _decode_w(tl.load(qp), tl.load(sp), tl.load(sp + 8), BN, COMPUTE_F32)
+            k = kc * 256 + kk
+            xm = (col[:, None] == 0) & (k[None, :] < I)
+            xp = inter_ptr + p.to(tl.int64) * I + col[:, None] * 0 + k[None, :]
+            x_lo = _kappa(tl.load(xp, mask=xm, other=0.0).to(DOT_DTYPE), BT)
+            x_hi = tl.load(xp + 128, mask=(col[:, None] == 0) & (k[None, :] + 128 < I), other=0.0)
+            x_hi = _kappa(x_hi.to(DOT_DTYPE), BT)
+            part = tl.dot(w_lo.to(DOT_DTYPE), tl.trans(x_lo), part)
+            part = tl.dot(w_hi.to(DOT_DTYPE), tl.trans(x_hi), part)
+            # After an expert's last chunk: weight its partial, add, restart (branch-free for the
+            # software pipeliner).
+            done = kc == KC - 1
+            alpha = tl.load(a_ptr + e64 * NP + rows) * _TWO_P26
+            coef = tl.where(done, alpha * tl.load(tw_ptr + p).to(tl.float32), 0.0)
+            acc += part * coef[:, None]
+            part = tl.where(done, 0.0, part)
+        o = tl.sum(tl.where(col[None, :] == 0, acc, 0.0), 1)
+    else:
+        sl = tl.arange(0, WS)
+        o = tl.zeros([BN], dtype=tl.float32)
+        for g0 in range(0, nv, WS):
+            n = g0 + sl  # wanted rank of each slice
+            live = n < nv
+            sel = valid[None, :] & (rank[None, :] == n[:, None])  # (WS, K_POW2)
+            j = tl.sum(tl.where(sel, kj[None, :], 0), 1)
+            e64 = tl.sum(tl.where(sel, idt[None, :], 0), 1).to(tl.int64)
+            p = (t * TOP_K + j).to(tl.int64)
+            qp = (
+                q_ptr
+                + e64[:, None, None, None] * q_e_stride
+                + rows[None, :, None, None] * q_row_stride
+                + g[None, None, :, None] * 16
+                + i[None, None, None, :]
+            )
+            sp = s_ptr + e64[:, None, None] * s_e_stride + rows[None, :, None] * 16
+            sp += g[None, None, :]
+            xp = inter_ptr + p[:, None, None] * I + col[None, :, None] * 0 + kk[None, None, :]
+            xm = live[:, None, None] & (col[None, :, None] == 0)
+            lw = live[:, None, None]
+            acc = tl.zeros([WS, BN, BT], dtype=tl.float32)
+            for kc in range(0, KC):
+                b = tl.load(qp + kc * 128, mask=lw[:, :, :, None], other=0)
+                s_lo = tl.load(sp + kc * s_chunk_stride, mask=lw, other=0)
+                s_hi = tl.load(sp + kc * s_chunk_stride + 8, mask=lw, other=0)
+                w_lo, w_hi = _decode_w(
+                    tl.reshape(b, [WS * BN, 8, 16]),
+                    tl.reshape(s_lo, [WS * BN, 8]),
+                    tl.reshape(s_hi, [WS * BN, 8]),
+                    WS * BN,
+                    COMPUTE_F32,
+                )
+                k = kc * 256 + kk[None, None, :]
+                x_lo = tl.load(xp + kc * 256, mask=xm & (k < I), other=0.0)
+                x_hi = tl.load(xp + kc * 256 + 128, mask=xm & (k + 128 < I), other=0.0)
+                x_lo = _kappa_batched(x_lo.to(DOT_DTYPE), WS, BT)
+                x_hi = _kappa_batched(x_hi.to(DOT_DTYPE), WS, BT)
+                w_lo = tl.reshape(w_lo, [WS, BN, 128]).to(DOT_DTYPE)
+                w_hi = tl.reshape(w_hi, [WS, BN, 128]).to(DOT_DTYPE)
+                acc = tl.dot(w_lo, tl.trans(x_lo, 0, 2, 1), acc)
+                acc = tl.dot(w_hi, tl.trans(x_hi, 0, 2, 1), acc)
+            ap = a_ptr + e64[:, None] * NP + rows[None, :]
+            alpha = tl.load(ap, mask=live[:, None], other=0.0)
+            tw = tl.load(tw_ptr + p, mask=live, other=0.0).to(tl.float32)
+            y = tl.sum(tl.where(col[None, None, :] == 0, acc, 0.0), 2)  # (WS, BN): column 0
+            o += tl.sum(y * (alpha * _TWO_P26 * tw[:, None]), 0)
     op = out_ptr + t.to(tl.int64) * stride_out + rows
     tl.store(op, _to_bf16(o, COMPUTE_F32), mask=rows < H)
 

@@ -270,9 +270,7 @@ def fused_moe_nvfp4(
         num_stages=config.stages1,
     )
     if config.gemm2 == "tokens":
-        wsp = config.wsplit2
-        kernel, extra = (K._moe_gemm2_tok, {}) if wsp == 1 else (K._moe_gemm2_tokw, dict(WS=wsp))
-        kernel[g2](
+        K._moe_gemm2_tok[g2](
             inter,
             topk_ids,
             topk_weights,
@@ -295,10 +293,10 @@ def fused_moe_nvfp4(
             K_POW2=triton_next_pow2(top_k),
             BN=config.block_n2,
             BT=config.block_t,
+            WS=config.wsplit2,
             COMPUTE_F32=interp,
             num_warps=config.warps2,
             num_stages=config.stages2,
-            **extra,
         )
         return out
     K._moe_gemm2[g2](
