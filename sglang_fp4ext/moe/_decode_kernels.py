@@ -214,53 +214,6 @@ def _decode_w(b, s_lo, s_hi, BN: tl.constexpr, COMPUTE_F32: tl.constexpr):
 
 
 @triton.jit
-def _w4a16_acc(
-    q_ptr,
-    s_ptr,
-    x_ptr,
-    rows,
-    xrow,
-    xmask,
-    kc0,
-    kc1,
-    K,
-    q_row_stride,
-    s_chunk_stride,
-    stride_x,
-    BN: tl.constexpr,
-    BT: tl.constexpr,
-    COMPUTE_F32: tl.constexpr,
-):
-    """acc (BN, BT) fp32 = W[rows, chunks kc0..kc1) @ X[xrow, same K]^T, weights times 2^-26.
-
-    ``q_ptr``/``s_ptr`` point at one expert; ``xrow`` (BT,) int64 rows of X, ``xmask`` (BT,) valid.
-    Padding columns of W are zero codes, so only the activation loads are masked along K.
-    """
-    DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
-    acc = tl.zeros([BN, BT], dtype=tl.float32)
-    g = tl.arange(0, 8)
-    i = tl.arange(0, 16)
-    kk = tl.arange(0, 128)
-    qp0 = q_ptr + rows[:, None, None] * q_row_stride + g[None, :, None] * 16 + i[None, None, :]
-    sp0 = s_ptr + rows[:, None] * 16 + g[None, :]
-    xp0 = x_ptr + xrow[:, None] * stride_x + kk[None, :]
-    for kc in range(kc0, kc1):
-        b = tl.load(qp0 + kc * 128)
-        sp = sp0 + kc * s_chunk_stride
-        w_lo, w_hi = _decode_w(b, tl.load(sp), tl.load(sp + 8), BN, COMPUTE_F32)
-        k = kc * 256 + kk
-        x_lo = tl.load(xp0 + kc * 256, mask=xmask[:, None] & (k[None, :] < K), other=0.0)
-        x_hi = tl.load(
-            xp0 + kc * 256 + 128, mask=xmask[:, None] & (k[None, :] + 128 < K), other=0.0
-        )
-        x_lo = _kappa(x_lo.to(DOT_DTYPE), BT)
-        x_hi = _kappa(x_hi.to(DOT_DTYPE), BT)
-        acc = tl.dot(w_lo.to(DOT_DTYPE), tl.trans(x_lo), acc)
-        acc = tl.dot(w_hi.to(DOT_DTYPE), tl.trans(x_hi), acc)
-    return acc
-
-
-@triton.jit
 def _w4a16_acc_wsplit(
     q_ptr,
     s_ptr,
@@ -279,7 +232,7 @@ def _w4a16_acc_wsplit(
     WS: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
-    """``_w4a16_acc`` with ``WS`` chunks per step, one per slice of a batched (3D) ``tl.dot``:
+    """``_w4a16_acc`` for ``WS`` > 1: ``WS`` chunks per step, one per slice of a batched ``tl.dot``:
     Triton gives each slice its own warps (``warpsPerCTA = [WS, 1, 1]`` with ``WS`` warps), so a
     CTA's warps split K and the partials are summed in-CTA at the end (``tl.sum`` over slices, a
     fixed order: deterministic, no workspace or atomics). Each warp's serial chain is ``WS`` times
@@ -324,6 +277,60 @@ def _w4a16_acc_wsplit(
         acc = tl.dot(w_lo, tl.trans(x_lo, 0, 2, 1), acc)
         acc = tl.dot(w_hi, tl.trans(x_hi, 0, 2, 1), acc)
     return tl.sum(acc, 0)
+
+
+@triton.jit
+def _w4a16_acc(
+    q_ptr,
+    s_ptr,
+    x_ptr,
+    rows,
+    xrow,
+    xmask,
+    kc0,
+    kc1,
+    K,
+    q_row_stride,
+    s_chunk_stride,
+    stride_x,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    WS: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
+    """acc (BN, BT) fp32 = W[rows, chunks kc0..kc1) @ X[xrow, same K]^T, weights times 2^-26.
+
+    ``q_ptr``/``s_ptr`` point at one expert; ``xrow`` (BT,) int64 rows of X, ``xmask`` (BT,) valid.
+    Padding columns of W are zero codes, so only the activation loads are masked along K.
+    ``WS`` > 1: the CTA's warps split the chunks (``_w4a16_acc_wsplit``).
+    """
+    if WS > 1:
+        return _w4a16_acc_wsplit(
+            q_ptr, s_ptr, x_ptr, rows, xrow, xmask, kc0, kc1, K, q_row_stride, s_chunk_stride,
+            stride_x, BN, BT, WS, COMPUTE_F32,
+        )  # fmt: skip
+    DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
+    acc = tl.zeros([BN, BT], dtype=tl.float32)
+    g = tl.arange(0, 8)
+    i = tl.arange(0, 16)
+    kk = tl.arange(0, 128)
+    qp0 = q_ptr + rows[:, None, None] * q_row_stride + g[None, :, None] * 16 + i[None, None, :]
+    sp0 = s_ptr + rows[:, None] * 16 + g[None, :]
+    xp0 = x_ptr + xrow[:, None] * stride_x + kk[None, :]
+    for kc in range(kc0, kc1):
+        b = tl.load(qp0 + kc * 128)
+        sp = sp0 + kc * s_chunk_stride
+        w_lo, w_hi = _decode_w(b, tl.load(sp), tl.load(sp + 8), BN, COMPUTE_F32)
+        k = kc * 256 + kk
+        x_lo = tl.load(xp0 + kc * 256, mask=xmask[:, None] & (k[None, :] < K), other=0.0)
+        x_hi = tl.load(
+            xp0 + kc * 256 + 128, mask=xmask[:, None] & (k[None, :] + 128 < K), other=0.0
+        )
+        x_lo = _kappa(x_lo.to(DOT_DTYPE), BT)
+        x_hi = _kappa(x_hi.to(DOT_DTYPE), BT)
+        acc = tl.dot(w_lo.to(DOT_DTYPE), tl.trans(x_lo), acc)
+        acc = tl.dot(w_hi.to(DOT_DTYPE), tl.trans(x_hi), acc)
+    return acc
 
 
 @triton.jit
@@ -463,43 +470,24 @@ def _moe_gemm1(
             pmask = slot < m
             pairs = tl.load(lbase + slot, mask=pmask, other=0)
         tok = (pairs // TOP_K).to(tl.int64)
-        if WSPLIT == 1:
-            acc = _w4a16_acc(
-                qe,
-                se,
-                x_ptr,
-                rows,
-                tok,
-                pmask,
-                kc0,
-                kc1,
-                H,
-                q_row_stride,
-                s_chunk_stride,
-                stride_x,
-                BN,
-                BT,
-                COMPUTE_F32,
-            )
-        else:
-            acc = _w4a16_acc_wsplit(
-                qe,
-                se,
-                x_ptr,
-                rows,
-                tok,
-                pmask,
-                kc0,
-                kc1,
-                H,
-                q_row_stride,
-                s_chunk_stride,
-                stride_x,
-                BN,
-                BT,
-                WSPLIT,
-                COMPUTE_F32,
-            )
+        acc = _w4a16_acc(
+            qe,
+            se,
+            x_ptr,
+            rows,
+            tok,
+            pmask,
+            kc0,
+            kc1,
+            H,
+            q_row_stride,
+            s_chunk_stride,
+            stride_x,
+            BN,
+            BT,
+            WSPLIT,
+            COMPUTE_F32,
+        )
         if SPLIT_K == 1:
             _silu_mul_store(acc, ae, rows, pairs, pmask, inter_ptr, nb, I, BN, BT, COMPUTE_F32)
         else:
@@ -622,6 +610,7 @@ def _moe_gemm2(
                 I,
                 BN,
                 BT,
+                1,
                 COMPUTE_F32,
             )
             tw = tl.load(tw_ptr + pairs, mask=pmask, other=0.0).to(tl.float32)
