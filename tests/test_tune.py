@@ -246,6 +246,20 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     assert C.select(3, MoEShape(8, 256, 128, 2), tgt) == entries[key][4]
 
 
+def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):
+    """A later decode-only run (its own log: no prefill bucket, switch point None) keeps the
+    table's prefill buckets, so the meta keeps their switch point."""
+    path = user_dir / "Test_GPU.json"
+    dec, pre = TableEntry("decode", KernelConfig()), TableEntry("prefill", PrefillConfig())
+    log = {"versions": {}, "date": "d", "shapes": {SMALL.key(): {"preset": "p", "switch_point": 4}}}
+    TU.write_table(path, "Test GPU", {SMALL.key(): {1: dec, 4: pre, 8: pre}}, log)
+    log["shapes"][SMALL.key()]["switch_point"] = None
+    TU.write_table(path, "Test GPU", {SMALL.key(): {1: dec, 2: dec}}, log)
+    meta = json.loads(path.read_text())["meta"]
+    assert meta["shapes"][SMALL.key()]["switch_point"] == 4
+    assert sorted(C.read_table_file(path)[1][SMALL.key()]) == [1, 2, 4, 8]
+
+
 def test_tune_rejects_bad_buckets():
     with pytest.raises(ValueError, match="powers of two"):
         TU.tune([roofline.preset("glm5-tp8")], [3], device="cpu", timer=_wall_timer)

@@ -480,9 +480,10 @@ def write_table(path: Path, device_name: str, entries: dict, log: dict | None = 
         meta["versions"] = log["versions"]
         meta["date"] = log["date"]
         for key, slog in log["shapes"].items():
-            if key in entries:
+            if key in entries:  # the merged table's switch point: tuning decode buckets only
+                paths = {int(b): e.path for b, e in merged[key].items()}  # keeps prefill's
                 meta["shapes"][key] = {"preset": slog["preset"],
-                                       "switch_point": slog.get("switch_point")}  # fmt: skip
+                                       "switch_point": switch_point(paths)}  # fmt: skip
     doc = table_document(device_name, merged, meta)
     _write_json(path, doc)
     clear_table_cache()
