@@ -14,7 +14,7 @@ import json
 import pytest
 
 from sglang_fp4ext.moe import config as C
-from sglang_fp4ext.moe.config import KernelConfig, MoEShape, Target, heuristic_config
+from sglang_fp4ext.moe.config import MoEShape, Target, heuristic_config
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from tests.kernel_cases import compile_per_arch
 
@@ -62,12 +62,6 @@ def _variants():
     for s in shapes:
         for tgt in (Target("sm_90", None, 132), Target("sm_120", None, 188)):
             cfgs.add((s.top_k, heuristic_config(1, s, tgt)))
-    # GEMM1 with the K split over warps (tuner candidates; no shipped table uses it yet).
-    cfgs.add((8, KernelConfig(wsplit1=8, warps1=8, block_n1=32, stages1=2)))
-    cfgs.add((8, KernelConfig(wsplit1=4, warps1=4, block_n1=64, stages1=2)))
-    tok_w = dict(gemm2="tokens", warps2=8, block_n2=32, stages2=2)
-    cfgs.add((8, KernelConfig(wsplit1=8, warps1=8, block_n1=32, stages1=2, wsplit2=8, **tok_w)))
-    cfgs.add((9, KernelConfig(wsplit2=4, **tok_w)))
     seen, out = set(), []
     for k, c in sorted(cfgs, key=repr):
         slot = c.grid == "slots"
@@ -77,12 +71,7 @@ def _variants():
             num_warps=c.warps1,
             num_stages=c.stages1,
             constexprs=dict(
-                SLOT_MODE=slot,
-                BN=c.block_n1,
-                BT=c.block_t,
-                BLOCK_P=c.block_p,
-                WSPLIT=c.wsplit1,
-                COMPUTE_F32=False,
+                SLOT_MODE=slot, BN=c.block_n1, BT=c.block_t, BLOCK_P=c.block_p, COMPUTE_F32=False
             ),
         )
         v2 = dict(
@@ -98,12 +87,13 @@ def _variants():
             ),
         )
         if c.gemm2 == "tokens":
-            tok = dict(K_POW2=1 << (k - 1).bit_length(), BN=c.block_n2, BT=c.block_t)
             v2 = dict(
                 kernel=3,
                 num_warps=c.warps2,
                 num_stages=c.stages2,
-                constexprs=dict(tok, WS=c.wsplit2, COMPUTE_F32=False),
+                constexprs=dict(
+                    K_POW2=1 << (k - 1).bit_length(), BN=c.block_n2, BT=c.block_t, COMPUTE_F32=False
+                ),
             )
         for v in (v1, v2):
             key = json.dumps(v, sort_keys=True)
@@ -120,8 +110,6 @@ def compiled():
     subset += [v for v in variants if v["constexprs"].get("SLOT_MODE") is False][:1]
     subset += [v for v in variants if v["kernel"] == 2][:1]
     subset += [v for v in variants if v["kernel"] == 3][:1]
-    subset += [v for v in variants if v["constexprs"].get("WSPLIT", 1) > 1][:1]
-    subset += [v for v in variants if v["constexprs"].get("WS", 1) > 1][:1]
     todo = {80: subset, 90: variants, 100: subset, 120: variants}
     return todo, compile_per_arch(_SCRIPT, todo, timeout=900)
 

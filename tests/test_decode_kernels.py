@@ -134,62 +134,6 @@ CASES = [
         drop=0.2,
         cfg=KernelConfig(grid="experts", split_k1=2, split_k2=2),
     ),
-    # GEMM1 warps split K in-CTA (batched dot): 5 chunks over 4 slices (a masked tail).
-    Case(
-        "T3_k8_drop_wsplit4_tail",
-        E=12,
-        H=1280,
-        I=96,
-        T=3,
-        k=8,
-        drop=0.3,
-        cfg=KernelConfig(grid="slots", wsplit1=4, warps1=4, block_n1=64, gemm2="tokens",
-                         block_n2=32),
-    ),  # fmt: skip
-    Case(
-        "T6_k9_shared_wsplit2_with_splitk2",
-        E=10,
-        H=1280,
-        I=80,
-        T=6,
-        k=9,
-        shared=True,
-        drop=0.2,
-        cfg=KernelConfig(grid="experts", wsplit1=2, warps1=2, split_k1=2, block_n1=32),
-    ),
-    Case(
-        "T2_k8_wsplit8_one_chunk_each",
-        E=16,
-        H=2048,
-        I=128,
-        T=2,
-        k=8,
-        cfg=KernelConfig(grid="slots", wsplit1=8, warps1=8, block_n1=32),
-    ),
-    # Token-centric GEMM2 with the token's experts over warps: 9 slots (k = 9) in steps of 4 and
-    # of 8, -1 ids skipped by rank (EP), several K chunks (I = 640).
-    Case(
-        "T5_k9_shared_drop_tokens_wsplit4",
-        E=10,
-        H=272,
-        I=640,
-        T=5,
-        k=9,
-        shared=True,
-        drop=0.4,
-        cfg=KernelConfig(grid="slots", gemm2="tokens", wsplit2=4, warps2=4, block_n2=32),
-    ),
-    Case(
-        "T3_k8_tokens_wsplit8_and_wsplit1",
-        E=16,
-        H=256,
-        I=128,
-        T=3,
-        k=8,
-        drop=0.2,
-        cfg=KernelConfig(grid="slots", wsplit1=8, warps1=8, block_n1=32, gemm2="tokens",
-                         wsplit2=8, warps2=8, block_n2=32),
-    ),  # fmt: skip
 ]
 
 

@@ -43,11 +43,6 @@ def test_frozen_hashable_repr_round_trip():
         ({"split_k1": 3}, "split_k1"),
         ({"stages2": 0}, "stages2"),
         ({"block_p": 8}, "block_p"),
-        ({"wsplit1": 3, "warps1": 4}, "wsplit1"),
-        ({"wsplit1": 8, "warps1": 4}, "needs at least as many warps1"),
-        ({"wsplit1": 2, "warps1": 8, "block_n1": 32}, "fewer than 16 rows"),
-        ({"wsplit2": 4, "warps2": 4}, "needs gemm2='tokens'"),
-        ({"wsplit2": 4, "warps2": 2, "gemm2": "tokens"}, "needs at least as many warps2"),
     ],
 )
 def test_invalid_configs_rejected(kwargs, msg):

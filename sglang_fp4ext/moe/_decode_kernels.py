@@ -9,14 +9,7 @@ Two launches per layer, both with a static grid fixed by ``T``, ``top_k``, the s
   inter[p] @ down_e^T`` (bf16 ``(T, H)``); each program walks ``NT`` row tiles of ``BN`` rows of
   one expert (all its pairs) and the top-k sum goes through the arrival-counter combine below.
   Or ``_moe_gemm2_tok``, grid ``(T, NB2)`` (small T): one program per token and row tile walks
-  the token's experts and writes its output once (no workspace, no atomics); with ``WS`` > 1
-  (``wsplit2``) those experts are spread over the program's warps.
-
-**Warp splits** (``wsplit1``/``wsplit2``, tuner candidates): a batched (3D) ``tl.dot`` whose
-slices Triton places on separate warps lets a CTA's warps share one program's work, GEMM1's K
-chunks or GEMM2's experts, summed in-CTA in a fixed order at the end. The decode kernels are
-bound by each warp's serial instruction chain (``decode_diagnosis_h200.json``); this shortens
-the chain per warp and drops GEMM1's split-K workspace round trip.
+  the token's experts and writes its output once (no workspace, no atomics).
 
 **Work items** come straight from ``topk_ids`` (no alignment kernel). With ``SLOT_MODE`` program
 ``g`` takes pair slot ``g`` and only the first slot of its expert (the leader) works; otherwise
@@ -36,13 +29,16 @@ exact pure-Triton fp32 bit trick. K is permuted inside a chunk (``_kappa``) iden
 weights and the activations, so each thread's MMA fragment is 32 contiguous bytes of a weight row
 (wide loads, one block scale per 16 weights) - a dot product does not depend on the order of K.
 Measured (Triton 3.6, sm_90 SASS): ~3.5 instructions per weight in the GEMM1 K loop, of which
-2.25 are the decode; wider ``BT`` (32) spills at 255 registers.
+2.25 are the decode; wider ``BT`` (32) spills at 255 registers. Tried on the H200 and removed:
+spreading GEMM1's K chunks or the token GEMM2's experts over a CTA's warps (a batched ``tl.dot``
+summed in-CTA) halved each warp's instruction chain in SASS but was within 5% at T <= 2 and up to
+3.7x (TP8) / 13x (EP8) slower at T = 256 (``benchmarks/results/warp_split_ab_h200.json``, tune logs
+``tune_decode_*_h200.json``): the time follows instructions per scheduler, not chain length.
 
 **Determinism.** Split-K partials (GEMM1) and the top-k combine (GEMM2) go through an fp32
 workspace and a per-tile arrival counter; the last program to arrive sums in a fixed order,
 finishes the tile and resets the counter to 0, so the next launch (or CUDA-graph replay) starts
-clean; warp splits sum in-CTA in a fixed order. Results are bit-identical run to run; there is
-no atomic-accumulation variant.
+clean. Results are bit-identical run to run; there is no atomic-accumulation variant.
 
 Under the interpreter ``COMPUTE_F32`` casts both dot operands to fp32 (the interpreter computes bf16
 ``tl.dot`` on raw bits); the decoded weights are exact in bf16, so both paths multiply the same
@@ -188,12 +184,6 @@ def _kappa(w, R: tl.constexpr):
 
 
 @triton.jit
-def _kappa_batched(x, B: tl.constexpr, R: tl.constexpr):
-    """``_kappa`` on each of ``B`` slices of ``x`` (B, R, 128): the same registers, flattened."""
-    return tl.reshape(_kappa(tl.reshape(x, [B * R, 128]), B * R), [B, R, 128])
-
-
-@triton.jit
 def _decode_w(b, s_lo, s_hi, BN: tl.constexpr, COMPUTE_F32: tl.constexpr):
     """Packed codes ``b`` (BN, 8, 16) uint8 and scale codes (BN, 8) of the two halves of a
     chunk -> (low, high) halves (BN, 128) in ``_kappa`` order, ``w * 2^-26``, exact.
@@ -214,72 +204,6 @@ def _decode_w(b, s_lo, s_hi, BN: tl.constexpr, COMPUTE_F32: tl.constexpr):
 
 
 @triton.jit
-def _w4a16_acc_wsplit(
-    q_ptr,
-    s_ptr,
-    x_ptr,
-    rows,
-    xrow,
-    xmask,
-    kc0,
-    kc1,
-    K,
-    q_row_stride,
-    s_chunk_stride,
-    stride_x,
-    BN: tl.constexpr,
-    BT: tl.constexpr,
-    WS: tl.constexpr,
-    COMPUTE_F32: tl.constexpr,
-):
-    """``_w4a16_acc`` for ``WS`` > 1: ``WS`` chunks per step, one per slice of a batched ``tl.dot``:
-    Triton gives each slice its own warps (``warpsPerCTA = [WS, 1, 1]`` with ``WS`` warps), so a
-    CTA's warps split K and the partials are summed in-CTA at the end (``tl.sum`` over slices, a
-    fixed order: deterministic, no workspace or atomics). Each warp's serial chain is ``WS`` times
-    shorter than one warp walking all chunks. Chunks past ``kc1`` are masked (zero codes)."""
-    DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
-    acc = tl.zeros([WS, BN, BT], dtype=tl.float32)
-    sl = tl.arange(0, WS)
-    g = tl.arange(0, 8)
-    i = tl.arange(0, 16)
-    kk = tl.arange(0, 128)
-    qp0 = (
-        q_ptr
-        + sl[:, None, None, None] * 128
-        + rows[None, :, None, None] * q_row_stride
-        + g[None, None, :, None] * 16
-        + i[None, None, None, :]
-    )
-    sp0 = s_ptr + sl[:, None, None] * s_chunk_stride + rows[None, :, None] * 16 + g[None, None, :]
-    xp0 = x_ptr + sl[:, None, None] * 256 + xrow[None, :, None] * stride_x + kk[None, None, :]
-    for kc in range(kc0, kc1, WS):
-        live = kc + sl < kc1
-        b = tl.load(qp0 + kc * 128, mask=live[:, None, None, None], other=0)
-        sp = sp0 + kc * s_chunk_stride
-        s_lo = tl.load(sp, mask=live[:, None, None], other=0)
-        s_hi = tl.load(sp + 8, mask=live[:, None, None], other=0)
-        # The 2D decode on the flattened slices (the same registers: no layout change, measured).
-        w_lo, w_hi = _decode_w(
-            tl.reshape(b, [WS * BN, 8, 16]),
-            tl.reshape(s_lo, [WS * BN, 8]),
-            tl.reshape(s_hi, [WS * BN, 8]),
-            WS * BN,
-            COMPUTE_F32,
-        )
-        k = (kc + sl)[:, None, None] * 256 + kk[None, None, :]
-        xm = live[:, None, None] & xmask[None, :, None]
-        x_lo = tl.load(xp0 + kc * 256, mask=xm & (k < K), other=0.0).to(DOT_DTYPE)
-        x_hi = tl.load(xp0 + kc * 256 + 128, mask=xm & (k + 128 < K), other=0.0).to(DOT_DTYPE)
-        x_lo = _kappa_batched(x_lo, WS, BT)
-        x_hi = _kappa_batched(x_hi, WS, BT)
-        w_lo = tl.reshape(w_lo, [WS, BN, 128]).to(DOT_DTYPE)
-        w_hi = tl.reshape(w_hi, [WS, BN, 128]).to(DOT_DTYPE)
-        acc = tl.dot(w_lo, tl.trans(x_lo, 0, 2, 1), acc)
-        acc = tl.dot(w_hi, tl.trans(x_hi, 0, 2, 1), acc)
-    return tl.sum(acc, 0)
-
-
-@triton.jit
 def _w4a16_acc(
     q_ptr,
     s_ptr,
@@ -295,20 +219,13 @@ def _w4a16_acc(
     stride_x,
     BN: tl.constexpr,
     BT: tl.constexpr,
-    WS: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
     """acc (BN, BT) fp32 = W[rows, chunks kc0..kc1) @ X[xrow, same K]^T, weights times 2^-26.
 
     ``q_ptr``/``s_ptr`` point at one expert; ``xrow`` (BT,) int64 rows of X, ``xmask`` (BT,) valid.
     Padding columns of W are zero codes, so only the activation loads are masked along K.
-    ``WS`` > 1: the CTA's warps split the chunks (``_w4a16_acc_wsplit``).
     """
-    if WS > 1:
-        return _w4a16_acc_wsplit(
-            q_ptr, s_ptr, x_ptr, rows, xrow, xmask, kc0, kc1, K, q_row_stride, s_chunk_stride,
-            stride_x, BN, BT, WS, COMPUTE_F32,
-        )  # fmt: skip
     DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
     acc = tl.zeros([BN, BT], dtype=tl.float32)
     g = tl.arange(0, 8)
@@ -442,12 +359,10 @@ def _moe_gemm1(
     BN: tl.constexpr,
     BT: tl.constexpr,
     BLOCK_P: tl.constexpr,
-    WSPLIT: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
     """GEMM1 + SiLU·mul. ws: (SPLIT_K, P, NP) fp32; cnt: (grid0, grid1) int32, 0 between calls;
-    plist: (E, P) int32, pcnt: (E,) int32 (routing lists for GEMM2). ``WSPLIT`` > 1: the CTA's
-    warps split each program's K range ``WSPLIT`` ways (``_w4a16_acc_wsplit``)."""
+    plist: (E, P) int32, pcnt: (E,) int32 (routing lists for GEMM2)."""
     pid0 = tl.program_id(0)
     nb = tl.program_id(1)
     ks = tl.program_id(2)
@@ -485,7 +400,6 @@ def _moe_gemm1(
             stride_x,
             BN,
             BT,
-            WSPLIT,
             COMPUTE_F32,
         )
         if SPLIT_K == 1:
@@ -610,7 +524,6 @@ def _moe_gemm2(
                 I,
                 BN,
                 BT,
-                1,
                 COMPUTE_F32,
             )
             tw = tl.load(tw_ptr + pairs, mask=pmask, other=0.0).to(tl.float32)
@@ -668,7 +581,6 @@ def _moe_gemm2_tok(
     K_POW2: tl.constexpr,
     BN: tl.constexpr,
     BT: tl.constexpr,
-    WS: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
 ):
     """Token-centric GEMM2 (small T): program ``(t, nb)`` owns ``out[t, nb * BN ...]`` and walks
@@ -677,11 +589,6 @@ def _moe_gemm2_tok(
     store per output; deterministic. An expert shared by several tokens is streamed once per
     token (programs of one row tile run together, so repeats mostly hit L2): use while experts
     see ~1 token each. The pair sits in column 0 of a ``BT``-wide MMA tile (the rest masked).
-
-    ``WS`` > 1 spreads the token's experts over the CTA's warps: ``WS`` valid slots per step (the
-    n-th valid slot on slice n of a batched ``tl.dot``, so ids ``-1`` cost no step), each slice
-    walking its expert's ``KC`` chunks; slices are weighted and summed in-CTA in slot order
-    (fixed: deterministic). Each warp's serial chain covers one expert instead of all.
     """
     t = tl.program_id(0)
     nb = tl.program_id(1)
@@ -696,90 +603,41 @@ def _moe_gemm2_tok(
     i = tl.arange(0, 16)
     kk = tl.arange(0, 128)
     DOT_DTYPE: tl.constexpr = tl.float32 if COMPUTE_F32 else tl.bfloat16
-    if WS == 1:
-        acc = tl.zeros([BN, BT], dtype=tl.float32)
-        part = tl.zeros([BN, BT], dtype=tl.float32)
-        for it in range(0, nv * KC):
-            n = it // KC
-            kc = it - n * KC
-            sel = valid & (rank == n)
-            j = tl.sum(tl.where(sel, kj, 0), 0)  # slot of the n-th valid expert
-            e64 = tl.sum(tl.where(sel, idt, 0), 0).to(tl.int64)
-            p = t * TOP_K + j
-            qp = (
-                q_ptr
-                + e64 * q_e_stride
-                + rows[:, None, None] * q_row_stride
-                + kc * 128
-                + g[None, :, None] * 16
-                + i[None, None, :]
-            )
-            sp = s_ptr + e64 * s_e_stride + kc * s_chunk_stride + rows[:, None] * 16 + g[None, :]
-            w_lo, w_hi = _decode_w(tl.load(qp), tl.load(sp), tl.load(sp + 8), BN, COMPUTE_F32)
-            k = kc * 256 + kk
-            xm = (col[:, None] == 0) & (k[None, :] < I)
-            xp = inter_ptr + p.to(tl.int64) * I + col[:, None] * 0 + k[None, :]
-            x_lo = _kappa(tl.load(xp, mask=xm, other=0.0).to(DOT_DTYPE), BT)
-            x_hi = tl.load(xp + 128, mask=(col[:, None] == 0) & (k[None, :] + 128 < I), other=0.0)
-            x_hi = _kappa(x_hi.to(DOT_DTYPE), BT)
-            part = tl.dot(w_lo.to(DOT_DTYPE), tl.trans(x_lo), part)
-            part = tl.dot(w_hi.to(DOT_DTYPE), tl.trans(x_hi), part)
-            # After an expert's last chunk: weight its partial, add, restart (branch-free for the
-            # software pipeliner).
-            done = kc == KC - 1
-            alpha = tl.load(a_ptr + e64 * NP + rows) * _TWO_P26
-            coef = tl.where(done, alpha * tl.load(tw_ptr + p).to(tl.float32), 0.0)
-            acc += part * coef[:, None]
-            part = tl.where(done, 0.0, part)
-        o = tl.sum(tl.where(col[None, :] == 0, acc, 0.0), 1)
-    else:
-        sl = tl.arange(0, WS)
-        o = tl.zeros([BN], dtype=tl.float32)
-        for g0 in range(0, nv, WS):
-            n = g0 + sl  # wanted rank of each slice
-            live = n < nv
-            sel = valid[None, :] & (rank[None, :] == n[:, None])  # (WS, K_POW2)
-            j = tl.sum(tl.where(sel, kj[None, :], 0), 1)
-            e64 = tl.sum(tl.where(sel, idt[None, :], 0), 1).to(tl.int64)
-            p = (t * TOP_K + j).to(tl.int64)
-            qp = (
-                q_ptr
-                + e64[:, None, None, None] * q_e_stride
-                + rows[None, :, None, None] * q_row_stride
-                + g[None, None, :, None] * 16
-                + i[None, None, None, :]
-            )
-            sp = s_ptr + e64[:, None, None] * s_e_stride + rows[None, :, None] * 16
-            sp += g[None, None, :]
-            xp = inter_ptr + p[:, None, None] * I + col[None, :, None] * 0 + kk[None, None, :]
-            xm = live[:, None, None] & (col[None, :, None] == 0)
-            lw = live[:, None, None]
-            acc = tl.zeros([WS, BN, BT], dtype=tl.float32)
-            for kc in range(0, KC):
-                b = tl.load(qp + kc * 128, mask=lw[:, :, :, None], other=0)
-                s_lo = tl.load(sp + kc * s_chunk_stride, mask=lw, other=0)
-                s_hi = tl.load(sp + kc * s_chunk_stride + 8, mask=lw, other=0)
-                w_lo, w_hi = _decode_w(
-                    tl.reshape(b, [WS * BN, 8, 16]),
-                    tl.reshape(s_lo, [WS * BN, 8]),
-                    tl.reshape(s_hi, [WS * BN, 8]),
-                    WS * BN,
-                    COMPUTE_F32,
-                )
-                k = kc * 256 + kk[None, None, :]
-                x_lo = tl.load(xp + kc * 256, mask=xm & (k < I), other=0.0)
-                x_hi = tl.load(xp + kc * 256 + 128, mask=xm & (k + 128 < I), other=0.0)
-                x_lo = _kappa_batched(x_lo.to(DOT_DTYPE), WS, BT)
-                x_hi = _kappa_batched(x_hi.to(DOT_DTYPE), WS, BT)
-                w_lo = tl.reshape(w_lo, [WS, BN, 128]).to(DOT_DTYPE)
-                w_hi = tl.reshape(w_hi, [WS, BN, 128]).to(DOT_DTYPE)
-                acc = tl.dot(w_lo, tl.trans(x_lo, 0, 2, 1), acc)
-                acc = tl.dot(w_hi, tl.trans(x_hi, 0, 2, 1), acc)
-            ap = a_ptr + e64[:, None] * NP + rows[None, :]
-            alpha = tl.load(ap, mask=live[:, None], other=0.0)
-            tw = tl.load(tw_ptr + p, mask=live, other=0.0).to(tl.float32)
-            y = tl.sum(tl.where(col[None, None, :] == 0, acc, 0.0), 2)  # (WS, BN): column 0
-            o += tl.sum(y * (alpha * _TWO_P26 * tw[:, None]), 0)
+    acc = tl.zeros([BN, BT], dtype=tl.float32)
+    part = tl.zeros([BN, BT], dtype=tl.float32)
+    for it in range(0, nv * KC):
+        n = it // KC
+        kc = it - n * KC
+        sel = valid & (rank == n)
+        j = tl.sum(tl.where(sel, kj, 0), 0)  # slot of the n-th valid expert
+        e64 = tl.sum(tl.where(sel, idt, 0), 0).to(tl.int64)
+        p = t * TOP_K + j
+        qp = (
+            q_ptr
+            + e64 * q_e_stride
+            + rows[:, None, None] * q_row_stride
+            + kc * 128
+            + g[None, :, None] * 16
+            + i[None, None, :]
+        )
+        sp = s_ptr + e64 * s_e_stride + kc * s_chunk_stride + rows[:, None] * 16 + g[None, :]
+        w_lo, w_hi = _decode_w(tl.load(qp), tl.load(sp), tl.load(sp + 8), BN, COMPUTE_F32)
+        k = kc * 256 + kk
+        xm = (col[:, None] == 0) & (k[None, :] < I)
+        xp = inter_ptr + p.to(tl.int64) * I + col[:, None] * 0 + k[None, :]
+        x_lo = _kappa(tl.load(xp, mask=xm, other=0.0).to(DOT_DTYPE), BT)
+        x_hi = tl.load(xp + 128, mask=(col[:, None] == 0) & (k[None, :] + 128 < I), other=0.0)
+        x_hi = _kappa(x_hi.to(DOT_DTYPE), BT)
+        part = tl.dot(w_lo.to(DOT_DTYPE), tl.trans(x_lo), part)
+        part = tl.dot(w_hi.to(DOT_DTYPE), tl.trans(x_hi), part)
+        # After an expert's last chunk: weight its partial, add, restart (branch-free for the
+        # software pipeliner).
+        done = kc == KC - 1
+        alpha = tl.load(a_ptr + e64 * NP + rows) * _TWO_P26
+        coef = tl.where(done, alpha * tl.load(tw_ptr + p).to(tl.float32), 0.0)
+        acc += part * coef[:, None]
+        part = tl.where(done, 0.0, part)
+    o = tl.sum(tl.where(col[None, :] == 0, acc, 0.0), 1)
     op = out_ptr + t.to(tl.int64) * stride_out + rows
     tl.store(op, _to_bf16(o, COMPUTE_F32), mask=rows < H)
 

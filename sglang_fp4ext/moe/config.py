@@ -124,9 +124,6 @@ class KernelConfig(ConfigDict):
     ``block_n*``: weight rows per tile (M side); ``split_k*``: K splits; ``warps*``/``stages*``:
     Triton ``num_warps``/``num_stages`` (2 warps keep ``tl.dot`` on ``mma.sync``; 4 or more with
     ``block_n >= 64`` let Hopper pick wgmma, whose register operand layout costs byte shuffles).
-    ``wsplit1``: GEMM1 K chunks per step, one per group of warps (a batched ``tl.dot``, summed
-    in-CTA): the CTA's warps split K instead of each walking it all (1: off). ``wsplit2``
-    (``gemm2="tokens"`` only): the token's experts per step, one per group of warps (1: off).
     ``tiles2``: GEMM2 row tiles per program. ``gemm2``: ``"pairs"`` (a program per expert and
     row tiles, all its pairs, arrival-counter top-k combine) or ``"tokens"`` (a program per token
     and row tile walking the token's experts: no combine; for experts seeing ~1 token).
@@ -146,8 +143,6 @@ class KernelConfig(ConfigDict):
     stages2: int = 3
     tiles2: int = 1
     gemm2: str = "pairs"
-    wsplit1: int = 1
-    wsplit2: int = 1
 
     def __post_init__(self):
         if self.grid not in ("slots", "experts"):
@@ -169,8 +164,6 @@ class KernelConfig(ConfigDict):
             "warps1",
             "warps2",
             "tiles2",
-            "wsplit1",
-            "wsplit2",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or not _pow2(v):
@@ -183,24 +176,10 @@ class KernelConfig(ConfigDict):
                     f"KernelConfig.{name} must be in [32, {ROW_ALIGN}] (16 MMA rows per warp, "
                     f"gate and up halves of >= 16 rows), got {getattr(self, name)}"
                 )
-        for n, ws, w in (("1", self.wsplit1, self.warps1), ("2", self.wsplit2, self.warps2)):
-            if ws > w:
-                raise ValueError(
-                    f"KernelConfig.wsplit{n}={ws} needs at least as many warps{n} "
-                    f"(one slice per warp group), got {w}"
-                )
-        if self.wsplit2 > 1 and self.gemm2 != "tokens":
-            raise ValueError(
-                f"KernelConfig.wsplit2={self.wsplit2} spreads a token's experts over warps: "
-                f"it needs gemm2='tokens', got {self.gemm2!r}"
-            )
-        # With wsplit > 1 the warps are spread over the slices first, then over rows.
-        w1, w2 = self.warps1 // self.wsplit1, self.warps2 // self.wsplit2
-        for name, bn, w in (("1", self.block_n1, w1), ("2", self.block_n2, w2)):
+        for name, bn, w in (("1", self.block_n1, self.warps1), ("2", self.block_n2, self.warps2)):
             if bn < 16 * w:
                 raise ValueError(
-                    f"KernelConfig.block_n{name}={bn} gives its {w} warps (per K slice) fewer "
-                    "than 16 rows each"
+                    f"KernelConfig.block_n{name}={bn} gives warps{name}={w} fewer than 16 rows each"
                 )
         if self.block_p < 16:
             raise ValueError(f"KernelConfig.block_p must be >= 16, got {self.block_p}")

@@ -25,10 +25,7 @@ its config's ``__post_init__``; at most :data:`MAX_CANDIDATES` per path, ``--qui
 first :data:`QUICK_CANDIDATES`), in priority order:
 
 * decode (:func:`decode_candidates`), around ``config.heuristic_config``: the heuristic; the
-  other GEMM2 form (``tokens`` <-> ``pairs``); GEMM1 with K split over 8 warps (``wsplit1``, 32-row
-  tiles, no split-K), that with a token-centric GEMM2 whose experts spread over 8 warps
-  (``wsplit2``), the heuristic with that GEMM2, GEMM1's K over 4 warps (split-K /2); GEMM1
-  split-K x2 and /2; 32-row GEMM1 tiles with
+  other GEMM2 form (``tokens`` <-> ``pairs``); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles with
   split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
   GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages. Split-K and
   ``tiles2`` are runtime arguments (no recompilation).
@@ -91,7 +88,7 @@ DECODE_MAX_BUCKET = 2048
 #: Prefill candidates from this bucket: below it experts see ~1 pair and a 16-row MMA tile
 #: mostly multiplies padding.
 PREFILL_MIN_BUCKET = 32
-MAX_CANDIDATES = 16
+MAX_CANDIDATES = 12
 QUICK_CANDIDATES = 4
 MAX_CHECKS = 3
 #: Bounds of the winner's check against the fp32 twin (see the module docstring).
@@ -144,21 +141,9 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         g2a = lambda: r(base, tiles2=2 * base.tiles2)  # noqa: E731
         g2b = lambda: r(base, tiles2=max(1, base.tiles2 // 2))  # noqa: E731
         g2c = lambda: r(base, split_k2=split2(2 * base.split_k2))  # noqa: E731
-    # GEMM1 with its K split over the CTA's warps (in-CTA sum): shorter per-warp chains, no
-    # split-K workspace round trip; 32-row tiles keep 256 weights per thread and step.
-    ws8 = lambda: r(base, wsplit1=8, warps1=8, block_n1=32, split_k1=1, stages1=2)  # noqa: E731
-    ws4 = lambda: r(  # noqa: E731
-        base, wsplit1=4, warps1=4, block_n1=32, split_k1=split1(max(1, sk1 // 2)), stages1=2
-    )
-    # Token-centric GEMM2 with the token's experts over 8 warps (one expert per warp's chain).
-    tw = dict(gemm2="tokens", wsplit2=8, warps2=8, block_n2=32, split_k2=1, tiles2=1, stages2=2)
     make = [
         lambda: base,
         flip,
-        ws8,
-        lambda: r(ws8(), **tw),
-        lambda: r(base, **tw),
-        ws4,
         lambda: r(base, split_k1=split1(2 * sk1)),
         lambda: r(base, split_k1=split1(sk1 // 2)),
         lambda: r(base, block_n1=32, split_k1=split1(2 * sk1)),
