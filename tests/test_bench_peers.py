@@ -224,6 +224,11 @@ def test_readme_section_from_committed_results():
         and f"| {first['T']} | {first['us']:.1f} |" in text
     )
     assert "**Decode path**" in text and "**Prefill path**" in text
+    fl = json.loads((ROOT / "benchmarks/results/decode_floor_h200.json").read_text())["rows"][0]
+    assert "**Decode floors**" in text and (
+        f"| {fl['shape']} | {fl['T']} | {fl['distinct']:.1f} | {fl['floor']:.1f} | "
+        f"{fl['stream1']:.1f} | {fl['stream2']:.1f} |" in text
+    )
     assert text.count("**Regression-gate baseline**") == len(baselines)
     # The decode-only form the README has always documented still works.
     one = subprocess.run(
