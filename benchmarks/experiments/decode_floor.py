@@ -109,7 +109,7 @@ def main(out_path: str, budget_s: float = 200.0) -> int:
             best = None
             for per in (2048, 4096, 8192, 16384):  # 8-64 KB per program
 
-                def stream1(i, per=per):
+                def stream1(i, per=per, flat=flat):
                     v = flat[i].view(1, -1)
                     _stream_experts[(-(-nw // per),)](v, one, nw, per, sink, -(-nw // per),
                                                       BLOCK=min(BLOCK, per), num_warps=4)  # fmt: skip
