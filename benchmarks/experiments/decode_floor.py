@@ -9,8 +9,8 @@ over 4 rotated layer copies, one number per row:
   ``gemm1_us`` / ``gemm2_us`` split it by kernel (torch.profiler, eager, device durations);
 * ``stream2``: the same bytes read by plain streaming kernels, launched like ours (w13 codes +
   scale codes of the routed experts, then their w2 codes + scale codes: 4 launches of one
-  16-byte-load kernel), the best of 4 sizes of
-  16-128 KB per program: this access pattern without FP4 decode or MMA;
+  16-byte-load kernel), the best of 16-128 KB per program: this access pattern without FP4
+  decode or MMA (the per-row fp32 globals, < 0.1% of the bytes, are not read);
 * ``stream1``: the same number of bytes as one contiguous buffer read by one launch of the same
   kernel (best of 8-64 KB per program): the read floor of this size, launch and ramp included;
 * ``launch2``: two empty launches (256 programs each);
