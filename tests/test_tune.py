@@ -244,6 +244,15 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     meta = json.loads((user_dir / "Test_GPU.json").read_text())["meta"]
     assert meta["shapes"][key]["switch_point"] == slog["switch_point"]
     assert C.select(3, MoEShape(8, 256, 128, 2), tgt) == entries[key][4]
+    # A decode-only re-run of bucket 1 keeps the table's prefill buckets, so its log and output
+    # give the same switch point as the table.
+    out2 = io.StringIO()
+    log2 = TU.tune(
+        [tiny], [1], budget_s=0.01, quick=True, copies=1, seed=seed, device="cpu",
+        timer=_wall_timer, target=tgt, decode_max=1, prefill_min=2, stream=out2,
+    )  # fmt: skip
+    assert log2["shapes"][key]["switch_point"] == slog["switch_point"] is not None
+    assert f"tiny {slog['switch_point']}" in out2.getvalue()
 
 
 def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):

@@ -37,8 +37,10 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   expert sees ~EP times fewer rows than the per-rank shape suggests); 64-row tiles for both GEMMs.
   The atomic combine is never a candidate (it is not deterministic run to run).
 
-The **switch point** of a shape (in the log and the table's ``meta``) is the smallest tuned bucket
-from which the prefill path wins every larger tuned bucket (``null`` if it never does).
+The **switch point** of a shape (in the log and the table's ``meta``) is the smallest bucket of
+the written table from which the prefill path wins every larger bucket (``null`` if it never
+does); the table's buckets of that shape from an earlier run count too, so a decode-only run
+keeps the switch point its prefill buckets give.
 """
 
 from __future__ import annotations
@@ -425,8 +427,8 @@ def tune(
             stream.write(f"[tune {done}/{total}] {ms.name} T={b}: {msg} ({n_t} timed, "
                          f"{blog['seconds']:.1f} s)\n")  # fmt: skip
             stream.flush()
-            slog["switch_point"] = switch_point({k: e.path for k, e in entries.items()})
-            write_table(table_file, device_name, {mshape.key(): entries}, log)
+            doc = write_table(table_file, device_name, {mshape.key(): entries}, log)
+            slog["switch_point"] = doc["meta"]["shapes"][mshape.key()]["switch_point"]
             if log_path:
                 _write_json(Path(log_path), log)
         del layer
@@ -465,8 +467,8 @@ def write_table(path: Path, device_name: str, entries: dict, log: dict | None = 
         meta["versions"] = log["versions"]
         meta["date"] = log["date"]
         for key, slog in log["shapes"].items():
-            if key in entries:  # the merged table's switch point: tuning decode buckets only
-                paths = {int(b): e.path for b, e in merged[key].items()}  # keeps prefill's
+            if key in entries:  # of the merged table: a decode-only run keeps prefill's buckets
+                paths = {int(b): e.path for b, e in merged[key].items()}
                 meta["shapes"][key] = {"preset": slog["preset"],
                                        "switch_point": switch_point(paths)}  # fmt: skip
     doc = table_document(device_name, merged, meta)
