@@ -186,9 +186,10 @@ def measure(args) -> dict:
     from sglang_fp4ext.bench import random_packed_weights
     from sglang_fp4ext.bench.report import environment
     from sglang_fp4ext.bench.timing import gpu_clocks, time_graph_replay
-    from sglang_fp4ext.moe.config import config_for, current_target
+    from sglang_fp4ext.moe.config import config_for
     from sglang_fp4ext.moe.experts import run_experts
-    from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
+    from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+    from sglang_fp4ext.moe.shape import current_target
 
     policy = cp.policy_for("glm-5", 8, 1)
     shape = policy.inputs.per_rank_shape()  # E=257 (256 + fused shared), I=256, top_k=9

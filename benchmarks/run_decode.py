@@ -40,9 +40,12 @@ from sglang_fp4ext.bench.timing import (
     kernel_times_us,
     time_graph_replay,
 )
-from sglang_fp4ext.moe.config import KernelConfig, config_for, current_target, heuristic_config
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
+from sglang_fp4ext.moe.config import config_for
+from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+from sglang_fp4ext.moe.shape import current_target
 from sglang_fp4ext.testing.compare import error_stats
 
 

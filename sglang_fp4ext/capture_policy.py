@@ -7,7 +7,7 @@ frozen :class:`CapturePolicy` (hashable, ``eval(repr(p)) == p``):
 
 * **Decode batch sizes** (requests per step): every size ``1..DECODE_DENSE_MAX``, then SGLang's
   own steps (``DECODE_STEPS``), plus every token-count bucket boundary where the fp4ext decode
-  kernels change config (read from :func:`sglang_fp4ext.moe.config.token_bucket`, so a padded
+  kernels change config (read from :func:`sglang_fp4ext.moe.shape.token_bucket`, so a padded
   batch always runs the config of its real bucket), up to the decode maximum SGLang resolved
   (its memory default, already clamped to ``--max-running-requests``).
 * **Prefill token buckets** (BCG): powers of two from ``PREFILL_MIN_TOKENS`` below one tile, then
@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_fp4ext.moe.config import MoEShape, token_bucket
+from sglang_fp4ext.moe.shape import MoEShape, token_bucket
 
 __all__ = [
     "DECODE_DENSE_MAX",

@@ -21,7 +21,7 @@ Where SGLang has the extension points of ``patches/`` (detected by capability, s
 the hooks.
 
 Expert paths (chosen per layer from its device, announced once per process in the log):
-``triton`` on a CUDA GPU of SM80 or newer (``moe.fused_moe.fused_moe_nvfp4`` on the kernel layout),
+``triton`` on a CUDA GPU of SM80 or newer (``moe.decode.fused_moe_nvfp4`` on the kernel layout),
 ``reference`` elsewhere (CPU, older GPUs: ``moe.reference.fused_moe_nvfp4_torch`` in fp32 on
 the checkpoint layout; correct and slow, meant for tests and bring-up). Each layer's runner core
 logs one INFO line the first time it runs (``fp4ext served MoE layer <id>: <path> path, <n> local

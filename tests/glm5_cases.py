@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 
 NAMES = ("tp8_shared", "ep8")
 H = 6144

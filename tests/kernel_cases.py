@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.weights import random_moe_weights
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,8 @@ import json
 import pytest
 
 from sglang_fp4ext.moe import config as C
-from sglang_fp4ext.moe.config import MoEShape, Target, heuristic_config
+from sglang_fp4ext.moe.decode_config import heuristic_config
+from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from tests.kernel_cases import compile_per_arch
 

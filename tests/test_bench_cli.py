@@ -217,14 +217,15 @@ def test_dispatch_path_is_the_dispatchers_choice():
     heuristic switch without a table, the shipped table's per-bucket path on a tabled GPU."""
     from sglang_fp4ext.moe import config as C
     from sglang_fp4ext.moe import dispatch, experts
+    from sglang_fp4ext.moe import shape as S
 
     assert "dispatch" in inspect.getsource(experts.run_experts)  # the runner's path goes there
     assert "select(" in inspect.getsource(dispatch.choose)
     for T in report.SUITE_TOKENS:
-        want = "prefill" if C.token_bucket(T) >= C.PREFILL_MIN_TOKENS else "decode"
+        want = "prefill" if S.token_bucket(T) >= C.PREFILL_MIN_TOKENS else "decode"
         assert report.dispatch_path(T) == want
-    h200 = C.Target("sm_90", "NVIDIA H200", 132)
-    tp8 = C.MoEShape(256, 6144, 256, 8)
+    h200 = S.Target("sm_90", "NVIDIA H200", 132)
+    tp8 = S.MoEShape(256, 6144, 256, 8)
     paths = {T: report.dispatch_path(T, tp8, h200) for T in report.SUITE_TOKENS}
     assert paths == {T: C.select(T, tp8, h200).path for T in report.SUITE_TOKENS}
     assert paths[1] == "decode" and paths[8192] == "prefill"

@@ -173,14 +173,14 @@ def test_layer_inputs_depend_on_seed_and_T_only(seed):
 
 
 def test_slowed_config_runs_the_real_kernels_correctly(seed):
-    from sglang_fp4ext.moe.config import heuristic_config
+    from sglang_fp4ext.moe.decode_config import heuristic_config
 
     slow = report.slowed_config()
     dev = "cuda" if target_info.has_cuda_gpu() else "cpu"  # CPU: kernels under the interpreter
     layer = report.Layer(TINY_EP2, 1, seed=seed, device=dev, l2_bytes=0)
     mshape = layer.prepared[0].shape(TINY_EP2.top_k_local)
     for T in (1, 9):
-        from sglang_fp4ext.moe.config import current_target
+        from sglang_fp4ext.moe.shape import current_target
 
         assert slow != heuristic_config(T, mshape, current_target())
         with override_config(slow):

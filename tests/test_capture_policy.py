@@ -33,7 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_fp4ext import capture_policy as cp
-from sglang_fp4ext.moe.config import token_bucket
+from sglang_fp4ext.moe.shape import token_bucket
 from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, run_children, tiny_model_dir
 
 # ---- pure policy -------------------------------------------------------------------------------

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang_fp4ext.moe import fused_moe as fm
-from sglang_fp4ext.moe.config import KernelConfig
-from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
+from sglang_fp4ext.moe import decode as fm
+from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+from sglang_fp4ext.moe.decode_config import KernelConfig
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.testing.compare import assert_close
 from tests.kernel_cases import DEV, small_weights

@@ -18,10 +18,14 @@ import torch
 
 from sglang_fp4ext.moe import config as C
 from sglang_fp4ext.moe import dispatch
-from sglang_fp4ext.moe.config import KernelConfig, MoEShape, Target
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
-from sglang_fp4ext.moe.prefill import PrefillConfig, fused_moe_nvfp4_prefill
+from sglang_fp4ext.moe import shape as S
+from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
+from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
+from sglang_fp4ext.moe.prefill_config import PrefillConfig
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.moe.weights import random_moe_weights
 from sglang_fp4ext.testing.compare import assert_close
 
@@ -36,7 +40,7 @@ def tables(tmp_path, monkeypatch):
     """A user config dir holding ``put(shape, {bucket: TableEntry})`` tables for this device."""
     monkeypatch.setenv(C.CONFIG_DIR_ENV, str(tmp_path))
     C.clear_table_cache()
-    tgt = C.current_target(torch.device(DEV)) if DEV == "cuda" else C.current_target()
+    tgt = S.current_target(torch.device(DEV)) if DEV == "cuda" else S.current_target()
     name = tgt.device_name or "Test GPU"
     target = Target(tgt.arch, name, tgt.num_sms)
 
@@ -65,7 +69,7 @@ def test_table_forces_the_path(tables, T, forced, seed):
     put, target = tables
     w, pw, x, ids, tw = _case(T, seed)
     shape = pw.shape(K)
-    b = C.token_bucket(T)
+    b = S.token_bucket(T)
     other = "decode" if forced == "prefill" else "prefill"
     cfgs = {"decode": DECODE, "prefill": PREFILL}
     # The forced path at T's bucket; the other path at the bucket below (must not be used).
@@ -107,7 +111,7 @@ def test_decode_only_table_does_not_extend_decode_into_prefill(tables):
     put(shape, {4: C.TableEntry("decode", DECODE), 8: C.TableEntry("prefill", PREFILL)})
     assert C.select(10**5, shape, target) == C.TableEntry("prefill", PREFILL)
     assert C.prefill_config_for(10**5, shape, target) == PREFILL
-    assert C.config_for(10**5, shape, target) == C.heuristic_config(10**5, shape, target)
+    assert C.config_for(10**5, shape, target) == heuristic_config(10**5, shape, target)
 
 
 def test_override_forces_path(seed):
@@ -127,13 +131,13 @@ def test_run_experts_triton_goes_through_the_dispatcher(tables, monkeypatch, see
     w, pw, x, ids, tw = _case(4, seed)
     put(pw.shape(K), {4: C.TableEntry("prefill", PREFILL)})
     if DEV == "cpu":  # run_experts takes the target of its device: make it this table's device
-        monkeypatch.setattr(C, "DEFAULT_TARGET", target)
-    C.current_target.cache_clear()
+        monkeypatch.setattr(S, "DEFAULT_TARGET", target)
+    S.current_target.cache_clear()
     try:
         dispatch.CALLS.clear()
         out = run_experts("triton", pw, x.float(), ids.long(), tw)
     finally:
-        C.current_target.cache_clear()
+        S.current_target.cache_clear()
     assert dispatch.CALLS == {"prefill": 1} and out.dtype == torch.float32
     ref = fused_moe_nvfp4_torch(x.float().cpu(), w, ids.cpu(), tw.cpu())
     assert_close(out.cpu(), ref, max_rel=1e-2, rms_rel=5e-3, what="run_experts")
@@ -151,7 +155,7 @@ def test_glm5_shipped_table_path_on_gpu(name, T, seed):
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
-    want = C.select(T, pw.shape(ids.shape[1]), C.current_target(torch.device("cuda"))).path
+    want = C.select(T, pw.shape(ids.shape[1]), S.current_target(torch.device("cuda"))).path
     before = dispatch.CALLS[want]
     out = run_experts("triton", pw, x, ids, tw)
     assert dispatch.CALLS[want] == before + 1

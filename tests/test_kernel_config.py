@@ -9,7 +9,9 @@ import json
 import pytest
 
 from sglang_fp4ext.moe import config as C
-from sglang_fp4ext.moe.config import KernelConfig, MoEShape, Target, config_for, heuristic_config
+from sglang_fp4ext.moe.config import config_for
+from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
+from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 
 H200 = Target("sm_90", "NVIDIA H200", 132)
 PRO6000 = Target("sm_120", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 188)
@@ -59,8 +61,8 @@ def test_heuristic_is_deterministic_and_fills_the_gpu(shape, target):
         a, b = heuristic_config(T, shape, target), heuristic_config(T, shape, target)
         assert a == b and isinstance(a, KernelConfig)
         # Same bucket -> same config.
-        assert a == heuristic_config(C.token_bucket(T), shape, target)
-        P = C.token_bucket(T) * shape.top_k
+        assert a == heuristic_config(token_bucket(T), shape, target)
+        P = token_bucket(T) * shape.top_k
         assert a.grid == ("slots" if P <= shape.E else "experts")
     # GLM-5 TP8 at T = 1: 9 experts x row tiles x splits reach >= 2 programs per SM (Little's law).
     if shape is TP8:
@@ -77,7 +79,7 @@ def test_heuristic_is_deterministic_and_fills_the_gpu(shape, target):
 
 
 def test_token_bucket():
-    assert [C.token_bucket(t) for t in (0, 1, 2, 3, 5, 16, 17, 256)] == [1, 1, 2, 4, 8, 16, 32, 256]
+    assert [token_bucket(t) for t in (0, 1, 2, 3, 5, 16, 17, 256)] == [1, 1, 2, 4, 8, 16, 32, 256]
 
 
 def test_override_and_reset():
@@ -115,7 +117,7 @@ def test_tables_parse_and_are_used(tmp_path, monkeypatch):
             assert shape.key() == key
             tgt = Target("sm_90", raw["device_name"], 132)
             for b, entry in buckets.items():
-                assert C.token_bucket(b) == b
+                assert token_bucket(b) == b
                 assert C.select(b, shape, tgt) == entry
                 if entry.path == "decode":
                     assert config_for(b, shape, tgt) == entry.config

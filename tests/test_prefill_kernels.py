@@ -25,16 +25,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang_fp4ext.moe.config import MoEShape, Target
+from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.moe.prefill import (
-    PrefillConfig,
     fused_moe_nvfp4_prefill,
     group_by_expert,
     group_by_expert_torch,
     max_m_tiles,
     num_bins,
-    prefill_heuristic_config,
 )
+from sglang_fp4ext.moe.prefill_config import PrefillConfig, prefill_heuristic_config
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from sglang_fp4ext.testing.compare import assert_close
@@ -323,10 +322,11 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from sglang_fp4ext.moe import _prefill_kernels as K
-from sglang_fp4ext.moe.config import MoEShape, Target
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
-from sglang_fp4ext.moe.prefill import PrefillConfig, _plan, prefill_heuristic_config
+from sglang_fp4ext.moe.prefill import _plan
+from sglang_fp4ext.moe.prefill_config import PrefillConfig, prefill_heuristic_config
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+from sglang_fp4ext.moe.shape import MoEShape, Target
 
 PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
        torch.uint8: "*u8"}

@@ -22,8 +22,10 @@ from sglang_fp4ext import roofline
 from sglang_fp4ext.cli import main as cli_main
 from sglang_fp4ext.moe import config as C
 from sglang_fp4ext.moe import tune as TU
-from sglang_fp4ext.moe.config import KernelConfig, MoEShape, TableEntry, Target
-from sglang_fp4ext.moe.prefill import PrefillConfig
+from sglang_fp4ext.moe.config import TableEntry
+from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
+from sglang_fp4ext.moe.prefill_config import PrefillConfig
+from sglang_fp4ext.moe.shape import MoEShape, Target
 
 H200 = Target("sm_90", "NVIDIA H200", 132)
 PRO6000 = Target("sm_120", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 188)
@@ -67,7 +69,7 @@ def test_round_trip_and_lookup(user_dir):
     tgt = Target("sm_90", "Test GPU", 132)
     assert C.select(1, EP8, tgt) == entries[EP8.key()][1]
     assert C.select(3000, EP8, tgt) == entries[EP8.key()][2048]  # beyond: largest (prefill)
-    assert C.select(2, EP8, tgt).config == C.heuristic_config(2, EP8, tgt)  # gap: heuristic
+    assert C.select(2, EP8, tgt).config == heuristic_config(2, EP8, tgt)  # gap: heuristic
     assert C.load_table("Test GPU") == {EP8.key(): {1: entries[EP8.key()][1].config}}
 
 
@@ -167,7 +169,7 @@ def test_shipped_tables_are_v2_and_complete():
 @pytest.mark.parametrize("shape", [TP8, TP8_FUSED, EP8, SMALL], ids=["tp8", "fused", "ep8", "sm"])
 @pytest.mark.parametrize("target", [H200, PRO6000, A100], ids=["h200", "pro6000", "a100"])
 def test_search_space_is_deterministic_valid_and_small(shape, target):
-    from sglang_fp4ext.moe.prefill import prefill_heuristic_config
+    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
 
     for b in TU.DEFAULT_BUCKETS:
         space = TU.search_space(b, shape, target)
@@ -175,7 +177,7 @@ def test_search_space_is_deterministic_valid_and_small(shape, target):
         assert bool(space["decode"]) == (b <= TU.DECODE_MAX_BUCKET)
         assert bool(space["prefill"]) == (b >= TU.PREFILL_MIN_BUCKET)
         for path, cls, heur in (
-            ("decode", KernelConfig, C.heuristic_config),
+            ("decode", KernelConfig, heuristic_config),
             ("prefill", PrefillConfig, prefill_heuristic_config),
         ):
             cands = space[path]

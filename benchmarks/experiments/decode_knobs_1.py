@@ -7,8 +7,10 @@ import dataclasses, json, os, sys, time, itertools
 import torch
 from sglang_fp4ext.bench import GLM5_TP8, GLM5_EP8, random_packed_weights, uniform_routing, nvfp4_bytes_per_expert
 from sglang_fp4ext.bench.timing import time_graph_replay, copy_bandwidth_Bps, kernel_times_us
-from sglang_fp4ext.moe.config import config_for, current_target
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
+from sglang_fp4ext.moe.config import config_for
+from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+from sglang_fp4ext.moe.shape import current_target
 OUT = os.environ.get("OUT", "/tmp")
 res = {"bw": copy_bandwidth_Bps() / 1e12}
 print("copy bw", res["bw"], flush=True)

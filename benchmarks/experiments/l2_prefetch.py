@@ -8,8 +8,10 @@ import json, os, sys
 import torch
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, nvfp4_bytes_per_expert, random_packed_weights, uniform_routing
 from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, kernel_times_us, time_graph_replay
-from sglang_fp4ext.moe.config import config_for, current_target
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4, prefetch_gemm2_weights
+from sglang_fp4ext.moe.config import config_for
+from sglang_fp4ext.moe.decode import fused_moe_nvfp4, prefetch_gemm2_weights
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+from sglang_fp4ext.moe.shape import current_target
 
 Ts = [int(t) for t in (sys.argv[1] if len(sys.argv) > 1 else "1,2,4,8").split(",")]
 bw = copy_bandwidth_Bps()

@@ -13,8 +13,9 @@ import sys
 import torch
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
-from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
+from sglang_fp4ext.moe.decode import fused_moe_nvfp4
 from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 
 T = int(sys.argv[1])
 bs = GLM5_EP8 if "ep8" in sys.argv[2:] else GLM5_TP8

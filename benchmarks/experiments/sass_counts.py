@@ -31,16 +31,14 @@ from triton.compiler import ASTSource
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
 from sglang_fp4ext.moe import _decode_kernels, _prefill_kernels
-from sglang_fp4ext.moe import fused_moe as F
+from sglang_fp4ext.moe import decode as F
 from sglang_fp4ext.moe import prefill as PF
-from sglang_fp4ext.moe.config import (
-    KernelConfig,
-    MoEShape,
-    Target,
-    config_for,
-    prefill_config_for,
-)
+from sglang_fp4ext.moe.config import config_for, prefill_config_for
+from sglang_fp4ext.moe.decode_config import KernelConfig
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
+from sglang_fp4ext.moe.prefill_config import PrefillConfig
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+from sglang_fp4ext.moe.shape import MoEShape, Target
 
 _PTR = {
     torch.bfloat16: "*bf16",
@@ -67,9 +65,9 @@ def _matrix(E: int, N: int, K: int) -> KernelMatrix:
     )
 
 
-def _weights(shape: MoEShape) -> F.PreparedMoEWeights:
+def _weights(shape: MoEShape) -> PreparedMoEWeights:
     E, H, I = shape.E, shape.H, shape.I
-    return F.PreparedMoEWeights(_matrix(E, 2 * I, H), _matrix(E, H, I))
+    return PreparedMoEWeights(_matrix(E, 2 * I, H), _matrix(E, H, I))
 
 
 def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
@@ -201,7 +199,7 @@ def main(argv=None) -> int:
         path = rest[0] if rest else "decode"
         bs = {"tp8": GLM5_TP8, "ep8": GLM5_EP8}[name]
         shape = MoEShape(bs.E_local, bs.H, bs.I, bs.top_k)
-        names = {"KernelConfig": KernelConfig, "PrefillConfig": PF.PrefillConfig}
+        names = {"KernelConfig": KernelConfig, "PrefillConfig": PrefillConfig}
         forced = eval(a.config, names) if a.config else None
         if path == "decode":
             cfg = forced or config_for(int(T), shape, _H200)

@@ -105,7 +105,7 @@ def slowed_config():
     """A deliberately poor decode :class:`KernelConfig` for demonstrating the regression gate
     (``pytest benchmarks --fp4ext-slow-config``): the real kernels, correct for every shape, but
     no split-K (few busy programs at small T), 32-row tiles and no software pipelining."""
-    from sglang_fp4ext.moe.config import KernelConfig
+    from sglang_fp4ext.moe.decode_config import KernelConfig
 
     return KernelConfig(
         grid="experts",
@@ -242,7 +242,7 @@ class Layer:
         self, shape: ModelShape, copies: int, *, seed: int = 2026, device="cuda", l2_bytes=None
     ):
         from sglang_fp4ext.bench import random_packed_weights
-        from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
+        from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 
         if copies < 1:
             raise ValueError(f"copies must be >= 1, got {copies}")
@@ -305,7 +305,7 @@ class Layer:
         return config_for(T, mshape, target)
 
     def _moe_shape_target(self):
-        from sglang_fp4ext.moe.config import current_target
+        from sglang_fp4ext.moe.shape import current_target
 
         mshape = self.prepared[0].shape(self.shape.top_k_local)
         target = current_target(self.device) if self.device.type == "cuda" else current_target()
@@ -316,7 +316,7 @@ class Layer:
         return dispatch_path(T, *self._moe_shape_target())
 
     def ours(self, T: int, path: str | None = None) -> Callable[[int], object]:
-        from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
+        from sglang_fp4ext.moe.decode import fused_moe_nvfp4
 
         path = path or self.served_path(T)
         xs, routes, outs = self.inputs(T)
@@ -928,7 +928,8 @@ def run_cpu_check(
 
 def _interpreter_check(w, x, ids, tw, twin, dims, T) -> dict:
     from sglang_fp4ext import target_info
-    from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights, fused_moe_nvfp4
+    from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+    from sglang_fp4ext.moe.prepared import PreparedMoEWeights
     from sglang_fp4ext.testing.compare import error_stats
 
     if not target_info.is_interpreter():

@@ -1,8 +1,10 @@
 """Launch configs of the NVFP4 expert kernels, and which kernel path serves a token count.
 
-Two kernel paths read the same ``PreparedMoEWeights``: **decode** (``fused_moe.fused_moe_nvfp4``,
-frozen :class:`KernelConfig`) for few tokens per expert and **prefill**
-(``prefill.fused_moe_nvfp4_prefill``, frozen ``prefill.PrefillConfig``) for many. :func:`select`
+Two kernel paths read the same ``prepared.PreparedMoEWeights``: **decode**
+(``decode.fused_moe_nvfp4``, frozen ``decode_config.KernelConfig``) for few tokens per expert and
+**prefill** (``prefill.fused_moe_nvfp4_prefill``, frozen ``prefill_config.PrefillConfig``) for
+many. Each config module holds its path's heuristic (the decode one's docstring explains it);
+``shape.py`` the shape, target and token bucket they are keyed on. :func:`select`
 is a deterministic function of (token bucket, :class:`MoEShape`, :class:`Target`): the tuned
 table entry (path + config) when one exists, else :func:`heuristic_path` with that path's
 heuristic. :func:`config_for` / :func:`prefill_config_for` give one path's config. There is no
@@ -37,18 +39,6 @@ shipped table as a whole (a tuned shape's buckets and switch point belong togeth
 shapes still come from the shipped table. Tables are read once per process (``load_entries`` is
 cached; :func:`clear_table_cache` after writing one).
 
-**Decode heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
-experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weights in registers,
-see ``_decode_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
-``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K
-until the expected busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reach about
-four per SM, keeping at least 2 K chunks per split (kernel-techniques §5, Little's law: ~25-30 KB
-in flight per SM). GEMM2 (K = I, one chunk per expert under TP) does the same with its K, then
-packs ``tiles2`` row tiles into a program while there are more than ~8 programs per SM, so the
-per-program setup and the combine bookkeeping are amortised. While experts see few pairs
-(``T * top_k / D <= 2.5``; H200 tuning picked it for GLM-5 TP8 up to T = 64) GEMM2 is
-token-centric instead (``gemm2="tokens"``).
-
 **Path heuristic** (no table entry): decode below :data:`PREFILL_MIN_TOKENS` tokens, prefill
 from there (see its comment for the measurement behind it).
 """
@@ -58,17 +48,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sglang_fp4ext import envs
-from sglang_fp4ext.roofline import expected_distinct_experts
-from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
+from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
+from sglang_fp4ext.moe.prefill_config import PrefillConfig, prefill_heuristic_config
+from sglang_fp4ext.moe.shape import MoEShape, Target, current_target, token_bucket
 
 __all__ = [
-    "ConfigDict",
     "ConfigTableError",
-    "KernelConfig",
     "TableEntry",
     "PREFILL_MIN_TOKENS",
     "select",
@@ -80,17 +69,12 @@ __all__ = [
     "table_document",
     "user_config_dir",
     "clear_table_cache",
-    "MoEShape",
-    "Target",
     "config_for",
-    "heuristic_config",
-    "token_bucket",
     "table_path",
     "load_table",
     "override_config",
     "set_config_override",
     "reset_config_override",
-    "current_target",
 ]
 
 _CONFIG_DIR = Path(__file__).parent / "configs"
@@ -98,192 +82,6 @@ _CONFIG_DIR = Path(__file__).parent / "configs"
 
 def _pow2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
-
-
-class ConfigDict:
-    """JSON round trip of a frozen kernel-config dataclass (table entries): unknown keys are an
-    error naming the class, values are checked by the class's ``__post_init__``."""
-
-    @classmethod
-    def from_dict(cls, d: dict):
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}")
-        return cls(**d)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class KernelConfig(ConfigDict):
-    """Tile and launch parameters of one (GEMM1, GEMM2) decode call. ``eval(repr(cfg)) == cfg``.
-
-    ``grid``: ``"slots"`` (one program per pair slot; non-leaders exit) or ``"experts"``.
-    ``block_t``: pairs per MMA tile (N side); ``block_p``: ids scanned per routing step.
-    ``block_n*``: weight rows per tile (M side); ``split_k*``: K splits; ``warps*``/``stages*``:
-    Triton ``num_warps``/``num_stages`` (2 warps keep ``tl.dot`` on ``mma.sync``; 4 or more with
-    ``block_n >= 64`` let Hopper pick wgmma, whose register operand layout costs byte shuffles).
-    ``tiles2``: GEMM2 row tiles per program. ``gemm2``: ``"pairs"`` (a program per expert and
-    row tiles, all its pairs, arrival-counter top-k combine) or ``"tokens"`` (a program per token
-    and row tile walking the token's experts: no combine; for experts seeing ~1 token).
-    Suffix 1 = GEMM1 (gate/up rows, interleaved), 2 = GEMM2.
-    """
-
-    grid: str = "slots"
-    block_t: int = 8
-    block_p: int = 128
-    block_n1: int = 64
-    split_k1: int = 1
-    warps1: int = 2
-    stages1: int = 3
-    block_n2: int = 64
-    split_k2: int = 1
-    warps2: int = 2
-    stages2: int = 3
-    tiles2: int = 1
-    gemm2: str = "pairs"
-
-    def __post_init__(self):
-        if self.grid not in ("slots", "experts"):
-            raise ValueError(f"KernelConfig.grid must be 'slots' or 'experts', got {self.grid!r}")
-        if self.gemm2 not in ("pairs", "tokens"):
-            raise ValueError(f"KernelConfig.gemm2 must be 'pairs' or 'tokens', got {self.gemm2!r}")
-        if self.gemm2 == "tokens" and (self.split_k2, self.tiles2) != (1, 1):
-            raise ValueError(
-                "KernelConfig.gemm2='tokens' walks whole experts per program: split_k2 and "
-                f"tiles2 must be 1, got {self.split_k2} and {self.tiles2}"
-            )
-        for name in (
-            "block_t",
-            "block_p",
-            "block_n1",
-            "block_n2",
-            "split_k1",
-            "split_k2",
-            "warps1",
-            "warps2",
-            "tiles2",
-        ):
-            v = getattr(self, name)
-            if not isinstance(v, int) or not _pow2(v):
-                raise ValueError(f"KernelConfig.{name} must be a power of two, got {v!r}")
-        if not 8 <= self.block_t <= 64:
-            raise ValueError(f"KernelConfig.block_t must be in [8, 64], got {self.block_t}")
-        for name in ("block_n1", "block_n2"):
-            if not 32 <= getattr(self, name) <= ROW_ALIGN:
-                raise ValueError(
-                    f"KernelConfig.{name} must be in [32, {ROW_ALIGN}] (16 MMA rows per warp, "
-                    f"gate and up halves of >= 16 rows), got {getattr(self, name)}"
-                )
-        for name, bn, w in (("1", self.block_n1, self.warps1), ("2", self.block_n2, self.warps2)):
-            if bn < 16 * w:
-                raise ValueError(
-                    f"KernelConfig.block_n{name}={bn} gives warps{name}={w} fewer than 16 rows each"
-                )
-        if self.block_p < 16:
-            raise ValueError(f"KernelConfig.block_p must be >= 16, got {self.block_p}")
-        for name in ("stages1", "stages2"):
-            if not 1 <= getattr(self, name) <= 8:
-                raise ValueError(
-                    f"KernelConfig.{name} must be in [1, 8], got {getattr(self, name)}"
-                )
-
-
-
-@dataclass(frozen=True)
-class MoEShape:
-    """Per-rank MoE shape: local experts ``E`` (incl. a fused shared expert), hidden ``H``,
-    per-rank intermediate ``I`` and ``top_k`` (9 with a fused shared expert)."""
-
-    E: int
-    H: int
-    I: int
-    top_k: int
-
-    def key(self) -> str:
-        return f"E={self.E},H={self.H},I={self.I},top_k={self.top_k}"
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the heuristic may know about the GPU: ``arch`` like ``"sm_90"``, device name, SMs."""
-
-    arch: str
-    device_name: str | None
-    num_sms: int
-
-
-#: Used without a GPU (CPU interpreter, AOT tests): an H200-sized machine.
-DEFAULT_TARGET = Target("sm_90", None, 132)
-
-
-@functools.cache
-def current_target(device=None) -> Target:
-    """The Target of a CUDA device (cached per device), or DEFAULT_TARGET without a GPU."""
-    from sglang_fp4ext import target_info
-
-    cap = target_info.device_capability(device)
-    if cap is None:
-        return DEFAULT_TARGET
-    return Target(
-        f"sm_{cap[0]}{cap[1]}", target_info.device_name(device), target_info.num_sms(device)
-    )
-
-
-def token_bucket(T: int) -> int:
-    """Smallest power of two >= T (1 for T <= 1)."""
-    return 1 if T <= 1 else 1 << (T - 1).bit_length()
-
-
-def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
-    """Deterministic default for any shape (see module docstring)."""
-    b = token_bucket(max(T, 1))
-    P = b * shape.top_k
-    grid = "slots" if P <= shape.E else "experts"
-    D = max(1.0, min(float(P), expected_distinct_experts(b, shape.E, min(shape.top_k, shape.E))))
-    rows_per_expert = P / D
-    # 32-wide pair tiles spill on sm_90 (255 registers): 16 at most, more pairs loop.
-    block_t = 8 if rows_per_expert <= 8 else 16
-    want = 4 * target.num_sms
-    block_p = 256 if P > 128 else 128
-    bn = 64
-
-    def split_for(n_rows: int, k: int) -> int:
-        n_pad = -(-n_rows // ROW_ALIGN) * ROW_ALIGN
-        kc = -(-k // K_CHUNK)
-        tiles = D * (n_pad // bn)
-        split = 1
-        while tiles * split < want and kc // (split * 2) >= 2:
-            split *= 2
-        return split
-
-    sk1 = split_for(2 * shape.I, shape.H)
-    sk2 = split_for(shape.H, shape.I)
-    tiles2 = 1
-    nb2 = -(-shape.H // ROW_ALIGN) * ROW_ALIGN // bn
-    progs2 = D * nb2 * sk2
-    while tiles2 < 8 and progs2 / (2 * tiles2) >= 2 * want:
-        tiles2 *= 2
-    # Few pairs per expert: token-centric GEMM2 (no combine round trips; repeats of an expert
-    # mostly hit L2); 32-row tiles while there would be fewer than 2 programs per SM.
-    gemm2 = "tokens" if rows_per_expert <= 2.5 else "pairs"
-    bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
-    return KernelConfig(
-        grid=grid,
-        block_t=block_t,
-        block_p=block_p,
-        block_n1=bn,
-        split_k1=sk1,
-        warps1=2,
-        stages1=3,
-        block_n2=bn2,
-        split_k2=1 if gemm2 == "tokens" else sk2,
-        warps2=2,
-        stages2=3,
-        tiles2=1 if gemm2 == "tokens" else tiles2,
-        gemm2=gemm2,
-    )
 
 
 # ---- tables ----
@@ -309,7 +107,7 @@ class ConfigTableError(ValueError):
 @dataclass(frozen=True)
 class TableEntry:
     """One bucket of a table: the kernel ``path`` ("decode" | "prefill") and that path's config
-    (:class:`KernelConfig` | ``prefill.PrefillConfig``)."""
+    (``KernelConfig`` | ``PrefillConfig``)."""
 
     path: str
     config: object
@@ -329,11 +127,7 @@ class TableEntry:
 
 
 def _config_class(path: str):
-    if path == "decode":
-        return KernelConfig
-    from sglang_fp4ext.moe.prefill import PrefillConfig  # prefill imports this module
-
-    return PrefillConfig
+    return KernelConfig if path == "decode" else PrefillConfig
 
 
 def _file_name(device_name: str) -> str:
@@ -502,7 +296,7 @@ def set_config_override(cfg) -> None:
 
     A :class:`KernelConfig` forces the decode path, a ``PrefillConfig`` the prefill path."""
     global _OVERRIDE
-    if cfg is not None and not isinstance(cfg, (KernelConfig, _config_class("prefill"))):
+    if cfg is not None and not isinstance(cfg, (KernelConfig, PrefillConfig)):
         raise TypeError(f"expected a KernelConfig or PrefillConfig, got {type(cfg).__name__}")
     _OVERRIDE = cfg
 
@@ -559,8 +353,6 @@ def select(T: int, shape: MoEShape, target: Target | None = None) -> TableEntry:
     if entry is not None:
         return entry
     if heuristic_path(T, shape, target) == "prefill":
-        from sglang_fp4ext.moe.prefill import prefill_heuristic_config
-
         return TableEntry("prefill", prefill_heuristic_config(T, shape, target))
     return TableEntry("decode", heuristic_config(T, shape, target))
 
@@ -576,8 +368,6 @@ def _path_config(path: str, T: int, shape: MoEShape, target: Target | None):
         return entry.config
     if path == "decode":
         return heuristic_config(T, shape, target)
-    from sglang_fp4ext.moe.prefill import prefill_heuristic_config
-
     return prefill_heuristic_config(T, shape, target)
 
 

@@ -3,7 +3,7 @@
 ``fused_moe(hidden_states, weights, topk_ids, topk_weights)`` picks the path and config with
 ``config.select(T, shape, target)`` -- the device table's entry for ``token_bucket(T)``, else
 the path heuristic (decode below ``config.PREFILL_MIN_TOKENS`` tokens, prefill from there) with
-that path's config heuristic -- and runs ``fused_moe.fused_moe_nvfp4`` (decode) or
+that path's config heuristic -- and runs ``decode.fused_moe_nvfp4`` (decode) or
 ``prefill.fused_moe_nvfp4_prefill`` (prefill). Both read the same ``PreparedMoEWeights`` and
 return the same ``(T, H)`` bf16 sum. The choice depends only on (T, shape, target), never on
 data, so a CUDA graph captured for T replays the path it captured.
@@ -18,7 +18,8 @@ from collections import Counter
 
 import torch
 
-from sglang_fp4ext.moe.config import Target, TableEntry, current_target, select
+from sglang_fp4ext.moe.config import TableEntry, select
+from sglang_fp4ext.moe.shape import Target, current_target
 
 __all__ = ["CALLS", "choose", "fused_moe"]
 
@@ -59,7 +60,7 @@ def fused_moe(
         return fused_moe_nvfp4_prefill(
             hidden_states, weights, topk_ids, topk_weights, out=out, config=entry.config
         )
-    from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
+    from sglang_fp4ext.moe.decode import fused_moe_nvfp4
 
     return fused_moe_nvfp4(
         hidden_states, weights, topk_ids, topk_weights, out=out, config=entry.config

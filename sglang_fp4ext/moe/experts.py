@@ -30,7 +30,7 @@ def expert_path(device: torch.device) -> str:
 def prepare_experts(weights: MoEWeights, path: str):
     """The weights in the form ``path`` reads: ``PreparedMoEWeights`` or the ``MoEWeights`` as is."""
     if path == "triton":
-        from sglang_fp4ext.moe.fused_moe import PreparedMoEWeights
+        from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 
         return PreparedMoEWeights.from_moe_weights(weights)
     if path == "reference":

@@ -24,12 +24,12 @@ explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
 its config's ``__post_init__``; at most :data:`MAX_CANDIDATES` per path, ``--quick`` keeps the
 first :data:`QUICK_CANDIDATES`), in priority order:
 
-* decode (:func:`decode_candidates`), around ``config.heuristic_config``: the heuristic; the
+* decode (:func:`decode_candidates`), around ``decode_config.heuristic_config``: the heuristic; the
   other GEMM2 form (``tokens`` <-> ``pairs``); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles with
   split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
   GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages. Split-K and
   ``tiles2`` are runtime arguments (no recompilation).
-* prefill (:func:`prefill_candidates`), around ``prefill.prefill_heuristic_config``: the
+* prefill (:func:`prefill_candidates`), around ``prefill_config.prefill_heuristic_config``: the
   heuristic; ``block_m`` x2 (<= 256; at 256 with 128-deep GEMM1 steps) and /2 (>= 16); GEMM1
   with 64 rows / 4 warps / 256-deep steps, with 128 rows / 8 warps / 256-deep steps, and the
   former at ``block_m`` /2; 4 and 16 GEMM2 row blocks per program, and 64-row GEMM2 tiles on 4
@@ -56,17 +56,15 @@ from pathlib import Path
 import torch
 
 from sglang_fp4ext.moe.config import (
-    MoEShape,
     TableEntry,
-    Target,
     clear_table_cache,
-    heuristic_config,
     read_table_file,
     table_document,
-    token_bucket,
     user_table_path,
 )
+from sglang_fp4ext.moe.decode_config import heuristic_config
 from sglang_fp4ext.moe.layout import K_CHUNK
+from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -162,7 +160,7 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
 
 def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_CANDIDATES):
     """Prefill-path ``PrefillConfig`` candidates for ``token_bucket(T)`` (module docstring)."""
-    from sglang_fp4ext.moe.prefill import prefill_heuristic_config
+    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
 
     b = token_bucket(T)
     base = prefill_heuristic_config(b, shape, target)
@@ -253,7 +251,7 @@ def _gpu_timer(replays: int, warmup_ms: float):
 
 def _runner(path: str):
     if path == "decode":
-        from sglang_fp4ext.moe.fused_moe import fused_moe_nvfp4
+        from sglang_fp4ext.moe.decode import fused_moe_nvfp4
 
         return fused_moe_nvfp4
     from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
@@ -358,7 +356,7 @@ def tune(
     clock timer and ``device="cpu"`` (kernels under the interpreter)."""
     from sglang_fp4ext import __version__
     from sglang_fp4ext.bench.report import Layer
-    from sglang_fp4ext.moe.config import current_target
+    from sglang_fp4ext.moe.shape import current_target
 
     stream = stream or sys.stdout
     bad = [b for b in buckets if b < 1 or token_bucket(b) != b]

@@ -1,0 +1,157 @@
+"""Launch config of the NVFP4 decode path (``decode.fused_moe_nvfp4``) and its heuristic.
+
+:class:`KernelConfig` is the frozen (GEMM1, GEMM2) tile and launch description;
+:func:`heuristic_config` the deterministic default for any shape. Which path serves a token count
+and the tuned tables live in ``config.py``; this module imports no launcher.
+
+**Heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
+experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weights in registers,
+see ``_decode_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
+``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K
+until the expected busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reach about
+four per SM, keeping at least 2 K chunks per split (kernel-techniques §5, Little's law: ~25-30 KB
+in flight per SM). GEMM2 (K = I, one chunk per expert under TP) does the same with its K, then
+packs ``tiles2`` row tiles into a program while there are more than ~8 programs per SM, so the
+per-program setup and the combine bookkeeping are amortised. While experts see few pairs
+(``T * top_k / D <= 2.5``; H200 tuning picked it for GLM-5 TP8 up to T = 64) GEMM2 is
+token-centric instead (``gemm2="tokens"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
+from sglang_fp4ext.moe.shape import ConfigDict, MoEShape, Target, token_bucket
+from sglang_fp4ext.roofline import expected_distinct_experts
+
+__all__ = ["KernelConfig", "heuristic_config"]
+
+
+def _pow2(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class KernelConfig(ConfigDict):
+    """Tile and launch parameters of one (GEMM1, GEMM2) decode call. ``eval(repr(cfg)) == cfg``.
+
+    ``grid``: ``"slots"`` (one program per pair slot; non-leaders exit) or ``"experts"``.
+    ``block_t``: pairs per MMA tile (N side); ``block_p``: ids scanned per routing step.
+    ``block_n*``: weight rows per tile (M side); ``split_k*``: K splits; ``warps*``/``stages*``:
+    Triton ``num_warps``/``num_stages`` (2 warps keep ``tl.dot`` on ``mma.sync``; 4 or more with
+    ``block_n >= 64`` let Hopper pick wgmma, whose register operand layout costs byte shuffles).
+    ``tiles2``: GEMM2 row tiles per program. ``gemm2``: ``"pairs"`` (a program per expert and
+    row tiles, all its pairs, arrival-counter top-k combine) or ``"tokens"`` (a program per token
+    and row tile walking the token's experts: no combine; for experts seeing ~1 token).
+    Suffix 1 = GEMM1 (gate/up rows, interleaved), 2 = GEMM2.
+    """
+
+    grid: str = "slots"
+    block_t: int = 8
+    block_p: int = 128
+    block_n1: int = 64
+    split_k1: int = 1
+    warps1: int = 2
+    stages1: int = 3
+    block_n2: int = 64
+    split_k2: int = 1
+    warps2: int = 2
+    stages2: int = 3
+    tiles2: int = 1
+    gemm2: str = "pairs"
+
+    def __post_init__(self):
+        if self.grid not in ("slots", "experts"):
+            raise ValueError(f"KernelConfig.grid must be 'slots' or 'experts', got {self.grid!r}")
+        if self.gemm2 not in ("pairs", "tokens"):
+            raise ValueError(f"KernelConfig.gemm2 must be 'pairs' or 'tokens', got {self.gemm2!r}")
+        if self.gemm2 == "tokens" and (self.split_k2, self.tiles2) != (1, 1):
+            raise ValueError(
+                "KernelConfig.gemm2='tokens' walks whole experts per program: split_k2 and "
+                f"tiles2 must be 1, got {self.split_k2} and {self.tiles2}"
+            )
+        for name in (
+            "block_t",
+            "block_p",
+            "block_n1",
+            "block_n2",
+            "split_k1",
+            "split_k2",
+            "warps1",
+            "warps2",
+            "tiles2",
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, int) or not _pow2(v):
+                raise ValueError(f"KernelConfig.{name} must be a power of two, got {v!r}")
+        if not 8 <= self.block_t <= 64:
+            raise ValueError(f"KernelConfig.block_t must be in [8, 64], got {self.block_t}")
+        for name in ("block_n1", "block_n2"):
+            if not 32 <= getattr(self, name) <= ROW_ALIGN:
+                raise ValueError(
+                    f"KernelConfig.{name} must be in [32, {ROW_ALIGN}] (16 MMA rows per warp, "
+                    f"gate and up halves of >= 16 rows), got {getattr(self, name)}"
+                )
+        for name, bn, w in (("1", self.block_n1, self.warps1), ("2", self.block_n2, self.warps2)):
+            if bn < 16 * w:
+                raise ValueError(
+                    f"KernelConfig.block_n{name}={bn} gives warps{name}={w} fewer than 16 rows each"
+                )
+        if self.block_p < 16:
+            raise ValueError(f"KernelConfig.block_p must be >= 16, got {self.block_p}")
+        for name in ("stages1", "stages2"):
+            if not 1 <= getattr(self, name) <= 8:
+                raise ValueError(
+                    f"KernelConfig.{name} must be in [1, 8], got {getattr(self, name)}"
+                )
+
+
+def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
+    """Deterministic default for any shape (see module docstring)."""
+    b = token_bucket(max(T, 1))
+    P = b * shape.top_k
+    grid = "slots" if P <= shape.E else "experts"
+    D = max(1.0, min(float(P), expected_distinct_experts(b, shape.E, min(shape.top_k, shape.E))))
+    rows_per_expert = P / D
+    # 32-wide pair tiles spill on sm_90 (255 registers): 16 at most, more pairs loop.
+    block_t = 8 if rows_per_expert <= 8 else 16
+    want = 4 * target.num_sms
+    block_p = 256 if P > 128 else 128
+    bn = 64
+
+    def split_for(n_rows: int, k: int) -> int:
+        n_pad = -(-n_rows // ROW_ALIGN) * ROW_ALIGN
+        kc = -(-k // K_CHUNK)
+        tiles = D * (n_pad // bn)
+        split = 1
+        while tiles * split < want and kc // (split * 2) >= 2:
+            split *= 2
+        return split
+
+    sk1 = split_for(2 * shape.I, shape.H)
+    sk2 = split_for(shape.H, shape.I)
+    tiles2 = 1
+    nb2 = -(-shape.H // ROW_ALIGN) * ROW_ALIGN // bn
+    progs2 = D * nb2 * sk2
+    while tiles2 < 8 and progs2 / (2 * tiles2) >= 2 * want:
+        tiles2 *= 2
+    # Few pairs per expert: token-centric GEMM2 (no combine round trips; repeats of an expert
+    # mostly hit L2); 32-row tiles while there would be fewer than 2 programs per SM.
+    gemm2 = "tokens" if rows_per_expert <= 2.5 else "pairs"
+    bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
+    return KernelConfig(
+        grid=grid,
+        block_t=block_t,
+        block_p=block_p,
+        block_n1=bn,
+        split_k1=sk1,
+        warps1=2,
+        stages1=3,
+        block_n2=bn2,
+        split_k2=1 if gemm2 == "tokens" else sk2,
+        warps2=2,
+        stages2=3,
+        tiles2=1 if gemm2 == "tokens" else tiles2,
+        gemm2=gemm2,
+    )

@@ -1,0 +1,82 @@
+"""What both kernel paths' launch configs are keyed on and built from.
+
+:class:`MoEShape` (per-rank expert shape), :class:`Target` (what a heuristic may know about the
+GPU), :func:`token_bucket` (the power-of-two bucket a token count is served from) and
+:class:`ConfigDict` (the JSON round trip shared by the decode ``KernelConfig`` and the prefill
+``PrefillConfig``). Imports no launcher and no config, so both config modules and the table
+module (``config.py``) can import it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, fields
+
+__all__ = [
+    "ConfigDict",
+    "DEFAULT_TARGET",
+    "MoEShape",
+    "Target",
+    "current_target",
+    "token_bucket",
+]
+
+
+class ConfigDict:
+    """JSON round trip of a frozen kernel-config dataclass (table entries): unknown keys are an
+    error naming the class, values are checked by the class's ``__post_init__``."""
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """Per-rank MoE shape: local experts ``E`` (incl. a fused shared expert), hidden ``H``,
+    per-rank intermediate ``I`` and ``top_k`` (9 with a fused shared expert)."""
+
+    E: int
+    H: int
+    I: int
+    top_k: int
+
+    def key(self) -> str:
+        return f"E={self.E},H={self.H},I={self.I},top_k={self.top_k}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the heuristic may know about the GPU: ``arch`` like ``"sm_90"``, device name, SMs."""
+
+    arch: str
+    device_name: str | None
+    num_sms: int
+
+
+#: Used without a GPU (CPU interpreter, AOT tests): an H200-sized machine.
+DEFAULT_TARGET = Target("sm_90", None, 132)
+
+
+@functools.cache
+def current_target(device=None) -> Target:
+    """The Target of a CUDA device (cached per device), or DEFAULT_TARGET without a GPU."""
+    from sglang_fp4ext import target_info
+
+    cap = target_info.device_capability(device)
+    if cap is None:
+        return DEFAULT_TARGET
+    return Target(
+        f"sm_{cap[0]}{cap[1]}", target_info.device_name(device), target_info.num_sms(device)
+    )
+
+
+def token_bucket(T: int) -> int:
+    """Smallest power of two >= T (1 for T <= 1)."""
+    return 1 if T <= 1 else 1 << (T - 1).bit_length()
