@@ -20,6 +20,8 @@ __all__ = [
     "smem_per_block",
     "has_native_fp4_mma",
     "supports_triton_w4a16",
+    "supports_gluon_decode",
+    "arch_capability",
     "kernel_path",
     "SM120_SMEM_PER_BLOCK",
 ]
@@ -95,6 +97,18 @@ def has_native_fp4_mma(cap: Capability | None) -> bool:
 def supports_triton_w4a16(cap: Capability | None) -> bool:
     """Our W4A16 Triton kernels need bf16 ``mma.sync`` (SM80 or newer)."""
     return cap is not None and cap >= (8, 0)
+
+
+def supports_gluon_decode(cap: Capability | None) -> bool:
+    """The Gluon decode kernels (``mma.sync`` bf16, ``fma.rn.bf16x2``) need SM80 or newer; the
+    interpreter runs only the ``tl.dot`` family."""
+    return cap is not None and cap >= (8, 0) and not is_interpreter()
+
+
+def arch_capability(arch: str) -> Capability:
+    """``"sm_90"`` / ``"sm_120"`` -> (9, 0) / (12, 0)."""
+    digits = arch.removeprefix("sm_").rstrip("a")
+    return int(digits[:-1]), int(digits[-1])
 
 
 def kernel_path(cap: Capability | None) -> str:

@@ -56,6 +56,36 @@ from sglang_fp4ext.moe.layout import SCALE_CODE_BF16_BIAS
 _TWO_P26 = tl.constexpr(67108864.0)  # 2^26
 _SCALE_BIAS = tl.constexpr(SCALE_CODE_BF16_BIAS)
 
+#: Inline PTX of ``_fp4x4_to_bf16_asm`` (also used by the Gluon kernels, ``_decode_gluon_kernels``):
+#: operands $4 = four packed bytes, $5/$6 = bf16 scale pairs of the low nibbles, $7/$8 of the high
+#: nibbles; results $0/$1 = low-nibble weights of bytes (0, 1)/(2, 3), $2/$3 the high nibbles.
+FP4X4_TO_BF16_PTX = tl.constexpr(
+    """
+    {
+    .reg .b32 y, z, m, v, nz;
+    mov.b32 nz, 0x80008000;
+    prmt.b32 y, $4, 0, 0x4140;
+    prmt.b32 z, $4, 0, 0x4342;
+    and.b32 m, y, 0x000F000F;
+    mul.lo.u32 v, m, 0x1040;
+    and.b32 v, v, 0x81C081C0;
+    fma.rn.bf16x2 $0, v, $5, nz;
+    and.b32 m, z, 0x000F000F;
+    mul.lo.u32 v, m, 0x1040;
+    and.b32 v, v, 0x81C081C0;
+    fma.rn.bf16x2 $1, v, $6, nz;
+    and.b32 m, y, 0x00F000F0;
+    mul.lo.u32 v, m, 0x104;
+    and.b32 v, v, 0x81C081C0;
+    fma.rn.bf16x2 $2, v, $7, nz;
+    and.b32 m, z, 0x00F000F0;
+    mul.lo.u32 v, m, 0x104;
+    and.b32 v, v, 0x81C081C0;
+    fma.rn.bf16x2 $3, v, $8, nz;
+    }
+    """
+)
+
 
 @triton.jit
 def _to_bf16(x, COMPUTE_F32: tl.constexpr):
@@ -91,30 +121,7 @@ def _fp4x4_to_bf16_asm(b, s_lo, s_hi):
     products (<= 6 significant bits). 18 instructions per 8 weights.
     """
     return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 y, z, m, v, nz;
-        mov.b32 nz, 0x80008000;
-        prmt.b32 y, $4, 0, 0x4140;
-        prmt.b32 z, $4, 0, 0x4342;
-        and.b32 m, y, 0x000F000F;
-        mul.lo.u32 v, m, 0x1040;
-        and.b32 v, v, 0x81C081C0;
-        fma.rn.bf16x2 $0, v, $5, nz;
-        and.b32 m, z, 0x000F000F;
-        mul.lo.u32 v, m, 0x1040;
-        and.b32 v, v, 0x81C081C0;
-        fma.rn.bf16x2 $1, v, $6, nz;
-        and.b32 m, y, 0x00F000F0;
-        mul.lo.u32 v, m, 0x104;
-        and.b32 v, v, 0x81C081C0;
-        fma.rn.bf16x2 $2, v, $7, nz;
-        and.b32 m, z, 0x00F000F0;
-        mul.lo.u32 v, m, 0x104;
-        and.b32 v, v, 0x81C081C0;
-        fma.rn.bf16x2 $3, v, $8, nz;
-        }
-        """,
+        FP4X4_TO_BF16_PTX,
         "=r,=r,=r,=r,r,r,r,r,r",
         args=[b, s_lo, s_hi],
         dtype=(tl.bfloat16, tl.bfloat16),

@@ -139,7 +139,18 @@ def fused_moe_nvfp4(
     plist = _workspace(dev, "plist", E * P, torch.int32, zero=False)
     pcnt = _workspace(dev, "pcnt", E, torch.int32, zero=False)
 
-    K._moe_gemm1[g1](
+    # The interpreter runs only the tl.dot family: a Gluon config runs its tiles there.
+    gluon = config.kernels == "gluon" and not interp
+    if gluon:
+        from sglang_fp4ext.moe import _decode_gluon_kernels as G
+
+        gemm1 = G._gemm1
+        lay1 = G.layouts(config.block_n1, config.block_t, config.warps1)
+        extra1 = dict(num_warps=config.warps1, **lay1)
+    else:
+        gemm1 = K._moe_gemm1
+        extra1 = dict(COMPUTE_F32=interp, num_warps=config.warps1, num_stages=config.stages1)
+    gemm1[g1](
         hidden_states,
         topk_ids,
         w13.q,
@@ -168,12 +179,17 @@ def fused_moe_nvfp4(
         BN=config.block_n1,
         BT=config.block_t,
         BLOCK_P=config.block_p,
-        COMPUTE_F32=interp,
-        num_warps=config.warps1,
-        num_stages=config.stages1,
+        **extra1,
     )
     if config.gemm2 == "tokens":
-        K._moe_gemm2_tok[g2](
+        if gluon:
+            gemm2 = G._gemm2_tok
+            lay2 = G.layouts(config.block_n2, config.block_t, config.warps2)
+            extra2 = dict(num_warps=config.warps2, **lay2)
+        else:
+            gemm2 = K._moe_gemm2_tok
+            extra2 = dict(COMPUTE_F32=interp, num_warps=config.warps2, num_stages=config.stages2)
+        gemm2[g2](
             inter,
             topk_ids,
             topk_weights,
@@ -196,9 +212,7 @@ def fused_moe_nvfp4(
             K_POW2=triton_next_pow2(top_k),
             BN=config.block_n2,
             BT=config.block_t,
-            COMPUTE_F32=interp,
-            num_warps=config.warps2,
-            num_stages=config.stages2,
+            **extra2,
         )
         return out
     K._moe_gemm2[g2](

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 from sglang_fp4ext.moe.shape import ConfigDict, MoEShape, Target, token_bucket
 from sglang_fp4ext.roofline import expected_distinct_experts
 
-__all__ = ["KernelConfig", "heuristic_config"]
+__all__ = ["KERNEL_FAMILIES", "KernelConfig", "heuristic_config"]
+
+#: Decode kernel families: "dot" (Triton ``tl.dot``, v1) and "gluon" (v2).
+KERNEL_FAMILIES = ("dot", "gluon")
 
 
 def _pow2(x: int) -> bool:
@@ -45,6 +49,10 @@ class KernelConfig(ConfigDict):
     row tiles, all its pairs, arrival-counter top-k combine) or ``"tokens"`` (a program per token
     and row tile walking the token's experts: no combine; for experts seeing ~1 token).
     Suffix 1 = GEMM1 (gate/up rows, interleaved), 2 = GEMM2.
+    ``kernels``: ``"dot"`` (the ``tl.dot`` kernels of ``_decode_kernels``, the fallback and the
+    only family the interpreter runs) or ``"gluon"`` (``_decode_gluon_kernels``: GEMM1 and the
+    token-centric GEMM2 in Gluon, a ``"pairs"`` GEMM2 still from the dot family; ``stages*`` unused:
+    the Gluon K loop prefetches one chunk in registers).
     """
 
     grid: str = "slots"
@@ -60,8 +68,13 @@ class KernelConfig(ConfigDict):
     stages2: int = 3
     tiles2: int = 1
     gemm2: str = "pairs"
+    kernels: str = "dot"
 
     def __post_init__(self):
+        if self.kernels not in KERNEL_FAMILIES:
+            raise ValueError(
+                f"KernelConfig.kernels must be one of {KERNEL_FAMILIES}, got {self.kernels!r}"
+            )
         if self.grid not in ("slots", "experts"):
             raise ValueError(f"KernelConfig.grid must be 'slots' or 'experts', got {self.grid!r}")
         if self.gemm2 not in ("pairs", "tokens"):
@@ -140,13 +153,17 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     # mostly hit L2); 32-row tiles while there would be fewer than 2 programs per SM.
     gemm2 = "tokens" if rows_per_expert <= 2.5 else "pairs"
     bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
+    # Gluon where it runs; its GEMM1 streams an expert's many rows best as 128-row tiles of 4
+    # warps (H200, GLM-5 EP8 at every T and TP8 T = 256: gluon_decode_ab_h200.json).
+    gluon = target_info.supports_gluon_decode(target_info.arch_capability(target.arch))
+    wide = gluon and 2 * shape.I >= 1024
     return KernelConfig(
         grid=grid,
         block_t=block_t,
         block_p=block_p,
-        block_n1=bn,
+        block_n1=128 if wide else bn,
         split_k1=sk1,
-        warps1=2,
+        warps1=4 if wide else 2,
         stages1=3,
         block_n2=bn2,
         split_k2=1 if gemm2 == "tokens" else sk2,
@@ -154,4 +171,5 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
         stages2=3,
         tiles2=1 if gemm2 == "tokens" else tiles2,
         gemm2=gemm2,
+        kernels="gluon" if gluon else "dot",
     )

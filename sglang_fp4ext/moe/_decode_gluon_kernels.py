@@ -1,0 +1,365 @@
+"""Gluon kernels of the NVFP4 W4A16 decode path, v2 (``@gluon.jit`` code and the layouts it uses).
+
+Same work split, routing, workspaces and determinism as the ``tl.dot`` kernels in
+``_decode_kernels`` (read their docstring first): ``_gemm1`` = ``_moe_gemm1`` (GEMM1 + SiLU·mul,
+split-K through the fp32 workspace and arrival counters, the routing lists for GEMM2) and
+``_gemm2_tok`` = ``_moe_gemm2_tok`` (token-centric GEMM2 with the routing weight and top-k sum).
+What Gluon changes is where the bytes go:
+
+* **No shared memory.** Each thread loads its MMA A-fragment bytes straight from global memory
+  into registers (``weight_layout``: 32 contiguous code bytes per row, two 16-byte loads), decodes
+  them there with the same inline PTX as v1 and hands them to ``mma.sync`` (``mma_v2``). v1's
+  pipeliner staged the codes through shared memory with ``cp.async`` in an unswizzled layout
+  (61-68% of the shared wavefronts bank-conflicted, MIO-throttled; README diagnosis); here the
+  shared-memory pipe is unused in the K loop.
+* **Register double buffering.** The next K chunk's codes, scales and activations are loaded
+  before the current chunk is decoded, so their latency hides behind the decode and MMAs.
+* **K order.** The MMA does not care in which order K is summed as long as both operands agree.
+  Byte ``j = 32q + 4b + 2c1 + c0`` of a 128-byte half chunk goes to k-step ``b``, k-slot ``8c1 +
+  2q + c0``: exactly the slots thread ``q`` of an m16n8k16 fragment holds, so the layout change
+  from the load layout to the dot-operand layout is a register renaming
+  (``convert_layout(..., assert_trivial=True)`` proves it at compile time). Activations use the
+  same order.
+* **Row order.** Within each 16-row MMA tile, MMA row ``8h + g`` reads weight row ``2g + h``: the
+  gate row ``2j`` and up row ``2j + 1`` of the interleaved w13 land in the same thread's
+  accumulators, so SiLU·mul is register-local.
+
+Layouts are built on the host (``weight_layout``, ``act_layout``, ``mma_layout``) and passed as
+constexpr arguments. Gluon kernels do not run under the Triton interpreter; the CPU tier
+compiles them ahead of time (``tests/test_gluon_aot.py``) and the GPU tier checks them against the
+torch twin.
+"""
+
+import functools
+
+from sglang_fp4ext.moe._decode_kernels import FP4X4_TO_BF16_PTX
+from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon, mma_v2
+from sglang_fp4ext.moe.layout import SCALE_CODE_BF16_BIAS
+
+_TWO_P26 = gl.constexpr(67108864.0)  # the decode's 2^-26 (see _decode_kernels), undone here
+_SCALE_BIAS = gl.constexpr(SCALE_CODE_BF16_BIAS)
+
+
+def _log2(n: int) -> int:
+    assert n >= 1 and n & (n - 1) == 0, n
+    return n.bit_length() - 1
+
+
+_LANES = [[0, 2, 0], [0, 4, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]  # lane = 4g + q: q -> groups 2q
+
+
+def weight_layout(BN: int, W: int):
+    """[BN rows, 8 groups, 4 words] int32 codes of one half chunk (a group = 16 bytes, one block
+    scale; MMA row order): thread ``(g, q)`` of warp ``w`` holds rows ``16w + g`` and ``+8`` (plus
+    ``16W`` repeats) and groups ``2q, 2q+1``: 32 contiguous bytes per row."""
+    R = BN // (16 * W)
+    reg = [[0, 0, 1], [0, 0, 2], [0, 1, 0], [8, 0, 0]]
+    reg += [[16 * W << i, 0, 0] for i in range(_log2(R))]
+    warp = [[16 << i, 0, 0] for i in range(_log2(W))]
+    return gl.DistributedLinearLayout(reg, _LANES, warp, [], [BN, 8, 4])
+
+
+def act_layout(BT: int, W: int):
+    """[BT columns, 8 groups, 8 words] int32 (bf16 pairs) activations of one half chunk: the
+    B-fragment twin of ``weight_layout`` (columns ``g`` and ``g + 8``), the same in every warp."""
+    reg = [[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 1, 0]]
+    reg += [[8 << i, 0, 0] for i in range(_log2(BT // 8))]
+    return gl.DistributedLinearLayout(reg, _LANES, [[0, 0, 0]] * _log2(W), [], [BT, 8, 8])
+
+
+def mma_layout(W: int):
+    """``mma.sync`` m16n8 accumulators, warps stacked along the weight rows."""
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
+
+
+@functools.cache
+def layouts(BN: int, BT: int, W: int) -> dict:
+    """The constexpr layout arguments of ``_gemm1`` / ``_gemm2_tok`` for one config."""
+    return dict(WL=weight_layout(BN, W), XL=act_layout(BT, W), ML=mma_layout(W))
+
+
+# ---- building blocks ----
+
+
+@gluon.jit
+def _mma_k_order(v, R: gl.constexpr):
+    """[R, 8, 16] in byte order -> [R, 128] in MMA k-slot order (module docstring)."""
+    v = gl.reshape(v, [R, 4, 8, 2, 2])
+    v = gl.permute(v, [0, 2, 3, 1, 4])
+    return gl.reshape(v, [R, 128])
+
+
+@gluon.jit
+def _phys_row(r):
+    """MMA row -> weight row within its 16-row tile: ``8h + g`` reads ``2g + h``."""
+    return (r // 16) * 16 + (r % 8) * 2 + (r // 8) % 2
+
+
+@gluon.jit
+def _bf16x2(w):
+    """int32 words holding bf16 pairs -> bf16 [..., 2] (a register renaming after LLVM)."""
+    lo = (w & 0xFFFF).to(gl.uint16).to(gl.bfloat16, bitcast=True)
+    hi = (w >> 16).to(gl.uint16).to(gl.bfloat16, bitcast=True)
+    return gl.join(lo, hi)
+
+
+@gluon.jit
+def _byte_order(p01, p23, R: gl.constexpr):
+    """bf16 pairs of bytes (0, 1) and (2, 3) of each code word [R, 8, 4] -> [R, 8, 16] bf16 in
+    byte order."""
+    v = gl.permute(gl.join(_bf16x2(p01), _bf16x2(p23)), [0, 1, 2, 4, 3])
+    return gl.reshape(v, [R, 8, 16])
+
+
+@gluon.jit
+def _scale_pair(c):
+    """Scale codes -> int32 holding the bf16 pair (s, s), s = the block scale times 2^100
+    (``layout.py``), exact."""
+    b = (c.to(gl.int32) << 4) + _SCALE_BIAS
+    return b | (b << 16)
+
+
+@gluon.jit
+def _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+    """acc += decode(b) @ x^T for one 256-deep chunk: code words ``b`` [BN, 8, 4] int32, scale
+    codes [BN, 8] per half, activations [BT, 8, 8] int32 (bf16 pairs) per half."""
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
+    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ML, k_width=2)
+    sl = gl.expand_dims(_scale_pair(slo), 2)
+    sh = gl.expand_dims(_scale_pair(shi), 2)
+    lo01, lo23, hi01, hi23 = gl.inline_asm_elementwise(
+        FP4X4_TO_BF16_PTX,
+        "=r,=r,=r,=r,r,r,r,r,r",
+        args=[b, sl, sl, sh, sh],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+        is_pure=True,
+        pack=1,
+    )
+    a = gl.convert_layout(_mma_k_order(_byte_order(lo01, lo23, BN), BN), A_OP, assert_trivial=True)
+    x = gl.reshape(_bf16x2(xlo), [BT, 8, 16])
+    x = gl.convert_layout(gl.permute(_mma_k_order(x, BT), [1, 0]), B_OP, assert_trivial=True)
+    acc = mma_v2(a, x, acc)
+    a = gl.convert_layout(_mma_k_order(_byte_order(hi01, hi23, BN), BN), A_OP, assert_trivial=True)
+    x = gl.reshape(_bf16x2(xhi), [BT, 8, 16])
+    x = gl.convert_layout(gl.permute(_mma_k_order(x, BT), [1, 0]), B_OP, assert_trivial=True)
+    return mma_v2(a, x, acc)
+
+
+@gluon.jit
+def _load_w(qe, se, qoff, soff, kc, s_chunk_stride):
+    sp = se + kc * s_chunk_stride + soff
+    return gl.load(qe + qoff + kc * 32), gl.load(sp), gl.load(sp + 8)
+
+
+@gluon.jit
+def _load_x(xp, xmask, goff, kc, K):
+    # K is a multiple of 16: the mask is constant per 16-element group, so the loads stay 16 B wide.
+    k = kc * 256 + goff
+    lo = gl.load(xp + kc * 128, mask=xmask & (k < K), other=0)
+    hi = gl.load(xp + kc * 128 + 64, mask=xmask & (k + 128 < K), other=0)
+    return lo, hi
+
+
+@gluon.jit
+def _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K, s_chunk_stride,
+               BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+    """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0), next chunk prefetched."""
+    acc = gl.zeros([BN, BT], gl.float32, ML)
+    k0 = gl.minimum(kc0, kc1 - 1)  # an empty split (kc1 <= kc0) must not read past the weights
+    b, slo, shi = _load_w(qe, se, qoff, soff, k0, s_chunk_stride)
+    xlo, xhi = _load_x(xp, xmask, goff, k0, K)
+    for kc in range(kc0, kc1):
+        kn = gl.minimum(kc + 1, kc1 - 1)  # the last prefetch re-reads the last chunk (L1/L2 hit)
+        b_n, slo_n, shi_n = _load_w(qe, se, qoff, soff, kn, s_chunk_stride)
+        xlo_n, xhi_n = _load_x(xp, xmask, goff, kn, K)
+        acc = _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN, BT, ML)
+        b, slo, shi, xlo, xhi = b_n, slo_n, shi_n, xlo_n, xhi_n
+    return acc
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE: gl.constexpr,
+           BLOCK_P: gl.constexpr, PL: gl.constexpr):
+    """v1's ``_route``: (expert, pair count to work on, its list base); writes plist/pcnt."""
+    if SLOT_MODE:
+        e = gl.load(ids_ptr + pid0).to(gl.int32)
+    else:
+        e = pid0
+    ok = (e >= 0) & (e < E)
+    lbase = plist_ptr + gl.where(ok, e, 0).to(gl.int64) * P
+    m = 0
+    before = 0
+    for p0 in range(0, P, BLOCK_P):
+        offs = p0 + gl.arange(0, BLOCK_P, layout=PL)
+        ids = gl.load(ids_ptr + offs, mask=offs < P, other=-1).to(gl.int32)
+        hit = (ids == e) & ok
+        h = hit.to(gl.int32)
+        rank = m + gl.associative_scan(h, 0, _add) - 1
+        gl.store(lbase + rank, offs, mask=hit)
+        m += gl.sum(h, 0)
+        before += gl.sum((hit & (offs < pid0)).to(gl.int32), 0)
+    if ok:
+        gl.store(pcnt_ptr + e, m)
+    if SLOT_MODE:
+        m = gl.where(before == 0, m, 0)  # a later slot of an expert already led: no work
+    barrier()  # the list is read back below: this CTA's stores visible to all its threads
+    return e, m, lbase
+
+
+@gluon.jit
+def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I,
+                    BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+    """acc [BN, BT] (MMA rows, gate/up pairs in rows ``r``, ``r + 8``) -> bf16 inter[pair, j]."""
+    alpha = gl.load(a_ptr + _phys_row(rows)) * _TWO_P26
+    y = acc * gl.expand_dims(alpha, 1)
+    j = nb * (BN // 2) + (rows // 16) * 8 + rows % 8  # intermediate column of each MMA row
+    ptr = inter_ptr + gl.expand_dims(pairs.to(gl.int64) * I, 0) + gl.expand_dims(j, 1)
+    ok = gl.expand_dims(j < I, 1) & gl.expand_dims(pmask, 0)
+    ok = ok & gl.expand_dims(rows % 16 < 8, 1)  # the gate half of each tile stores
+    # rows 8h + g: split h (a register bit of the MMA layout) off, gate = h 0, up = h 1.
+    g, u = gl.split(gl.permute(gl.reshape(y, [BN // 16, 2, 8, BT]), [0, 2, 3, 1]))
+    pg, pu = gl.split(gl.permute(gl.reshape(ptr, [BN // 16, 2, 8, BT]), [0, 2, 3, 1]))
+    og, ou = gl.split(gl.permute(gl.reshape(ok, [BN // 16, 2, 8, BT]), [0, 2, 3, 1]))
+    h = g / (1.0 + gl.exp(-g)) * u
+    gl.store(pg, h.to(gl.bfloat16), mask=og)
+
+
+# ---- kernels ----
+
+
+@gluon.jit
+def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plist_ptr, pcnt_ptr,
+           P, E, H, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
+           KC, CPS, TOP_K, SPLIT_K,
+           SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BLOCK_P: gl.constexpr,
+           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
+    """``_decode_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
+    NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt)."""
+    PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    pid0 = gl.program_id(0)
+    nb = gl.program_id(1)
+    ks = gl.program_id(2)
+    e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE, BLOCK_P, PL)
+    if m == 0:
+        return
+    e64 = e.to(gl.int64)
+    qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
+    se = s_ptr + e64 * s_e_stride
+    ae = a_ptr + e64 * NP
+    kc0 = ks * CPS
+    kc1 = gl.minimum(kc0 + CPS, KC)
+
+    # Weight offsets in the load layout (MMA rows -> weight rows).
+    SL: gl.constexpr = gl.SliceLayout(2, WL)
+    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
+    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
+    prow = nb * BN + _phys_row(r1)
+    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
+    qoff = gl.expand_dims(gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0), 2)
+    qoff = qoff + gl.expand_dims(gl.expand_dims(i1, 0), 0)  # in int32 words
+    # Activation offsets in their layout.
+    XS: gl.constexpr = gl.SliceLayout(2, XL)
+    n1 = gl.arange(0, BT, layout=gl.SliceLayout(1, XS))
+    xg = gl.arange(0, 8, layout=gl.SliceLayout(0, XS))
+    xi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, XL)))
+    koff = gl.expand_dims(gl.expand_dims(xg * 8, 0), 2) + gl.expand_dims(gl.expand_dims(xi, 0), 0)
+    goff = gl.expand_dims(gl.expand_dims(xg * 16, 0), 2)  # first element of each group
+    # Epilogue indices in the MMA layout.
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
+    cols = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))
+
+    nchunk = gl.cdiv(m, BT)
+    for c in range(0, nchunk):
+        slot = c * BT + n1
+        pm = slot < m
+        pairs = gl.load(lbase + slot, mask=pm, other=0)
+        tok = (pairs // TOP_K).to(gl.int64)
+        xw = x_ptr.to(gl.pointer_type(gl.int32))  # bf16 pairs
+        xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2) + koff
+        xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
+        acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride,
+                         BN, BT, ML)
+        cslot = c * BT + cols
+        cm = cslot < m
+        cpairs = gl.load(lbase + cslot, mask=cm, other=0)
+        if SPLIT_K == 1:
+            _silu_mul_store(acc, ae, rows, cpairs, cm, inter_ptr, nb, I, BN, BT, ML)
+        else:
+            wrow = nb * BN + _phys_row(rows)
+            wp = ws_ptr + gl.expand_dims((ks * P + cpairs).to(gl.int64) * NP, 0)
+            gl.store(wp + gl.expand_dims(wrow, 1), acc, mask=gl.expand_dims(cm, 0))
+    if SPLIT_K > 1:
+        barrier()  # every thread's partials are written before the release below
+        cp = cnt_ptr + pid0 * gl.num_programs(1) + nb
+        old = gl.atomic_add(cp, 1, sem="acq_rel")
+        if old == SPLIT_K - 1:  # last to arrive: reduce in fixed split order, finish the tile
+            barrier()
+            wrow = nb * BN + _phys_row(rows)
+            for c in range(0, nchunk):
+                cslot = c * BT + cols
+                cm = cslot < m
+                cpairs = gl.load(lbase + cslot, mask=cm, other=0)
+                acc = gl.zeros([BN, BT], gl.float32, ML)
+                for s in range(0, SPLIT_K):  # fixed order
+                    wp = ws_ptr + gl.expand_dims((s * P + cpairs).to(gl.int64) * NP, 0)
+                    acc += gl.load(wp + gl.expand_dims(wrow, 1), mask=gl.expand_dims(cm, 0),
+                                   other=0.0, cache_modifier=".cg")
+                _silu_mul_store(acc, ae, rows, cpairs, cm, inter_ptr, nb, I, BN, BT, ML)
+            gl.atomic_xchg(cp, 0)
+
+
+@gluon.jit
+def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
+               stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
+               K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
+               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
+    """``_decode_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
+    and walks the token's valid experts in slot order (the pair in MMA column 0)."""
+    KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])
+    t = gl.program_id(0)
+    nb = gl.program_id(1)
+    kj = gl.arange(0, K_POW2, layout=KL)
+    idt = gl.load(ids_ptr + t * TOP_K + kj, mask=kj < TOP_K, other=-1).to(gl.int32)
+    valid = (idt >= 0) & (idt < E)
+    rank = gl.associative_scan(valid.to(gl.int32), 0, _add) - 1
+    nv = gl.sum(valid.to(gl.int32), 0)
+
+    SL: gl.constexpr = gl.SliceLayout(2, WL)
+    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
+    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
+    prow = nb * BN + _phys_row(r1)
+    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
+    qoff = gl.expand_dims(gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0), 2)
+    qoff = qoff + gl.expand_dims(gl.expand_dims(i1, 0), 0)  # in int32 words
+    XS: gl.constexpr = gl.SliceLayout(2, XL)
+    n1 = gl.arange(0, BT, layout=gl.SliceLayout(1, XS))
+    xg = gl.arange(0, 8, layout=gl.SliceLayout(0, XS))
+    xi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, XL)))
+    koff = gl.expand_dims(gl.expand_dims(xg * 8, 0), 2) + gl.expand_dims(gl.expand_dims(xi, 0), 0)
+    goff = gl.expand_dims(gl.expand_dims(xg * 16, 0), 2)  # first element of each group
+    xmask = gl.expand_dims(gl.expand_dims(n1 == 0, 1), 2)
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
+    cols = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))
+    wrow = nb * BN + _phys_row(rows)
+
+    o = gl.zeros([BN, BT], gl.float32, ML)
+    for n in range(0, nv):
+        sel = valid & (rank == n)
+        j = gl.sum(gl.where(sel, kj, 0), 0)  # slot of the n-th valid expert
+        e64 = gl.sum(gl.where(sel, idt, 0), 0).to(gl.int64)
+        p = t * TOP_K + j
+        xp = inter_ptr.to(gl.pointer_type(gl.int32)) + p.to(gl.int64) * (I // 2) + koff
+        qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
+        part = _w4a16_acc(qe, s_ptr + e64 * s_e_stride, qoff, soff, xp,
+                          xmask, goff, 0, KC, I, s_chunk_stride, BN, BT, ML)
+        coef = gl.load(a_ptr + e64 * NP + wrow) * (_TWO_P26 * gl.load(tw_ptr + p).to(gl.float32))
+        o += part * gl.expand_dims(coef, 1)
+    res = gl.sum(gl.where(gl.expand_dims(cols == 0, 0), o, 0.0), 1)
+    gl.store(out_ptr + t.to(gl.int64) * stride_out + wrow, res.to(gl.bfloat16), mask=wrow < H)
