@@ -37,10 +37,15 @@ def small_weights(E: int, H: int, I: int, seed: int):
     return _WEIGHTS[key]
 
 
-def compile_per_arch(script: str, requests: dict[int, list], timeout: float) -> dict[int, list]:
-    """``{cc: results}``: ``script`` run as ``python -c script <cc>`` with ``requests[cc]``."""
+def compile_per_arch(
+    script: str, requests: dict[int, list], timeout: float, extra_path: str | None = None
+) -> dict[int, list]:
+    """``{cc: results}``: ``script`` run as ``python -c script <cc>`` with ``requests[cc]``;
+    ``extra_path`` goes first on ``PYTHONPATH`` (e.g. another Triton version's site dir)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (extra_path, str(ROOT), env.get("PYTHONPATH", "")) if p
+    )
     ccs = sorted(requests)
     results = {}
     for pair in (ccs[i : i + 2] for i in range(0, len(ccs), 2)):

@@ -1,5 +1,8 @@
 """GPU tier: the decode kernels at GLM-5 per-GPU shapes, CUDA-graph replay and determinism.
 
+Both kernel families run every test: ``dot`` (``tl.dot``, v1) and ``gluon`` (v2, which runs only
+on a GPU: the CPU tier compiles it ahead of time, ``tests/test_gluon_aot.py``).
+
 Tolerance vs the fp32 reference: the kernels round the SiLU·mul intermediate and the output to
 bf16 (each <= 2^-9 relative per element, averaging out over random signs); decode and scales are
 exact and accumulation is fp32. Measured on the CPU tier: rms_rel ~2.4e-3, max_rel ~3e-3 (max
@@ -22,38 +25,50 @@ from tests import glm5_cases
 pytestmark = pytest.mark.gpu
 MAX_REL, RMS_REL = 1e-2, 5e-3
 
-def _config(pw, ids, gemm2):
-    """The config a call would use (table or heuristic), with the GEMM2 form forced."""
+FAMILIES = ["dot", "gluon"]
+
+
+def _config(pw, ids, gemm2, kernels="dot"):
+    """The config a call would use (table or heuristic), with the GEMM2 form and family forced."""
     cfg = config_for(ids.shape[0], pw.shape(ids.shape[1]))
-    return dataclasses.replace(cfg, gemm2=gemm2, tiles2=1 if gemm2 == "tokens" else cfg.tiles2)
+    return dataclasses.replace(
+        cfg,
+        gemm2=gemm2,
+        tiles2=1 if gemm2 == "tokens" else cfg.tiles2,
+        split_k2=1 if gemm2 == "tokens" else cfg.split_k2,
+        kernels=kernels,
+    )
 
 
+@pytest.mark.parametrize("kernels", FAMILIES)
 @pytest.mark.parametrize("gemm2", ["pairs", "tokens"])
 @pytest.mark.parametrize("name", ["tp8_shared", "ep8"])
 @pytest.mark.parametrize("T", [1, 7, 64, 256])
-def test_glm5_vs_reference(name, T, gemm2, seed):
+def test_glm5_vs_reference(name, T, gemm2, kernels, seed):
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
     out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
-    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=_config(pw, ids, gemm2))
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=_config(pw, ids, gemm2, kernels))
     ref = fused_moe_nvfp4_torch(x, w, ids, tw)
-    st = assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} {gemm2}")
+    what = f"{name} T={T} {gemm2} {kernels}"
+    st = assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=what)
     print(f"{name} T={T}: {st}")
     for buf in ("cnt1", "cnt2"):  # graph safety: arrival counters are back at zero
         assert int(fm._WORKSPACES[("cuda:0", buf)].abs().sum()) == 0, buf
 
 
+@pytest.mark.parametrize("kernels", FAMILIES)
 @pytest.mark.parametrize(
     "name,T,gemm2", [("tp8_shared", 8, "pairs"), ("tp8_shared", 4, "tokens"), ("ep8", 16, "pairs")]
 )
-def test_graph_replay_matches_eager_bit_for_bit(name, T, gemm2, seed):
+def test_graph_replay_matches_eager_bit_for_bit(name, T, gemm2, kernels, seed):
     """1,000 replays with new inputs copied into static buffers == eager calls, bit for bit."""
     _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     n = 1000
     inputs = [glm5_cases.inputs(name, T, g) for _ in range(n)]
-    cfg = _config(pw, inputs[0][1], gemm2)
+    cfg = _config(pw, inputs[0][1], gemm2, kernels)
     for i in range(0, n, 7):  # some replays with extra dropped slots / a token with none
         inputs[i][1][0] = -1
     sx, sids, stw = (t.clone() for t in inputs[0])
@@ -78,12 +93,81 @@ def test_graph_replay_matches_eager_bit_for_bit(name, T, gemm2, seed):
     assert torch.isfinite(replayed.float()).all()
 
 
+@pytest.mark.parametrize("kernels", FAMILIES)
 @pytest.mark.parametrize("name,T", [("tp8_shared", 3), ("tp8_shared", 128), ("ep8", 64)])
-def test_deterministic_across_runs(name, T, seed):
+def test_deterministic_across_runs(name, T, kernels, seed):
     _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
-    first = fused_moe_nvfp4(x, pw, ids, tw)
+    cfg = dataclasses.replace(config_for(T, pw.shape(ids.shape[1])), kernels=kernels)
+    first = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
     for _ in range(20):
-        again = fused_moe_nvfp4(x, pw, ids, tw)
+        again = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
         assert torch.equal(again.view(torch.int16), first.view(torch.int16))
+
+
+def _adversarial(kind: str, T: int, E: int, k: int, g: torch.Generator):
+    """Routings the uniform draw never makes (ids int32 (T, k))."""
+    if kind == "same_experts":  # every token on the same k experts
+        ids = torch.randperm(E, device="cuda", generator=g)[:k].repeat(T, 1)
+    elif kind == "zipf":  # Zipf(1.2) expert popularity, k draws per token (repeats allowed)
+        p = 1.0 / torch.arange(1, E + 1, device="cuda", dtype=torch.float64) ** 1.2
+        ids = torch.multinomial(p.expand(T, E).contiguous(), k, replacement=True, generator=g)
+    elif kind == "duplicates":  # the same expert twice within a token
+        ids = torch.randint(0, E, (T, k), device="cuda", generator=g)
+        ids[:, 1] = ids[:, 0]
+    elif kind == "out_of_range":  # ids >= E (and -1) mixed with valid ones: contribute nothing
+        ids = torch.randint(-1, 2 * E, (T, k), device="cuda", generator=g)
+    elif kind == "all_dropped":
+        ids = torch.full((T, k), -1, device="cuda")
+    else:
+        raise ValueError(kind)
+    return ids.to(torch.int32).contiguous()
+
+
+@pytest.mark.parametrize("kernels", FAMILIES)
+@pytest.mark.parametrize(
+    "kind", ["same_experts", "zipf", "duplicates", "out_of_range", "all_dropped"]
+)
+@pytest.mark.parametrize("name,T", [("tp8_shared", 5), ("tp8_shared", 96), ("ep8", 33)])
+def test_adversarial_routings(name, T, kind, kernels, seed):
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    ids = _adversarial(kind, T, pw.num_experts, ids.shape[1], g)
+    cfg = dataclasses.replace(config_for(T, pw.shape(ids.shape[1])), kernels=kernels)
+    out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=cfg)
+    # The twin takes ids in [-1, E) only; an id >= E contributes nothing, as -1 does.
+    ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
+    if kind == "all_dropped":
+        assert torch.equal(out, torch.zeros_like(out))
+        return
+    st = assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} {kind}")
+    print(f"{name} T={T} {kind} {kernels}: {st}")
+
+
+# Shapes without a tuned table: DeepSeek-R1 TP8 and Qwen3-30B-A3B on one GPU (the heuristic runs).
+_OTHER = {"dsr1_tp8": (256, 7168, 256), "qwen3_30b": (128, 2048, 768)}
+
+
+@pytest.mark.parametrize("kernels", FAMILIES)
+@pytest.mark.parametrize("shape_name", sorted(_OTHER))
+@pytest.mark.parametrize("T", [1, 16, 200])
+def test_other_shapes_vs_reference(shape_name, T, kernels, seed):
+    from sglang_fp4ext.bench import random_packed_weights
+    from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+
+    E, H, I = _OTHER[shape_name]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = random_packed_weights(E, H, I, device="cuda", generator=g)
+    pw = PreparedMoEWeights.from_moe_weights(w)
+    ids = torch.rand(T, E, device="cuda", generator=g).topk(8, dim=1).indices.to(torch.int32)
+    tw = torch.rand(T, 8, device="cuda", generator=g)
+    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+    cfg = dataclasses.replace(config_for(T, pw.shape(8)), kernels=kernels)
+    out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fused_moe_nvfp4(x, pw, ids.contiguous(), tw, out=out, config=cfg)
+    ref = fused_moe_nvfp4_torch(x, w, ids, tw)
+    st = assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{shape_name} T={T}")
+    print(f"{shape_name} T={T} {kernels}: {st}")

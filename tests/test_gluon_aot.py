@@ -1,0 +1,142 @@
+"""Ahead-of-time compilation of the Gluon decode kernels (v2) for sm_90, sm_100 and sm_120 (no GPU).
+
+Gluon kernels cannot run under the Triton interpreter (it executes ``triton.language`` only), so
+the CPU tier checks them by compiling, and the GPU tier (``test_decode_gpu.py``) by running them
+against the torch twin. Every Gluon config the shipped tables name, plus the Gluon form of the
+heuristic's configs for the GLM-5 TP8/EP8 shapes, is compiled with ``triton.compile(
+GluonASTSource, target=GPUTarget(...))`` with the Triton installed here (3.8 in CI) and, where a
+Triton 3.6 site directory exists (``.ci/triton36``, which ``.ci/run`` installs, or
+``$FP4EXT_TRITON36``), with 3.6 too (the H200's version). The PTX must hold what the design relies
+on: ``mma.sync`` m16n8k16 bf16, the inline FP4 decode (``fma.rn.bf16x2``), 16-byte global loads,
+and no shared-memory traffic besides the routing scan's few words (<= 64 bytes); on sm_120 shared
+memory per block stays within 101,376 bytes. ``convert_layout(..., assert_trivial=True)`` in the
+kernels makes the compile itself fail if a layout change would move data between threads.
+"""
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sglang_fp4ext.moe import config as C
+from sglang_fp4ext.moe.decode_config import heuristic_config
+from sglang_fp4ext.moe.shape import MoEShape, Target
+from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
+from tests.kernel_cases import ROOT, compile_per_arch
+
+_SCRIPT = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from sglang_fp4ext.moe import _decode_gluon_kernels as G
+
+cc, variants = int(sys.argv[1]), json.loads(sys.stdin.read())
+P1 = dict(x_ptr="*bf16", ids_ptr="*i32", q_ptr="*u8", s_ptr="*u8", a_ptr="*fp32",
+          inter_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32")
+P2 = dict(inter_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32", q_ptr="*u8", s_ptr="*u8",
+          a_ptr="*fp32", out_ptr="*bf16")
+# What the JIT specialises on the real tensors: 16-byte aligned pointers, strides divisible by 16.
+DIV = set(P1) | set(P2) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stride",
+                           "s_e_stride", "s_chunk_stride", "stride_out"}
+out = []
+for v in variants:
+    fn, ptrs = (G._gemm1, P1) if v["kernel"] == 1 else (G._gemm2_tok, P2)
+    consts = dict(v["constexprs"], **G.layouts(v["BN"], v["BT"], v["num_warps"]))
+    sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names if n in DIV}
+    k = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
+                       options=dict(num_warps=v["num_warps"]))
+    ptx = k.asm["ptx"]
+    out.append(dict(v, triton=triton.__version__, shared=k.metadata.shared,
+                    mma="mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx,
+                    decode="fma.rn.bf16x2" in ptx, wide_loads=ptx.count("ld.global.v4"),
+                    cp_async="cp.async" in ptx))
+print(json.dumps(out))
+"""
+
+
+def _gluon_configs():
+    """(top_k, KernelConfig) of every Gluon config: tables + the heuristic's tiles as Gluon."""
+    cfgs = set()
+    for path in sorted(C._CONFIG_DIR.glob("*.json")):
+        for key, buckets in C.load_table(json.loads(path.read_text())["device_name"]).items():
+            k = int(key.split("top_k=")[1])
+            cfgs |= {(k, c) for c in buckets.values() if getattr(c, "kernels", "") == "gluon"}
+    shapes = (MoEShape(257, 6144, 256, 9), MoEShape(32, 6144, 2048, 8))
+    for s in shapes:
+        for tgt in (Target("sm_90", None, 132), Target("sm_120", None, 188)):
+            for T in (1, 16, 128):
+                c = heuristic_config(T, s, tgt)
+                cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon")))
+    return cfgs
+
+
+def _variants():
+    """Distinct kernel specialisations (split-K, top_k and the grid are runtime arguments)."""
+    seen, out = set(), []
+    for k, c in sorted(_gluon_configs(), key=repr):
+        vs = [dict(kernel=1, BN=c.block_n1, BT=c.block_t, num_warps=c.warps1,
+                   constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
+                                   BLOCK_P=c.block_p))]
+        if c.gemm2 == "tokens":
+            vs.append(dict(kernel=2, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
+                           constexprs=dict(K_POW2=1 << (k - 1).bit_length(), BN=c.block_n2,
+                                           BT=c.block_t)))
+        for v in vs:
+            key = json.dumps(v, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append(v)
+    return out
+
+
+def _triton36_site() -> str | None:
+    for p in (os.environ.get("FP4EXT_TRITON36"), str(ROOT / ".ci" / "triton36")):
+        if p and (Path(p) / "triton" / "__init__.py").exists():
+            return p
+    return None
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    variants = _variants()
+    todo = {90: variants, 100: variants[:2], 120: variants}
+    res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
+    site = _triton36_site()
+    if site:
+        res["3.6"] = compile_per_arch(_SCRIPT, {90: variants, 120: variants[:2]}, 900, site)
+    return todo, res
+
+
+def test_there_are_gluon_configs_to_compile():
+    kinds = {v["kernel"] for v in _variants()}
+    assert kinds == {1, 2}, kinds
+
+
+@pytest.mark.parametrize("cc", [90, 100, 120])
+def test_every_gluon_config_compiles_to_the_design(compiled, cc):
+    todo, res = compiled
+    got = res["3.8"][cc]
+    assert len(got) == len(todo[cc]) > 0
+    for r in got:
+        assert r["mma"] and r["decode"], f"sm_{cc}: no bf16 mma.sync / inline decode: {r}"
+        assert r["wide_loads"] >= 4 and not r["cp_async"], f"sm_{cc}: loads not direct: {r}"
+        assert r["shared"] <= 64, f"sm_{cc}: unexpected shared memory: {r}"
+
+
+def test_sm120_shared_memory_fits(compiled):
+    _, res = compiled
+    assert max(r["shared"] for r in res["3.8"][120]) <= SM120_SMEM_PER_BLOCK
+
+
+def test_triton_36_compiles_them_too(compiled):
+    _, res = compiled
+    if "3.6" not in res:
+        pytest.skip("no Triton 3.6 site dir (.ci/triton36 or $FP4EXT_TRITON36): .ci/run installs one")
+    for cc, rows in res["3.6"].items():
+        assert rows and all(r["triton"].startswith("3.6") for r in rows), rows
+        for r in rows:
+            assert r["mma"] and r["decode"] and r["wide_loads"] >= 4, f"3.6 sm_{cc}: {r}"
