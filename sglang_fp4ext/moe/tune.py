@@ -25,10 +25,11 @@ its config's ``__post_init__``; at most :data:`MAX_CANDIDATES` per path, ``--qui
 first :data:`QUICK_CANDIDATES`), in priority order:
 
 * decode (:func:`decode_candidates`), around ``decode_config.heuristic_config``: the heuristic; the
-  other GEMM2 form (``tokens`` <-> ``pairs``); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles with
-  split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
-  GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages. Split-K and
-  ``tiles2`` are runtime arguments (no recompilation).
+  other kernel family (Gluon <-> ``tl.dot``); the other GEMM2 form (``tokens`` <-> ``pairs``);
+  GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
+  with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
+  GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (the first
+  :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
 * prefill (:func:`prefill_candidates`), around ``prefill_config.prefill_heuristic_config``: the
   heuristic; ``block_m`` x2 (<= 256; at 256 with 128-deep GEMM1 steps) and /2 (>= 16); GEMM1
   with 64 rows / 4 warps / 256-deep steps, with 128 rows / 8 warps / 256-deep steps, and the
@@ -141,9 +142,12 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         g2a = lambda: r(base, tiles2=2 * base.tiles2)  # noqa: E731
         g2b = lambda: r(base, tiles2=max(1, base.tiles2 // 2))  # noqa: E731
         g2c = lambda: r(base, split_k2=split2(2 * base.split_k2))  # noqa: E731
+    other = "dot" if base.kernels == "gluon" else "gluon"
     make = [
         lambda: base,
+        lambda: r(base, kernels=other),  # both families are timed
         flip,
+        lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
         lambda: r(base, split_k1=split1(2 * sk1)),
         lambda: r(base, split_k1=split1(sk1 // 2)),
         lambda: r(base, block_n1=32, split_k1=split1(2 * sk1)),

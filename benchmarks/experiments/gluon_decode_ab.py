@@ -1,0 +1,198 @@
+"""Same-run A/B of the decode kernel families on one GPU: v1 (``tl.dot``) vs v2 (Gluon).
+
+For each shape and token count T: the table's (or heuristic's) v1 config and a small set of Gluon
+configs around it (the same tiles with ``kernels="gluon"``, GEMM1 split-K and row tile, GEMM2
+form and tile). Every config is checked first against the fp32 torch twin on fresh random data
+with the output poisoned (NaN), then timed as CUDA-graph replay over ``--copies`` layer copies
+(far beyond L2), next to the copy bandwidth measured in the same run. The bytes floor counts the
+distinct local experts actually routed x NVFP4 bytes per expert, plus activations.
+
+Prints a short table last; writes the full JSON (every candidate, its error and time) to
+``--out`` (default ``$OUT`` or ``benchmarks/results``).
+
+    PYTHONPATH=. python benchmarks/experiments/gluon_decode_ab.py --shapes glm5_tp8,glm5_ep8
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from sglang_fp4ext.bench import BenchShape, nvfp4_bytes_per_expert, random_packed_weights
+from sglang_fp4ext.bench import uniform_routing
+from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, time_graph_replay
+from sglang_fp4ext.moe.config import config_for
+from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+from sglang_fp4ext.moe.shape import current_target
+from sglang_fp4ext.testing.compare import error_stats
+
+SHAPES = {
+    s.name: s
+    for s in (
+        BenchShape("glm5_tp8", 256, 256, 6144, 256, 8),
+        BenchShape("glm5_ep8", 256, 32, 6144, 2048, 8),
+        # TP8 as SGLang runs GLM-5: the shared expert fused as local expert 256, top_k 8 + 1.
+        BenchShape("glm5_tp8_shared", 256, 256, 6144, 256, 8),
+        BenchShape("dsr1_tp8", 256, 256, 7168, 256, 8),  # DeepSeek-R1 TP8: no tuned table
+        BenchShape("qwen3_30b", 128, 128, 2048, 768, 8),  # Qwen3-30B-A3B, one GPU: no table
+    )
+}
+
+
+def candidates(v1: KernelConfig, kc1: int) -> list[KernelConfig]:
+    """Gluon configs around ``v1``: the same tiles, GEMM1 split-K / row tile / warps, GEMM2 form."""
+    base = dataclasses.replace(v1, kernels="gluon")
+    out = [base]
+    for sk in (1, 2, 4, 8):
+        if sk <= kc1 and sk != base.split_k1:
+            out.append(dataclasses.replace(base, split_k1=sk))
+    for bn, w in ((32, 2), (64, 4), (128, 4), (128, 8)):
+        out.append(dataclasses.replace(base, block_n1=bn, warps1=w))
+    for sk in (1, 2, 4, 8):
+        if sk <= kc1:
+            out.append(dataclasses.replace(base, block_n1=128, warps1=4, split_k1=sk))
+    if base.gemm2 == "tokens":
+        for bn, w in ((32, 2), (64, 4), (128, 4)):
+            out.append(dataclasses.replace(base, block_n2=bn, warps2=w))
+    else:
+        out.append(dataclasses.replace(base, gemm2="tokens", split_k2=1, tiles2=1))
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen:
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="glm5_tp8,glm5_ep8")
+    ap.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256")
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="only the v1 tiles as Gluon (no sweep)")
+    ap.add_argument("--deadline-s", type=float, default=480.0, help="no new (shape, T) after this")
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    args = ap.parse_args(argv)
+    t_start = time.time()
+    dev = torch.device("cuda")
+    target = current_target(dev)
+    bw = copy_bandwidth_Bps()
+    res = dict(
+        what="decode kernel families, same run: v1 tl.dot vs v2 Gluon (benchmarks/experiments/"
+        "gluon_decode_ab.py)",
+        date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        gpu=torch.cuda.get_device_name(),
+        versions=dict(
+            torch=torch.__version__,
+            triton=__import__("triton").__version__,
+            cuda=torch.version.cuda,
+            python=platform.python_version(),
+        ),
+        clocks=gpu_clocks(),
+        copy_bw_TBps=bw / 1e12,
+        copies=args.copies,
+        rows=[],
+        errors=[],
+    )
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    for sname in args.shapes.split(","):
+        s = SHAPES[sname]
+        shared = sname.endswith("_shared")
+        packs = [
+            random_packed_weights(s.E_local + shared, s.H, s.I, device=dev, generator=g)
+            for _ in range(args.copies)
+        ]
+        prepared = [PreparedMoEWeights.from_moe_weights(w) for w in packs]
+        shape = prepared[0].shape(s.top_k + shared)
+        kc1 = prepared[0].w13.k_pad // 256
+        per_expert = nvfp4_bytes_per_expert(s.H, s.I)
+        for T in [int(t) for t in args.tokens.split(",")]:
+            if time.time() - t_start > args.deadline_s:
+                res["errors"].append(f"deadline: skipped {sname} T={T} and later")
+                break
+            routs = [uniform_routing(T, s, device=dev, generator=g) for _ in range(args.copies)]
+            if shared:  # every token also goes to the shared expert (id E_local, last slot)
+                sid = torch.full((T, 1), s.E_local, dtype=torch.int32, device=dev)
+                routs = [(torch.cat([i, sid], 1).contiguous(),
+                          torch.cat([w, torch.rand(T, 1, device=dev, generator=g)], 1).contiguous(),
+                          d + 1) for i, w, d in routs]
+            xs = [torch.randn(T, s.H, device=dev, generator=g).to(torch.bfloat16) for _ in routs]
+            distinct = sum(r[2] for r in routs) / len(routs)
+            floor_us = (distinct * per_expert + 4 * T * s.H) / bw * 1e6
+            ref = fused_moe_nvfp4_torch(xs[0], packs[0], routs[0][0], routs[0][1])
+            v1 = dataclasses.replace(config_for(T, shape, target), kernels="dot")
+            heur = heuristic_config(T, shape, target)
+            cands = [v1] + (candidates(v1, kc1)[:1] if args.quick else candidates(v1, kc1))
+            cands += [heur] if heur not in cands else []
+            row = dict(shape=sname, T=T, distinct=distinct, floor_us=floor_us, configs=[])
+            for cfg in cands:
+                rec = dict(config=dataclasses.asdict(cfg))
+                try:
+                    out = torch.full((T, s.H), float("nan"), dtype=torch.bfloat16, device=dev)
+                    fused_moe_nvfp4(xs[0], prepared[0], routs[0][0], routs[0][1], out=out,
+                                    config=cfg)
+                    st = error_stats(out, ref)
+                    rec.update(rms_rel=st.rms_rel, max_rel=st.max_rel, nonfinite=st.nonfinite)
+
+                    def step(i, cfg=cfg):
+                        fused_moe_nvfp4(xs[i], prepared[i], routs[i][0], routs[i][1], config=cfg)
+
+                    tm = time_graph_replay(step, args.copies)
+                    rec.update(us=tm.us_per_call, us_min=tm.us_min, pct_bw=floor_us / tm.us_per_call)
+                except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                row["configs"].append(rec)
+            ok = [c for c in row["configs"][1:] if "us" in c and c["rms_rel"] < 3e-3
+                  and not c["nonfinite"]]
+            row["v1"] = row["configs"][0]
+            row["v2_best"] = min(ok, key=lambda c: c["us"]) if ok else None
+            row["v2_same_tiles"] = row["configs"][1]
+            row["heuristic"] = next(c for c in row["configs"]
+                                    if c["config"] == dataclasses.asdict(heur))
+            res["rows"].append(row)
+            b, v = row["v2_best"], row["v1"]
+            print(f"{sname} T={T}: v1 {v.get('us', float('nan')):.1f} us, v2 same tiles "
+                  f"{row['v2_same_tiles'].get('us', float('nan')):.1f} (rms "
+                  f"{row['v2_same_tiles'].get('rms_rel', float('nan')):.2e}), v2 best "
+                  f"{b['us'] if b else float('nan'):.1f}", flush=True)
+            del ref
+        del packs, prepared
+        torch.cuda.empty_cache()
+    res["wall_s"] = time.time() - t_start
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "gluon_decode_ab.json").write_text(json.dumps(res, indent=1))
+    print(f"\n{res['gpu']}, Triton {res['versions']['triton']}, copy BW {bw / 1e12:.2f} TB/s")
+    print("| shape | T | floor us | v1 us (%BW) | v2 same tiles us (rms) | v2 best us (%BW) | "
+          "v1/v2 | heuristic/best |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        v, s2, b = r["v1"], r["v2_same_tiles"], r["v2_best"]
+        if "us" not in v:
+            print(f"| {r['shape']} | {r['T']} | v1 error {v.get('error')} |")
+            continue
+        bs = f"{b['us']:.1f} ({100 * b['pct_bw']:.0f}%)" if b else "-"
+        ss = f"{s2['us']:.1f} ({s2['rms_rel']:.1e})" if "us" in s2 else s2.get("error", "")[:60]
+        ratio = f"{v['us'] / b['us']:.2f}" if b else "-"
+        h = r["heuristic"]
+        hr = f"{h['us'] / b['us']:.2f}" if b and "us" in h else h.get("error", "-")[:40]
+        print(f"| {r['shape']} | {r['T']} | {r['floor_us']:.1f} | {v['us']:.1f} "
+              f"({100 * v['pct_bw']:.0f}%) | {ss} | {bs} | {ratio} | {hr} |")
+    for e in res["errors"]:
+        print("error:", e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
