@@ -10,7 +10,7 @@ Options (all optional)::
     --fp4ext-rounds 20                   pedantic rounds (one graph replay each)
     --fp4ext-seed 2026                   weights and inputs (each T's inputs from (seed, T) alone,
                                          so a gate run times the same routings as its baseline)
-    --fp4ext-slow-config                 force report.slowed_config() on fp4ext-decode: the real
+    --fp4ext-slow-config                 force gpu_run.slowed_config() on fp4ext-decode: the real
                                          kernels, deliberately slower (regression-gate demo)
 
 Without a CUDA GPU (or without pytest-benchmark) every case is collected and skipped with the
@@ -89,7 +89,7 @@ class _Layers:
         if self.name != shape.name:
             import torch
 
-            from sglang_fp4ext.bench.report import Layer
+            from sglang_fp4ext.bench.layer import Layer
 
             self.layer = None
             torch.cuda.empty_cache()

@@ -18,7 +18,7 @@ The terminal summary ("fp4ext peers") lists which peers ran and why the others w
 
 Each case captures ONE CUDA graph of ``passes x n_inputs`` layer calls: ``--fp4ext-copies`` layer
 copies and inputs (routing, x) rotated over them so one pass touches 3x the L2
-(``report.Layer``); ``passes`` and ``n_inputs`` depend on T and the GPU's L2 only, so a regression
+(``layer.Layer``); ``passes`` and ``n_inputs`` depend on T and the GPU's L2 only, so a regression
 cannot change the graph. ``benchmark.pedantic`` times one graph replay (with a device sync) per
 round, so pytest-benchmark's statistics are per replay (``extra_info["calls_per_replay"]``
 calls); ``extra_info`` holds the per-call numbers from CUDA events: ``us`` (median), ``us_min``,
@@ -44,7 +44,8 @@ import pytest
 
 from sglang_fp4ext import roofline
 from sglang_fp4ext.bench.peers import SGLANG_PEERS as _SGLANG_PEER_SPECS
-from sglang_fp4ext.bench.report import SUITE_TOKENS, row_numbers
+from sglang_fp4ext.bench.figures import row_numbers
+from sglang_fp4ext.bench.report import SUITE_TOKENS
 from sglang_fp4ext.moe.config import override_config
 
 PEER = "torch-bf16"
@@ -85,7 +86,7 @@ def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
     shape = roofline.preset(preset_name)
     benchmark.group = f"{preset_name} T={T}"
     from sglang_fp4ext.bench.peers import has_grouped_mm, sglang_peer_unavailable
-    from sglang_fp4ext.bench.report import slowed_config
+    from sglang_fp4ext.bench.gpu_run import slowed_config
     from sglang_fp4ext.bench.timing import capture_replay
 
     if impl in SGLANG_PEERS:

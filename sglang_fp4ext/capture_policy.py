@@ -21,70 +21,43 @@ frozen :class:`CapturePolicy` (hashable, ``eval(repr(p)) == p``):
   (the only a2a fp4ext serves) the StandardDispatcher MoE has no ``eager_on_graph`` site, and
   fp4ext has no host sync, so nothing splits a segment at the MoE.
 * **Padded rows never read expert weights**: their ``topk_ids`` are ``-1``, which the fp4ext
-  kernels skip. SGLang already does this under EP > 1; see "Masking" below for TP.
+  kernels skip. SGLang already does this under EP > 1; ``capture_hooks`` does it for TP.
 
-**Masking padded rows in TP mode.** SGLang masks rows ``>= num_token_non_padded`` to ``-1`` in
-``TopK`` post-processing (``topk.py:_post_process_topk_ids`` / ``_mask_topk_ids_padded_region``)
-whenever a forward batch carries that count. Whether it carries one is decided by a single
-predicate, ``forward_batch_info.enable_num_token_non_padded()`` (True for ``moe_ep_size > 1``,
-DP gather or a custom a2a): it sizes the graph runners' ``num_token_non_padded`` buffer, which
-each replay fills with the real token count, and ``ForwardBatch.moe_num_token_non_padded()``
-hands it to ``TopK`` through the forward context. The least invasive mechanism is therefore one
-AROUND hook on that predicate that also answers True for fp4ext with ``moe_a2a_backend none`` and
-no DP attention (plain TP): the TP layout then runs exactly the code SGLang runs for EP8 with
-TP8 attention. On CUDA, when the router writes the fused shared-expert column (GLM-5 TP8),
-SGLang masks the routed columns only; a padded row's shared slot stays (expert 256), which costs
-no extra weight bytes because every real row reads the shared expert anyway.
-``SGLANG_OPT_MASK_DP_PAD_MOE`` is not the mechanism: it only masks DP-attention pad rows after the
-EP local-id mapping.
-
-**User settings win.** The resolution hook (``handle_gpu_memory_settings``, after SGLang's step)
-leaves every ``(phase, key)`` in ``server_args._cuda_graph_config_locked`` (set from
-``--cuda-graph-config``, ``--cuda-graph-bs-*``, ``--cuda-graph-max-bs-*``, ...) as the user set it,
-leaves a phase alone when its graphs are disabled or the device is not CUDA, and keeps SGLang's
-exact-size decode list under ``--disable-cuda-graph-padding``. A locked ``max_bs`` is kept and the
-policy's sizes stop there. One INFO line states the decisions.
-
-Without SGLang this module still imports; :func:`describe_policy` (``fp4ext info``) shows the
-policy for a model and parallel layout.
+The SGLang hooks that apply the policy to a server (resolution step, padded-row masking in TP
+mode, and why user settings win) are ``capture_hooks.py``; the inputs (:class:`MoEModel`,
+:class:`PolicyInputs`) are ``capture_inputs.py``. This module imports neither SGLang nor the
+hooks: :func:`describe_policy` (``fp4ext info``) shows the policy for a model and parallel layout
+without a server.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_fp4ext.moe.shape import MoEShape, token_bucket
+from sglang_fp4ext.capture_inputs import PRESETS, MoEModel, PolicyInputs
+from sglang_fp4ext.moe.shape import token_bucket
 
 __all__ = [
     "DECODE_DENSE_MAX",
     "DECODE_STEPS",
-    "GLM5",
     "PREFILL_GRAPH_MB_PER_BUCKET",
     "PREFILL_MAX_WASTE",
     "PREFILL_MIN_TOKENS",
     "PREFILL_TILE_TOKENS",
-    "PRESETS",
     "CapturePolicy",
-    "MoEModel",
-    "PolicyInputs",
     "compact_sizes",
     "compute_policy",
     "decode_batch_sizes",
     "describe_policy",
-    "hook_status",
-    "install",
     "kernel_bucket_boundaries",
     "policy_for",
     "prefill_token_buckets",
 ]
-
-logger = logging.getLogger("sglang_fp4ext")
 
 #: Every decode batch size up to this is captured. GLM-5 deployments on 8x RTX PRO 6000 report
 #: decode at concurrency 1-64 (hardware-and-model.md section 9), and in this range each real row
@@ -105,123 +78,6 @@ PREFILL_MAX_WASTE = 1 / 8
 #: Graph memory per prefill bucket: SGLang's estimate in memory_hook.reserve_for_graph_mb
 #: ("len(bs) * 8" MB of non-torch memory; the torch pool is shared by all BCG buckets).
 PREFILL_GRAPH_MB_PER_BUCKET = 8.0
-
-
-# ---- model and inputs --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MoEModel:
-    """The MoE facts of a model that the policy and its description need (global, unsharded)."""
-
-    name: str
-    n_routed_experts: int
-    top_k: int
-    n_shared_experts: int
-    hidden_size: int
-    moe_intermediate_size: int
-    use_mla: bool
-
-    def __post_init__(self):
-        for f in ("n_routed_experts", "top_k", "hidden_size", "moe_intermediate_size"):
-            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
-                raise ValueError(f"MoEModel.{f} must be a positive int, got {getattr(self, f)!r}")
-        if self.top_k > self.n_routed_experts:
-            raise ValueError(
-                f"MoEModel.top_k={self.top_k} exceeds n_routed_experts={self.n_routed_experts}"
-            )
-
-    @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any], name: str | None = None) -> MoEModel:
-        """From a Hugging Face ``config.json`` dict (DeepSeek/GLM/Qwen MoE key names)."""
-
-        def pick(*keys, default=None):
-            for k in keys:
-                if cfg.get(k) is not None:
-                    return cfg[k]
-            if default is not None:
-                return default
-            raise ValueError(f"model config has none of {keys}: not an MoE config?")
-
-        arch = (cfg.get("architectures") or [cfg.get("model_type", "model")])[0]
-        return cls(
-            name=name or arch,
-            n_routed_experts=int(pick("n_routed_experts", "num_experts", "num_local_experts")),
-            top_k=int(pick("num_experts_per_tok", "moe_topk")),
-            n_shared_experts=int(pick("n_shared_experts", "num_shared_experts", default=0)),
-            hidden_size=int(pick("hidden_size")),
-            moe_intermediate_size=int(pick("moe_intermediate_size", "intermediate_size")),
-            use_mla=cfg.get("kv_lora_rank") is not None,
-        )
-
-
-#: GLM-5 (hardware-and-model.md section 5): 256 routed experts, top-8, 1 shared, hidden 6144,
-#: expert FFN 2048, MLA attention.
-GLM5 = MoEModel("glm-5", 256, 8, 1, 6144, 2048, True)
-PRESETS: dict[str, MoEModel] = {"glm-5": GLM5}
-
-
-@dataclass(frozen=True)
-class PolicyInputs:
-    """Everything :func:`compute_policy` reads. ``eval(repr(x)) == x``.
-
-    ``decode_max_bs``: the largest decode graph (SGLang's resolved ``decode.max_bs``; its memory
-    default is already clamped to ``max_running_requests``). ``prefill_max_tokens``: the largest
-    prefill bucket (resolved ``prefill.max_bs``: ``chunked_prefill_size``, at most 8192 for MLA).
-    ``tokens_per_req``: MoE rows per decode request (1, or the draft tokens verified per request
-    under speculative decoding). ``prefill_budget_mb``: graph memory allowed for prefill buckets
-    (None: unbounded). ``dp_attention``: DP attention gathers every rank's padded slot into the
-    MoE, where SGLang has no real-row prefix to mask (``moe_num_token_non_padded()`` is None).
-    """
-
-    model: MoEModel
-    tp: int
-    ep: int
-    decode_max_bs: int
-    prefill_max_tokens: int
-    max_running_requests: int | None = None
-    chunked_prefill_size: int | None = None
-    tokens_per_req: int = 1
-    prefill_budget_mb: float | None = None
-    dp_attention: bool = False
-
-    def __post_init__(self):
-        for f in ("tp", "ep", "decode_max_bs", "prefill_max_tokens", "tokens_per_req"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"PolicyInputs.{f} must be a positive int, got {v!r}")
-        if self.tp % self.ep:
-            raise ValueError(f"PolicyInputs: ep={self.ep} must divide tp={self.tp}")
-        if self.model.n_routed_experts % self.ep:
-            raise ValueError(
-                f"PolicyInputs: ep={self.ep} must divide the {self.model.n_routed_experts} "
-                "routed experts"
-            )
-        if self.prefill_budget_mb is not None and not self.prefill_budget_mb > 0:
-            raise ValueError(
-                f"PolicyInputs.prefill_budget_mb must be > 0 or None, got {self.prefill_budget_mb!r}"
-            )
-
-    @property
-    def fused_shared_expert(self) -> bool:
-        """Whether SGLang is expected to fuse the shared expert into the MoE (one shared expert,
-        256 or 384 routed, EP 1: ``DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason``)."""
-        return (
-            self.model.n_shared_experts == 1
-            and self.model.n_routed_experts in (256, 384)
-            and self.ep == 1
-        )
-
-    def per_rank_shape(self) -> MoEShape:
-        """The MoE shape one rank's kernels see (local experts incl. a fused shared one)."""
-        fused = int(self.fused_shared_expert)
-        moe_tp = self.tp // self.ep
-        return MoEShape(
-            E=self.model.n_routed_experts // self.ep + fused,
-            H=self.model.hidden_size,
-            I=self.model.moe_intermediate_size // moe_tp,
-            top_k=self.model.top_k + fused,
-        )
 
 
 # ---- the policy --------------------------------------------------------------------------------
@@ -522,205 +378,3 @@ def describe_policy(
     rows += [("note", n) for n in p.notes]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-# ---- SGLang integration ------------------------------------------------------------------------
-
-RESOLUTION_STEP = "handle_gpu_memory_settings"
-MASK_TARGET = "sglang.srt.model_executor.forward_batch_info.enable_num_token_non_padded"
-
-
-def _model_from_server_args(server_args) -> MoEModel | None:
-    from sglang.srt.arg_groups.overrides import model_config_of
-
-    hf = model_config_of(server_args).hf_config
-    cfg = hf.to_dict() if hasattr(hf, "to_dict") else dict(vars(hf))
-    try:
-        return MoEModel.from_hf_config(cfg)
-    except (ValueError, TypeError):
-        return None
-
-
-def policy_from_server_args(server_args) -> tuple[CapturePolicy | None, str]:
-    """The policy for a server being resolved (after SGLang's memory step), or ``(None, why)``
-    when it does not apply (another backend, no CUDA device, not an MoE model)."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-
-    from sglang_fp4ext.sglang_backend import is_fp4ext
-
-    cfg = resolving_view(server_args)
-    if not is_fp4ext(cfg.moe_runner_backend):
-        return None, "backend is not fp4ext"
-    if cfg.device not in (None, "cuda"):
-        return None, f"device {cfg.device!r} has no CUDA graphs"
-    graphs = cfg.cuda_graph_config
-    if graphs is None or graphs.decode.max_bs is None or graphs.prefill.max_bs is None:
-        return None, "SGLang resolved no CUDA-graph maxima"
-    model = _model_from_server_args(server_args)
-    if model is None:
-        return None, "not an MoE model"
-    tokens_per_req = 1
-    if cfg.speculative_algorithm is not None and cfg.speculative_num_draft_tokens:
-        tokens_per_req = int(cfg.speculative_num_draft_tokens)
-    # Budget: what SGLang's own prefill list for the same maximum costs (its step just generated
-    # that list, unless the user gave one).
-    default_prefill = graphs.prefill.bs or [graphs.prefill.max_bs]
-    policy = compute_policy(
-        PolicyInputs(
-            model=model,
-            tp=int(cfg.tp_size),
-            ep=int(cfg.ep_size),
-            decode_max_bs=int(graphs.decode.max_bs),
-            prefill_max_tokens=int(graphs.prefill.max_bs),
-            max_running_requests=cfg.max_running_requests,
-            chunked_prefill_size=cfg.chunked_prefill_size,
-            tokens_per_req=tokens_per_req,
-            prefill_budget_mb=len(default_prefill) * PREFILL_GRAPH_MB_PER_BUCKET,
-            # --dp-size N --enable-dp-attention resolves to attn_dp_size = N before this step.
-            dp_attention=int(cfg.attn_dp_size or 1) > 1,
-        )
-    )
-    return policy, ""
-
-
-def resolve_capture_policy(server_args, previous) -> None:
-    """Resolution hook on ``handle_gpu_memory_settings``: SGLang's step, then the policy."""
-    previous(server_args)
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
-
-    policy, why = policy_from_server_args(server_args)
-    if policy is None:
-        logger.debug("fp4ext capture policy not applied: %s", why)
-        return
-    cfg = resolving_view(server_args)
-    graphs = cfg.cuda_graph_config
-    locked = set(getattr(server_args, "_cuda_graph_config_locked", ()) or ())
-    kept, applied = [], []
-
-    decode = None
-    if graphs.decode.backend == Backend.DISABLED:
-        kept.append("decode graphs disabled")
-    elif (Phase.DECODE, "bs") in locked:
-        kept.append("decode bs (user)")
-    elif cfg.disable_cuda_graph_padding:
-        kept.append("decode bs (--disable-cuda-graph-padding)")
-    else:
-        decode = list(policy.decode_bs)
-        applied.append(f"decode bs {compact_sizes(decode)} ({len(decode)})")
-
-    prefill = None
-    if graphs.prefill.backend == Backend.DISABLED:
-        kept.append("prefill graphs disabled")
-    elif (Phase.PREFILL, "bs") in locked:
-        kept.append("prefill bs (user)")
-    else:
-        prefill = list(policy.prefill_tokens)
-        applied.append(
-            f"prefill tokens {compact_sizes(prefill)} ({len(prefill)}, tile {PREFILL_TILE_TOKENS})"
-        )
-
-    new = graphs
-    if decode is not None and decode != list(graphs.decode.bs or ()):
-        new = with_phase(new, Phase.DECODE, bs=decode)
-    if prefill is not None and prefill != list(graphs.prefill.bs or ()):
-        new = with_phase(new, Phase.PREFILL, bs=prefill)
-    if new is not graphs:
-        declare_resolution(server_args, "sglang_fp4ext.capture_policy", cuda_graph_config=new)
-    i = policy.inputs
-    logger.info(
-        "fp4ext capture policy (TP%d EP%d, %s): %s; MoE inside graph segments; %s%s%s",
-        i.tp,
-        i.ep,
-        i.model.name,
-        "; ".join(applied) if applied else "no sizes changed",
-        policy.masking_text(),
-        "; kept: " + ", ".join(kept) if kept else "",
-        "; " + "; ".join(policy.notes) if policy.notes else "",
-    )
-
-
-def _fp4ext_tp_mode() -> bool:
-    """fp4ext selected (published config), a2a none, no DP attention: plain TP MoE."""
-    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
-    from sglang.srt.runtime_context import get_exec, get_parallel
-
-    from sglang_fp4ext.sglang_backend import is_fp4ext
-
-    try:
-        # The published flag, not get_moe_runner_backend(): speculative decoding swaps that global
-        # while the draft runs, and the buffers must not flip between target and draft.
-        backend = get_exec().moe.moe_runner_backend
-    except ValueError:  # nothing published yet (tests, early startup)
-        return False
-    if not is_fp4ext(backend):
-        return False
-    return get_parallel().attn_dp_size == 1 and get_moe_a2a_backend().is_none()
-
-
-def hook_enable_num_token_non_padded(original, *args, **kwargs):
-    """AROUND ``forward_batch_info.enable_num_token_non_padded``: also on for fp4ext in TP mode,
-    so SGLang carries the real token count and masks padded rows to ``-1`` (see module doc)."""
-    return original(*args, **kwargs) or _fp4ext_tp_mode()
-
-
-def _mask_condition_registered() -> bool:
-    """With SGLang's ``register_num_token_non_padded_condition`` (patches/0003): is ours in?"""
-    from sglang.srt.model_executor import forward_batch_info
-
-    return _fp4ext_tp_mode in getattr(forward_batch_info, "_NUM_TOKEN_NON_PADDED_CONDITIONS", ())
-
-
-def hook_status() -> dict[str, bool]:
-    """For each capture-policy hook: is it in effect in this process (our hook live, or our
-    condition registered with SGLang's own extension point)?"""
-    import pkgutil
-
-    from sglang.srt.arg_groups.resolution_hooks import _HOOKS
-
-    from sglang_fp4ext import patches
-    from sglang_fp4ext.sglang_backend import _chain_has_hook
-
-    if patches.upstream_has(MASK_TARGET):
-        masked = _mask_condition_registered()
-    else:
-        try:
-            live = pkgutil.resolve_name(MASK_TARGET)
-            masked = _chain_has_hook(live, hook_enable_num_token_non_padded)
-        except Exception:  # target moved: reported as not installed
-            masked = False
-    return {
-        f"resolution:{RESOLUTION_STEP}": resolve_capture_policy in _HOOKS.get(RESOLUTION_STEP, ()),
-        MASK_TARGET: masked,
-    }
-
-
-def install() -> list[str]:
-    """Register the policy's resolution hook and masking hook; idempotent. Returns what it did.
-
-    Call in the main process before ``ServerArgs.resolve_once`` (the plugin's ``register()``) and
-    in every worker (the masking hook acts in the scheduler). Where SGLang has
-    ``register_num_token_non_padded_condition`` (patches/0003) the masking condition is
-    registered there instead of hooking the predicate. ``HookRegistry.apply_hooks()`` is
-    the caller's (SGLang's loader runs it after the plugins).
-    """
-    from sglang.srt.arg_groups.resolution_hooks import _HOOKS, register_resolution_hook
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from sglang_fp4ext import patches
-
-    done = []
-    if resolve_capture_policy not in _HOOKS.get(RESOLUTION_STEP, ()):
-        register_resolution_hook(RESOLUTION_STEP)(resolve_capture_policy)
-        done.append(f"capture policy (resolution hook {RESOLUTION_STEP})")
-    register_condition = patches.upstream_object(MASK_TARGET)
-    if register_condition is not None:  # SGLang's own extension point replaces the hook
-        if not _mask_condition_registered():
-            register_condition(_fp4ext_tp_mode)
-            done.append("padded-row masking (register_num_token_non_padded_condition)")
-        return done
-    registered = HookRegistry._hooks.get(MASK_TARGET, ())
-    if not any(hook is hook_enable_num_token_non_padded for _, hook, _ in registered):
-        HookRegistry.register(MASK_TARGET, hook_enable_num_token_non_padded, HookType.AROUND)
-        done.append("padded-row masking (hook enable_num_token_non_padded)")
-    return done

@@ -1,7 +1,7 @@
 """The manifest of fp4ext's hooks on SGLang, as data, and its check against an SGLang copy.
 
 One :class:`HookRecord` per hook the plugin installs (``sglang_backend.HOOKS`` and
-``capture_policy.install``): the dotted target, why the hook exists, how it works, the SGLang
+``capture_hooks.install``): the dotted target, why the hook exists, how it works, the SGLang
 version it was verified on, the diff in ``patches/`` that adds the missing extension point to
 SGLang, the *capability* (a dotted name that exists once SGLang has that extension point) and when
 to remove the hook. ``patches/README.md`` renders :func:`render_markdown` between its manifest

@@ -1,6 +1,7 @@
 """The SGLang side of fp4ext: the runner core and the hooks on SGLang's NVFP4 MoE method.
 
-With ``plugin.py`` and ``compat.py`` this is the only module that imports SGLang. Everything it
+With ``plugin.py`` and ``compat.py`` this is the only module that imports SGLang at import time
+(``capture_hooks.py``, the capture policy's hooks, imports it inside its functions). Everything it
 installs acts only when ``--moe-runner-backend fp4ext`` is selected; with any other backend every
 hooked method calls SGLang's original with the same arguments and returns its result unchanged.
 
@@ -48,19 +49,13 @@ from sglang.srt.layers.moe.moe_runner.base import (
 from sglang.srt.layers.moe.utils import get_moe_runner_backend, resolve_moe_runner_backend
 
 from sglang_fp4ext import patches, target_info
+from sglang_fp4ext.sglang_hooks import BACKEND_NAME, chain_has_hook, is_fp4ext
 from sglang_fp4ext.moe.experts import expert_path, prepare_experts, run_experts
 from sglang_fp4ext.moe.weights import MoEWeights
 
 logger = logging.getLogger("sglang_fp4ext")
 
-BACKEND_NAME = "fp4ext"
 METHOD_CLASS = "sglang.srt.layers.quantization.modelopt_quant.ModelOptNvFp4FusedMoEMethod"
-
-
-
-def is_fp4ext(backend: Any) -> bool:
-    """True for the fp4ext backend, given an enum member, a registered backend or a string."""
-    return getattr(backend, "value", backend) == BACKEND_NAME
 
 
 def _backend_of(method: Any) -> Any:
@@ -245,21 +240,6 @@ HOOKS: tuple[HookSpec, ...] = (
 )
 
 
-def _chain_has_hook(fn: Any, hook: Callable) -> bool:
-    """Walk HookRegistry's wrapper chain (``__wrapped__``) looking for ``hook`` in a closure."""
-    seen = 0
-    while fn is not None and seen < 64:
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                if cell.cell_contents is hook:
-                    return True
-            except ValueError:  # empty cell
-                continue
-        fn = getattr(fn, "__wrapped__", None)
-        seen += 1
-    return False
-
-
 def _upstream_in_effect(target: str) -> bool:
     """Is fp4ext wired to SGLang's own extension point that replaces ``target``'s hook?"""
     from sglang.srt.layers.moe.moe_runner.runner import _CUSTOM_RUNNER_CORE_FACTORIES
@@ -285,7 +265,7 @@ def hook_modes() -> dict[str, str]:
         except Exception:  # target moved: reported as not installed
             modes[spec.target] = "missing"
             continue
-        modes[spec.target] = "hook" if _chain_has_hook(live, spec.hook) else "missing"
+        modes[spec.target] = "hook" if chain_has_hook(live, spec.hook) else "missing"
     return modes
 
 
@@ -296,12 +276,12 @@ def hook_status() -> dict[str, bool]:
 
 def verify_hooks() -> None:
     """Raise a clear error when any fp4ext hook is not in effect (in this, a model process)."""
-    from sglang_fp4ext import capture_policy
+    from sglang_fp4ext import capture_hooks
 
     status = hook_status()
     # The capture policy's resolution hook acts in the launcher process only; its masking hook
     # must be live where the model runs.
-    status[capture_policy.MASK_TARGET] = capture_policy.hook_status()[capture_policy.MASK_TARGET]
+    status[capture_hooks.MASK_TARGET] = capture_hooks.hook_status()[capture_hooks.MASK_TARGET]
     missing = [t for t, ok in status.items() if not ok]
     if missing:
         raise RuntimeError(
@@ -425,7 +405,7 @@ def install() -> list[str]:
             HookRegistry.register(spec.target, spec.hook, HookType.AROUND)
             done.append(f"hook {spec.target.rsplit('.', 2)[-2]}.{spec.target.rsplit('.', 1)[-1]}")
 
-    from sglang_fp4ext import capture_policy
+    from sglang_fp4ext import capture_hooks
 
-    done += capture_policy.install()
+    done += capture_hooks.install()
     return done

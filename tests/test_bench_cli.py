@@ -1,4 +1,4 @@
-"""``fp4ext bench`` (``bench/bench_cli.py``, ``bench/report.py``) and the benchmark suite's
+"""``fp4ext bench`` (``bench/bench_cli.py`` and the ``bench/`` modules it runs) and the benchmark suite's
 GPU-less collection.
 
 CPU tier: the CLI end to end without a GPU (correctness check only, JSON fields, PNG written,
@@ -9,6 +9,7 @@ measuring path at a small setting.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import os
@@ -21,8 +22,9 @@ import pytest
 import torch
 
 from sglang_fp4ext import hardware, roofline, target_info
-from sglang_fp4ext.bench import report
+from sglang_fp4ext.bench import cpu_check, figures, report, table
 from sglang_fp4ext.bench.bench_cli import main
+from sglang_fp4ext.bench.layer import Layer, make_routing
 from sglang_fp4ext.bench.peers import SGLANG_PEERS, sglang_peer_unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +135,7 @@ def test_projection_hand_computed():
     shape = roofline.preset("glm5-tp8")  # 75 MoE layers
     rows = [{"T": 4, "us": 100.0, "bytes_floor": 2e8}]
     h200, pro = hardware.spec_by_key("h200"), hardware.spec_by_key("rtx-pro-6000-ws")
-    p = report.project_rows(rows, shape, 4.0e12, pro, h200)
+    p = figures.project_rows(rows, shape, 4.0e12, pro, h200)
     r = p["rows"][0]
     assert r["projected_layer_us"] == pytest.approx(100.0 * 4800 / 1792, rel=1e-12)  # 267.857
     assert r["projected_step_us"] == pytest.approx(267.857142857 * 75, rel=1e-9)
@@ -142,7 +144,7 @@ def test_projection_hand_computed():
     assert r["label"].startswith("PROJECTION (not measured)")
     assert p["source_spec"] == "h200" and p["n_moe_layers"] == 75
     # Without a source spec: the target's full spec bandwidth (said to be optimistic).
-    q = report.project_rows(rows, shape, 4.0e12, pro, None)
+    q = figures.project_rows(rows, shape, 4.0e12, pro, None)
     assert q["rows"][0]["projected_layer_us"] == pytest.approx(100.0 * 4.0 / 1.792, rel=1e-12)
     assert any("optimistic" in a for a in q["assumptions"])
 
@@ -156,7 +158,7 @@ def test_projection_random_cases(seed):
         us, nbytes = rng.uniform(5, 5000), rng.uniform(1e6, 1e9)
         T = rng.choice([1, 7, 64, 8192])
         bw = src.mem_bandwidth_Bps * rng.uniform(0.5, 0.95)
-        r = report.project_rows([{"T": T, "us": us, "bytes_floor": nbytes}], shape, bw, tgt, src)
+        r = figures.project_rows([{"T": T, "us": us, "bytes_floor": nbytes}], shape, bw, tgt, src)
         layer = us * src.mem_bandwidth_gbs / tgt.mem_bandwidth_gbs  # bandwidth ratio of specs
         got = r["rows"][0]
         assert got["projected_layer_us"] == pytest.approx(layer, rel=1e-9)
@@ -167,7 +169,7 @@ def test_projection_random_cases(seed):
 
 def test_row_numbers_hand_computed():
     shape = roofline.preset("glm5-ep8")  # H 6144, I_local 2048, top_k 8, 21,233,676 B/expert
-    r = report.row_numbers(shape, 2, 3.0, 50.0, copy_bw_Bps=4e12, matmul_tflops=500.0, peer_us=75.0)
+    r = figures.row_numbers(shape, 2, 3.0, 50.0, copy_bw_Bps=4e12, matmul_tflops=500.0, peer_us=75.0)
     nbytes = 3 * 21_233_676 + 2 * 2 * 6144 * 2
     assert r["bytes_floor"] == nbytes
     assert r["floor_us"] == pytest.approx(nbytes / 4e12 * 1e6)
@@ -188,26 +190,26 @@ def test_float64_oracle_agrees_with_twin_and_catches_a_wrong_scale(seed):
     w = random_moe_weights(6, 64, 32, generator=g)
     shape = roofline.ModelShape("tiny", 6, 2, 64, 32, 1)
     x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
-    ids, tw, _ = report.make_routing(shape, 3, device="cpu", generator=g)
+    ids, tw, _ = make_routing(shape, 3, device="cpu", generator=g)
     twin = fused_moe_nvfp4_torch(x, w, ids, tw)
-    st = error_stats(twin, report.moe_f64(x, w, ids, tw))
+    st = error_stats(twin, cpu_check.moe_f64(x, w, ids, tw))
     assert st.rms_rel < 1e-6 and st.max_rel < 1e-5, st  # fp32 vs fp64 sums of K <= 64
     e = int(ids[0, 0])
     w.w2_scale_2[e] *= 1.5
-    bad = error_stats(twin, report.moe_f64(x, w, ids, tw))
+    bad = error_stats(twin, cpu_check.moe_f64(x, w, ids, tw))
     assert bad.rms_rel > 1e-2, bad
 
 
 def test_make_routing_layouts(seed):
     g = torch.Generator().manual_seed(seed)
     ep = roofline.preset("glm5-ep8")
-    ids, tw, d = report.make_routing(ep, 64, device="cpu", generator=g)
+    ids, tw, d = make_routing(ep, 64, device="cpu", generator=g)
     assert ids.shape == (64, 8) and ids.dtype == torch.int32
     assert ((ids == -1) | ((ids >= 0) & (ids < 32))).all() and (ids == -1).any()
     assert d == len(set(ids[ids >= 0].tolist()))
     torch.testing.assert_close(tw.sum(1), torch.ones(64))
     fused = roofline.preset("glm5-tp8-fused-shared")
-    ids, tw, _ = report.make_routing(fused, 5, device="cpu", generator=g)
+    ids, tw, _ = make_routing(fused, 5, device="cpu", generator=g)
     assert ids.shape == (5, 9) and (ids[:, 8] == 256).all() and (ids[:, :8] < 256).all()
     assert (tw[:, 8] == 1).all()
 
@@ -287,9 +289,9 @@ def test_gpu_mode_table_and_plot_from_given_rows(tmp_path, seed):
     pytest.importorskip("matplotlib")
     rng = random.Random(seed)
     shape = roofline.preset("glm5-tp8")
-    result = report._base("gpu", shape, [1, 64], 4, 20, seed)
+    result = report.base_result("gpu", shape, [1, 64], 4, 20, seed)
     result["env"]["gpu"] = "NVIDIA H200"
-    result["rates"] = report._spec_rates(
+    result["rates"] = report.spec_rates(
         hardware.spec_by_key("h200"),
         {"copy_bandwidth_Bps": 4.2e12, "bf16_matmul_tflops": 700.0},
     )
@@ -298,7 +300,7 @@ def test_gpu_mode_table_and_plot_from_given_rows(tmp_path, seed):
         row = {"T": T, "path": "decode", "served": True, "config": "cfg", "us_min": us,
                "us_max": us, "check": {"ok": True}}  # fmt: skip
         row.update(
-            report.row_numbers(
+            figures.row_numbers(
                 shape, T, shape.expected_distinct(T), us, copy_bw_Bps=4.2e12,
                 matmul_tflops=700.0, peer_us=2 * us if T == 1 else None,
             )
@@ -306,15 +308,15 @@ def test_gpu_mode_table_and_plot_from_given_rows(tmp_path, seed):
         result["rows"].append(row)
     h200 = hardware.spec_by_key("h200")
     pro = hardware.spec_by_key("rtx-pro-6000-ws")
-    result["projection"] = report.project_rows(result["rows"], shape, 4.2e12, pro, h200)
-    text = report.format_table(result)
+    result["projection"] = figures.project_rows(result["rows"], shape, 4.2e12, pro, h200)
+    text = table.format_table(result)
     assert "4.20 TB/s" in text and "700 TFLOP/s" in text and "measured in this run" in text
     assert " 2.00 " in text  # T=1 speed-up over the peer; T=64 has none and prints "-"
     assert text.count("PROJECTION (not measured)") == 1 and "us/token" in text
     assert "x marlin" not in text  # no SGLang peer ran: no column for one
     result["rows"][0]["sglang_peers"] = {"sglang-marlin": {"us": 1.0, "speedup": 0.25}}
     result["rows"][1]["sglang_peers"] = {"sglang-marlin": None}  # did not match: not timed
-    lines = report.format_table(result).splitlines()
+    lines = table.format_table(result).splitlines()
     assert lines[1].endswith("x marlin") and lines[2].endswith(" 0.25") and lines[3].endswith(" -")
     js, png = report.write_outputs(result, tmp_path, "g")
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
@@ -339,9 +341,9 @@ def test_layer_inputs_check_and_peer_on_cpu(shape, T, path, seed):
 
     per_call = shape.bytes_floor(shape.expected_distinct(T), tokens=T)
     # An "L2" of 1.5 x two copies' calls / L2_FACTOR: 2 rotations, so 4 inputs on 2 copies.
-    l2 = per_call * 2 * 1.5 / report.Layer.L2_FACTOR
+    l2 = per_call * 2 * 1.5 / Layer.L2_FACTOR
     dev = "cuda" if target_info.has_cuda_gpu() else "cpu"  # CPU: kernels under the interpreter
-    layer = report.Layer(shape, 2, seed=seed, device=dev, l2_bytes=l2)
+    layer = Layer(shape, 2, seed=seed, device=dev, l2_bytes=l2)
     assert layer.n_inputs(T) == 4
     check = layer.check(T, path)
     assert check["ok"] and check["nonfinite"] == 0 and check["rms_rel"] > 0, check
@@ -359,23 +361,23 @@ def test_layer_inputs_check_and_peer_on_cpu(shape, T, path, seed):
 
 def test_layer_rotations_cover_l2():
     shape = TINY_EP2
-    layer = report.Layer(shape, 3, device="cpu", l2_bytes=0)
+    layer = Layer(shape, 3, device="cpu", l2_bytes=0)
     assert [layer.n_inputs(T) for T in (1, 64)] == [3, 3]  # no L2 known: one input per copy
     per_call = shape.bytes_floor(shape.expected_distinct(7), tokens=7)
-    layer.l2_bytes = per_call * 3 * 4.5 / report.Layer.L2_FACTOR
+    layer.l2_bytes = per_call * 3 * 4.5 / Layer.L2_FACTOR
     assert layer.n_inputs(7) == 3 * 5  # ceil(4.5) rotations
     layer.l2_bytes = 1e12
-    assert layer.n_inputs(7) == 3 * report.Layer.MAX_ROTATIONS
+    assert layer.n_inputs(7) == 3 * Layer.MAX_ROTATIONS
     with pytest.raises(ValueError, match="copies must be >= 1"):
-        report.Layer(shape, 0, device="cpu")
+        Layer(shape, 0, device="cpu")
 
 
 def test_write_outputs_without_matplotlib_says_so(tmp_path, monkeypatch, seed):
-    real = report.importlib.util.find_spec
+    real = importlib.util.find_spec
     monkeypatch.setattr(
-        report.importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a)
+        importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a)
     )
-    result = report._base("cpu-check", roofline.preset("glm5-tp8"), [1], None, None, seed)
+    result = report.base_result("cpu-check", roofline.preset("glm5-tp8"), [1], None, None, seed)
     js, png = report.write_outputs(result, tmp_path, "n")
     d = json.loads(js.read_text())
     assert png is None and d["plot"] is None and not (tmp_path / "n.png").exists()

@@ -1,5 +1,5 @@
 """SGLang peers of the benchmark suite (``bench/peers.py``), the suite's reproducible inputs and
-slowed config (``bench/report.py``), and the README results renderer
+slowed config (``bench/gpu_run.py``), and the README results renderer
 (``benchmarks/readme_table.py``).
 
 CPU tier: each peer's availability rule (missing modules, no GPU, too old a GPU) and its answer
@@ -22,7 +22,9 @@ import pytest
 import torch
 
 from sglang_fp4ext import roofline, target_info
-from sglang_fp4ext.bench import peers, report
+from sglang_fp4ext.bench import peers
+from sglang_fp4ext.bench.gpu_run import slowed_config
+from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.moe.config import override_config
 from sglang_fp4ext.moe.weights import random_moe_weights
 from sglang_fp4ext.nvfp4.format import unswizzle_blockscale
@@ -160,24 +162,24 @@ TINY_EP2 = roofline.ModelShape("tiny-ep2", 16, 4, 256, 128, 2, n_shared=1, ep=2)
 
 
 def test_layer_inputs_depend_on_seed_and_T_only(seed):
-    a = report.Layer(TINY_EP2, 2, seed=seed, device="cpu", l2_bytes=0)
+    a = Layer(TINY_EP2, 2, seed=seed, device="cpu", l2_bytes=0)
     a.inputs(5)  # another T first: must not change T = 3's draw
     xa, ra, _ = a.inputs(3)
-    b = report.Layer(TINY_EP2, 2, seed=seed, device="cpu", l2_bytes=0)
+    b = Layer(TINY_EP2, 2, seed=seed, device="cpu", l2_bytes=0)
     xb, rb, _ = b.inputs(3)
     for i in range(len(xa)):
         assert torch.equal(xa[i], xb[i]) and torch.equal(ra[i][0], rb[i][0])
     assert not torch.equal(xa[0], xa[1])  # each rotated input is its own draw
-    c = report.Layer(TINY_EP2, 2, seed=seed + 1, device="cpu", l2_bytes=0)
+    c = Layer(TINY_EP2, 2, seed=seed + 1, device="cpu", l2_bytes=0)
     assert not torch.equal(c.inputs(3)[0][0], xa[0])
 
 
 def test_slowed_config_runs_the_real_kernels_correctly(seed):
     from sglang_fp4ext.moe.decode_config import heuristic_config
 
-    slow = report.slowed_config()
+    slow = slowed_config()
     dev = "cuda" if target_info.has_cuda_gpu() else "cpu"  # CPU: kernels under the interpreter
-    layer = report.Layer(TINY_EP2, 1, seed=seed, device=dev, l2_bytes=0)
+    layer = Layer(TINY_EP2, 1, seed=seed, device=dev, l2_bytes=0)
     mshape = layer.prepared[0].shape(TINY_EP2.top_k_local)
     for T in (1, 9):
         from sglang_fp4ext.moe.shape import current_target

@@ -32,6 +32,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang_fp4ext import capture_inputs as ci
 from sglang_fp4ext import capture_policy as cp
 from sglang_fp4ext.moe.shape import token_bucket
 from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, run_children, tiny_model_dir
@@ -50,9 +51,9 @@ def _grid_step(b):
 
 
 def _inputs(**kw):
-    base = dict(model=cp.GLM5, tp=8, ep=1, decode_max_bs=512, prefill_max_tokens=8192)
+    base = dict(model=ci.GLM5, tp=8, ep=1, decode_max_bs=512, prefill_max_tokens=8192)
     base.update(kw)
-    return cp.PolicyInputs(**base)
+    return ci.PolicyInputs(**base)
 
 
 def test_glm5_tp8_policy_decisions():
@@ -152,7 +153,7 @@ def test_bad_inputs_name_the_field(kw, match):
 
 def test_bad_model_is_named():
     with pytest.raises(ValueError, match="top_k=9 exceeds n_routed_experts=8"):
-        cp.MoEModel("x", 8, 9, 0, 64, 64, False)
+        ci.MoEModel("x", 8, 9, 0, 64, 64, False)
     with pytest.raises(ValueError, match="unknown model 'glm-9'"):
         cp.policy_for("glm-9")
     with pytest.raises(ValueError, match="not an MoE config"):
@@ -265,10 +266,10 @@ load_plugins()
 out = {{}}
 if {PLUGIN}:
     from sglang.srt.plugins.hook_registry import HookRegistry
-    from sglang_fp4ext import capture_policy as cp
-    out["install"] = [cp.install(), cp.install()]   # the second call must do nothing
+    from sglang_fp4ext import capture_hooks as ch
+    out["install"] = [ch.install(), ch.install()]   # the second call must do nothing
     HookRegistry.apply_hooks()
-    out["hook_status"] = cp.hook_status()
+    out["hook_status"] = ch.hook_status()
 from sglang.srt.server_args import prepare_server_args
 from sglang.srt.arg_groups.overrides import resolved_view
 BASE = ["--model-path", {MODEL!r}, "--device", "cuda", "--skip-tokenizer-init", "--tp-size", "8"]
@@ -306,14 +307,14 @@ if {PLUGIN}:
         runtime_context.publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0))
         out["predicate"][name] = [fbi.enable_num_token_non_padded(),
                                   fbi.enable_num_token_non_padded.__wrapped__(),
-                                  getattr(cp.policy_from_server_args(sa)[0], "masking", None)]
+                                  getattr(ch.policy_from_server_args(sa)[0], "masking", None)]
 print(json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
 def resolved(tmp_path_factory):
-    """Both children at once: with the plugin (+ capture_policy.install()) and without it."""
+    """Both children at once: with the plugin (+ capture_hooks.install()) and without it."""
     model = tmp_path_factory.mktemp("glm-like")
     (model / "config.json").write_text(json.dumps(_TINY_GLM_LIKE))
     names = list(_SCENARIOS)
@@ -335,7 +336,7 @@ def resolved(tmp_path_factory):
 def _expected(r, name, **overrides) -> cp.CapturePolicy:
     """The policy computed here from what SGLang resolved without the plugin."""
     sgl = r["plain"][f"triton:{name}"]
-    model = cp.MoEModel.from_hf_config(_TINY_GLM_LIKE)
+    model = ci.MoEModel.from_hf_config(_TINY_GLM_LIKE)
     kw = dict(
         model=model,
         tp=8,
@@ -345,7 +346,7 @@ def _expected(r, name, **overrides) -> cp.CapturePolicy:
         prefill_budget_mb=len(sgl["prefill"]["bs"]) * cp.PREFILL_GRAPH_MB_PER_BUCKET,
     )
     kw.update(overrides)
-    return cp.compute_policy(cp.PolicyInputs(**kw))
+    return cp.compute_policy(ci.PolicyInputs(**kw))
 
 
 @pytest.mark.sglang
@@ -449,8 +450,8 @@ _MASKED_FORWARD = """
 import warnings
 warnings.simplefilter("ignore")
 from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang_fp4ext import capture_policy as cp
-cp.install()
+from sglang_fp4ext import capture_hooks as ch
+ch.install()
 HookRegistry.apply_hooks()
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.model_executor import forward_batch_info as fbi

@@ -178,14 +178,14 @@ _STATE = """
 import sglang
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.arg_groups.resolution_hooks import _HOOKS
-from sglang_fp4ext import sglang_backend as sb, capture_policy as cp
+from sglang_fp4ext import sglang_backend as sb, capture_hooks as ch
 ours = lambda f: (getattr(f, "__module__", "") or "").startswith("sglang_fp4ext")
 state = {
     "sglang_file": sglang.__file__,
     "hooks": sorted(t for t, regs in HookRegistry._hooks.items() if any(ours(h) for _, h, _ in regs)),
     "resolution": sorted(n for n, fns in _HOOKS.items() if any(ours(f) for f in fns)),
     "modes": sb.hook_modes(),
-    "policy_status": cp.hook_status(),
+    "policy_status": ch.hook_status(),
     "core_bases": [c.__name__ for c in sb.Fp4ExtRunnerCore.__mro__[1:3]],
 }
 try:

@@ -16,7 +16,7 @@ import os
 import torch
 
 from sglang_fp4ext import roofline
-from sglang_fp4ext.bench.report import Layer
+from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.timing import bf16_matmul_tflops, copy_bandwidth_Bps, kernel_times_us
 
 bw = copy_bandwidth_Bps()

@@ -18,7 +18,7 @@ import time
 import torch
 
 from sglang_fp4ext import roofline
-from sglang_fp4ext.bench.report import Layer
+from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.timing import bf16_matmul_tflops, kernel_times_us, time_graph_replay
 from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.prefill_config import PrefillConfig

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 when every check passed, 1 when one failed, 2 on bad input."""
     from sglang_fp4ext import target_info
     from sglang_fp4ext.bench import report
+    from sglang_fp4ext.bench.table import Progress, format_table
     from sglang_fp4ext.roofline import preset
 
     shape = preset(args.preset)
@@ -104,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     if target_info.has_cuda_gpu():
-        prog = report.Progress(len(args.tokens), shape.name)
-        result = report.run_gpu(
+        from sglang_fp4ext.bench.gpu_run import run_gpu
+
+        prog = Progress(len(args.tokens), shape.name)
+        result = run_gpu(
             shape,
             args.tokens,
             copies=args.copies,
@@ -127,15 +130,17 @@ def run(args: argparse.Namespace) -> int:
             os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are decorated
         interp = interp and target_info.is_interpreter()
         small = [T for T in args.tokens if T <= 8][:2] or [1, 3]
-        prog = report.Progress(len(small) * (2 if interp else 1), f"{shape.name} (CPU check)")
-        result = report.run_cpu_check(
+        from sglang_fp4ext.bench.cpu_check import run_cpu_check
+
+        prog = Progress(len(small) * (2 if interp else 1), f"{shape.name} (CPU check)")
+        result = run_cpu_check(
             shape, args.tokens, seed=seed, interpreter=interp, project=target, progress=prog
         )
         if not interp:
             result["notes"].append("Triton interpreter kernel check not run")
         ok = all(c["ok"] for c in result["check"])
     js, png = report.write_outputs(result, Path(args.out), args.name or report.default_name(result))
-    print(report.format_table(result))
+    print(format_table(result))
     for note in result["notes"]:
         print(f"note: {note}")
     print(f"wrote {js}" + ("" if png is None else f" and {png}"))

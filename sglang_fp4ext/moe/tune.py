@@ -4,7 +4,7 @@ the config table the dispatcher reads (format and lookup order: ``moe/config.py`
 For each model shape (a ``roofline.PRESETS`` name such as ``glm5-tp8`` / ``glm5-ep8``, or an
 explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
 
-1. random NVFP4 layer copies and inputs rotated beyond the L2 (``bench.report.Layer``), uniform
+1. random NVFP4 layer copies and inputs rotated beyond the L2 (``bench.layer.Layer``), uniform
    routing as rank 0 of the layout sees it (EP: other ranks' ids are -1);
 2. every candidate of :func:`search_space` timed as CUDA-graph replay
    (``bench.timing.time_graph_replay``): the decode path's candidates while the bucket is
@@ -359,7 +359,7 @@ def tune(
     ``timer(step, n) -> us`` defaults to graph replay (``bench.timing``); CPU tests pass a wall
     clock timer and ``device="cpu"`` (kernels under the interpreter)."""
     from sglang_fp4ext import __version__
-    from sglang_fp4ext.bench.report import Layer
+    from sglang_fp4ext.bench.layer import Layer
     from sglang_fp4ext.moe.shape import current_target
 
     stream = stream or sys.stdout
@@ -386,7 +386,7 @@ def tune(
         "settings": {"buckets": buckets, "quick": quick, "budget_s": budget_s, "copies": copies,
                      "replays": replays, "seed": seed, "decode_max": decode_max,
                      "prefill_min": prefill_min, "max_rel": MAX_REL, "rms_rel": RMS_REL,
-                     "timing": "CUDA-graph replay, inputs rotated beyond L2 (bench.report.Layer)"
+                     "timing": "CUDA-graph replay, inputs rotated beyond L2 (bench.layer.Layer)"
                      if device.type == "cuda" else "wall clock (CPU test run)"},  # fmt: skip
         "shapes": {},
         "ok": True,

@@ -1,0 +1,90 @@
+"""Figures derived from a measured time: a row's bytes floor, achieved TB/s and fractions of the
+measured roofs (:func:`row_numbers`), and the projection of measured rows to another GPU
+(:func:`project_rows`, always labelled a PROJECTION). Definitions: ``report.py``'s docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sglang_fp4ext import hardware, roofline
+from sglang_fp4ext.roofline import ModelShape
+
+__all__ = ["project_rows", "row_numbers"]
+
+
+def row_numbers(
+    shape: ModelShape,
+    T: int,
+    distinct: float,
+    us: float,
+    *,
+    copy_bw_Bps: float | None,
+    matmul_tflops: float | None,
+    peer_us: float | None = None,
+) -> dict:
+    """Derived figures of one measured time: floor, achieved TB/s, fractions, peer ratio."""
+    nbytes = shape.bytes_floor(distinct, tokens=T)
+    # EP: rank 0 computes only its local (token, expert) pairs, T*k/ep on average under uniform
+    # routing (counting all T*k pairs reported 1,095 TFLOP/s for EP8 prefill on the H200 -- above
+    # its 989 TFLOP/s dense bf16 peak).
+    flops = shape.flops(T)
+    tflops = flops / (us * 1e-6) / 1e12
+    return {
+        "distinct_experts": distinct,
+        "bytes_floor": nbytes,
+        "flops": flops,
+        "floor_us": None if not copy_bw_Bps else roofline.time_floor_us(nbytes, copy_bw_Bps),
+        "us": us,
+        "achieved_TBps": roofline.achieved_tbps(nbytes, us),
+        "fraction_of_copy_bw": None
+        if not copy_bw_Bps
+        else roofline.bandwidth_fraction(nbytes, us, copy_bw_Bps),
+        "tflops": tflops,
+        "fraction_of_bf16_matmul": None if not matmul_tflops else tflops / matmul_tflops,
+        "peer_us": peer_us,
+        "speedup_vs_torch_peer": None if peer_us is None else peer_us / us,
+    }
+
+
+def project_rows(
+    rows: Sequence[dict],
+    shape: ModelShape,
+    measured_bw_Bps: float,
+    target: hardware.GPUSpec,
+    source: hardware.GPUSpec | None,
+) -> dict:
+    """Per-token MoE time on ``target`` from times measured here (``roofline.projection``).
+
+    Per row: the layer time is projected; a decode step runs ``shape.n_moe_layers`` such layers,
+    so ``projected_step_us = layer x n_moe_layers`` and ``projected_us_per_token = step / T``.
+    """
+    out = []
+    assumptions: tuple[str, ...] = ()
+    for r in rows:
+        p = roofline.projection(
+            r["us"], r["bytes_floor"], measured_bw_Bps, target, source_spec=source
+        )
+        assumptions = p.assumptions
+        step = p.projected_us * shape.n_moe_layers
+        out.append(
+            {
+                "T": r["T"],
+                "measured_us": r["us"],
+                "projected_layer_us": p.projected_us,
+                "projected_step_us": step,
+                "projected_us_per_token": step / r["T"],
+                "target_floor_us": p.target_floor_us,
+                "label": p.label(),
+            }
+        )
+    return {
+        "target": target.name,
+        "target_key": target.key,
+        "source_spec": None if source is None else source.key,
+        "basis": "PROJECTION (not measured): bandwidth-bound part scaled by bandwidth ratio",
+        "assumptions": list(assumptions),
+        "n_moe_layers": shape.n_moe_layers,
+        "rows": out,
+        "note": None,
+    }

@@ -1,0 +1,81 @@
+"""What ``fp4ext bench`` prints: a one-line progress bar while it runs and the text table of the
+result document (nothing printed that was not measured).
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["Progress", "format_table"]
+
+
+class Progress:
+    """A one-line progress bar on stderr (carriage-return updates; newline at the end)."""
+
+    def __init__(self, total: int, label: str, stream=None, width: int = 24):
+        self.total, self.label, self.n, self.width = max(total, 1), label, 0, width
+        self.stream = stream if stream is not None else sys.stderr
+
+    def step(self, what: str) -> None:
+        self.n += 1
+        done = int(self.width * self.n / self.total)
+        bar = "#" * done + "." * (self.width - done)
+        self.stream.write(f"\r[{bar}] {self.n}/{self.total} {self.label} {what:<24}")
+        if self.n >= self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def format_table(result: dict) -> str:
+    """The measured rows as a text table (nothing printed that was not measured)."""
+    lines = []
+    rates = result.get("rates") or {}
+    if result["mode"] == "gpu":
+        lines.append(
+            f"{result['env']['gpu']} | {result['preset']['name']} | copy bandwidth "
+            f"{rates['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, bf16 matmul "
+            f"{rates['bf16_matmul_tflops']:.0f} TFLOP/s (both measured in this run)"
+        )
+        sgl = sorted({k for r in result["rows"] for k in r.get("sglang_peers") or {}})
+        lines.append(
+            f"{'T':>5} {'path':7} {'us':>9} {'floor us':>9} {'TB/s':>6} {'% BW':>6} "
+            f"{'TFLOP/s':>8} {'torch us':>9} {'x torch':>7} {'check':>5}"
+            + "".join(f" {'x ' + k.removeprefix('sglang-'):>20}" for k in sgl)
+        )
+        for r in result["rows"]:
+            frac = r["fraction_of_copy_bw"]
+            peers = r.get("sglang_peers") or {}
+            lines.append(
+                f"{r['T']:5d} {r['path']:7} {r['us']:9.1f} {_f(r['floor_us'], '9.1f')} "
+                f"{r['achieved_TBps']:6.2f} {_f(None if frac is None else 100 * frac, '5.1f')}% "
+                f"{r['tflops']:8.1f} {_f(r['peer_us'], '9.1f')} "
+                f"{_f(r['speedup_vs_torch_peer'], '7.2f')} "
+                f"{'ok' if r['check']['ok'] else 'FAIL':>5}"
+                + "".join(f" {_f((peers.get(k) or {}).get('speedup'), '.2f'):>20}" for k in sgl)
+            )
+    else:
+        lines.append("no CUDA GPU: nothing was timed; correctness check on the reference path")
+        for c in result["check"]:
+            lines.append(
+                f"  {c['what']:<40} max_rel {c['max_rel']:.2e} rms_rel {c['rms_rel']:.2e} "
+                f"(tolerance {c['tolerance']}) {'ok' if c['ok'] else 'FAIL'}"
+            )
+    proj = result.get("projection")
+    if proj:
+        if proj["rows"]:
+            lines.append(f"PROJECTION (not measured) for {proj['target']}:")
+            for p in proj["rows"]:
+                lines.append(
+                    f"  T={p['T']:5d} layer {p['projected_layer_us']:8.1f} us, "
+                    f"{proj['n_moe_layers']} MoE layers "
+                    f"{p['projected_step_us'] / 1e3:7.2f} ms/step, "
+                    f"{p['projected_us_per_token']:8.1f} us/token"
+                )
+            lines.append("  assumptions: " + "; ".join(proj["assumptions"]))
+        if proj.get("note"):
+            lines.append(f"projection for {proj['target']}: {proj['note']}")
+    return "\n".join(lines)

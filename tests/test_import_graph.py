@@ -1,0 +1,144 @@
+"""The package's import graph has no cycle (CPU tier, static: nothing is imported).
+
+Every ``import`` / ``from ... import`` counts, at module level and inside functions alike: a lazy
+import still ties two modules together for a reader following the code. A package's
+``__init__`` is not a module of its own here (importing ``pkg.sub`` runs it, but it holds no
+code that imports back). Self-contained on purpose: CI's copy of the shared tools may differ.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG_DIR = Path(__file__).resolve().parent.parent / "sglang_fp4ext"
+
+
+def module_files(pkg_dir: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` under ``pkg_dir``."""
+    mods = {}
+    for f in sorted(pkg_dir.rglob("*.py")):
+        parts = f.relative_to(pkg_dir.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = f
+    return mods
+
+
+def _imported(cur: str, node: ast.AST, mods: dict[str, Path]) -> set[str]:
+    """The package modules one import statement of module ``cur`` names."""
+    out = set()
+    if isinstance(node, ast.Import):
+        out = {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            parts = cur.split(".")
+            if mods[cur].name != "__init__.py":
+                parts = parts[:-1]
+            parts = parts[: len(parts) - (node.level - 1)]
+            base = ".".join(parts + ([base] if base else []))
+        # ``from pkg import sub`` imports the module pkg.sub; ``from mod import name`` only mod.
+        out = {base} | {f"{base}.{a.name}" for a in node.names}
+    return {m for m in out if m in mods}
+
+
+def import_graph(pkg_dir: Path) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (any depth in the file), ``__init__``s left out."""
+    mods = module_files(pkg_dir)
+    graph = {}
+    for name, f in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            deps |= _imported(name, node, mods)
+        graph[name] = {d for d in deps if d != name and mods[d].name != "__init__.py"}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module, as a path
+    ``[a, b, ..., a]`` (iterative Tarjan, then a walk inside the component)."""
+    index, low, on, stack, comps = {}, {}, set(), [], []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = set()
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.add(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    comps.append(comp)
+    cycles = []
+    for comp in comps:
+        # Breadth-first from the smallest name back to itself, staying inside the component.
+        start = min(comp)
+        prev, frontier = {}, [start]
+        while start not in prev:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & comp):
+                    if w not in prev:
+                        prev[w] = v
+                        nxt.append(w)
+            frontier = nxt
+        path, v = [start], prev[start]
+        while v != start:
+            path.append(v)
+            v = prev[v]
+        cycles.append([start] + path[:0:-1] + [start])
+    return sorted(cycles)
+
+
+def test_package_has_no_import_cycle():
+    graph = import_graph(PKG_DIR)
+    assert len(graph) > 30, f"found only {len(graph)} modules under {PKG_DIR}"
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycle(s) (module-level and lazy imports count):\n" + "\n".join(
+        "  " + " -> ".join(c) for c in cycles
+    )
+
+
+def test_checker_sees_lazy_relative_and_from_package_imports(tmp_path):
+    """The checker itself: a cycle closed by a function-level import, one through a relative
+    import and ``from pkg import sub`` are found and named; a one-way import is not a cycle."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg import a\n")
+    (pkg / "a.py").write_text("from pkg.b import X\n")
+    (pkg / "b.py").write_text("X = 1\ndef f():\n    from pkg import a\n")
+    (pkg / "c.py").write_text("from pkg.b import X\n")  # one way: no cycle
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "d.py").write_text("from . import e\n")
+    (pkg / "sub" / "e.py").write_text("import pkg.sub.d\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.c"] == {"pkg.b"} and "pkg" not in graph["pkg.a"]
+    assert find_cycles(graph) == [
+        ["pkg.a", "pkg.b", "pkg.a"],
+        ["pkg.sub.d", "pkg.sub.e", "pkg.sub.d"],
+    ]
