@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of the Gluon decode kernels (v2) for sm_90, sm_100 and sm_120 (no GPU).
+"""Ahead-of-time compilation of the Gluon decode kernels (v2) for sm_80/90/100/120 (no GPU).
 
 Gluon kernels cannot run under the Triton interpreter (it executes ``triton.language`` only), so
 the CPU tier checks them by compiling, and the GPU tier (``test_decode_gpu.py``) by running them
@@ -103,7 +103,7 @@ def _triton36_site() -> str | None:
 @pytest.fixture(scope="module")
 def compiled():
     variants = _variants()
-    todo = {90: variants, 100: variants[:2], 120: variants}
+    todo = {80: variants[:2], 90: variants, 100: variants[:2], 120: variants}
     res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
     site = _triton36_site()
     if site:
@@ -116,7 +116,7 @@ def test_there_are_gluon_configs_to_compile():
     assert kinds == {1, 2}, kinds
 
 
-@pytest.mark.parametrize("cc", [90, 100, 120])
+@pytest.mark.parametrize("cc", [80, 90, 100, 120])
 def test_every_gluon_config_compiles_to_the_design(compiled, cc):
     todo, res = compiled
     got = res["3.8"][cc]
