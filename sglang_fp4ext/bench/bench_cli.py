@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 when every check passed, 1 when one failed, 2 on bad input."""
     from sglang_fp4ext import target_info
     from sglang_fp4ext.bench import report
-    from sglang_fp4ext.bench.table import Progress, format_table
+    from sglang_fp4ext.bench.table import format_table
+    from sglang_fp4ext.progress import Progress
     from sglang_fp4ext.roofline import preset
 
     shape = preset(args.preset)

@@ -14,10 +14,10 @@ from sglang_fp4ext import hardware
 from sglang_fp4ext.bench.figures import project_rows, row_numbers
 from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.report import base_result, spec_rates
-from sglang_fp4ext.bench.table import Progress
+from sglang_fp4ext.progress import Progress
 from sglang_fp4ext.roofline import ModelShape
 
-__all__ = ["run_gpu", "slowed_config"]
+__all__ = ["run_gpu", "slowed_config", "step_text"]
 
 
 def slowed_config():
@@ -111,7 +111,7 @@ def run_gpu(
         row["sglang_peers"] = _time_sglang_peers(layer, T, n, replays, t.us_per_call, sgl, result)
         result["rows"].append(row)
         if progress is not None:
-            progress.step(f"T={T} {t.us_per_call:.1f} us")
+            progress.step(step_text(T, t.us_per_call, result["rows"]))
     del layer
     torch.cuda.empty_cache()
     if not all(r["check"]["ok"] for r in result["rows"]):
@@ -119,6 +119,13 @@ def run_gpu(
     if project is not None:
         result["projection"] = project_rows(result["rows"], shape, bw, project, here)
     return result
+
+
+def step_text(T: int, us: float, rows) -> str:
+    """The progress bar's postfix after timing ``T``: its time, and the best speed-up over the
+    torch peer among ``rows`` so far (left out while the peer has not run)."""
+    best = max((r.get("speedup_vs_torch_peer") or 0 for r in rows), default=0)
+    return f"T={T} {us:.1f} us" + (f", best {best:.2f}x torch" if best else "")
 
 
 def _time_sglang_peers(layer, T, n, replays, our_us, names, result) -> dict:

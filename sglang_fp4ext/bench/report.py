@@ -45,7 +45,7 @@ moved); ``tflops`` = ``roofline.moe_flops`` / time.
 
 The measurements themselves (graph capture/replay, copy bandwidth, bf16 matmul rate) live in
 ``timing.py``; the measured layer in ``layer.py``; the derived figures and the projection in
-``figures.py``; the printed table and progress bar in ``table.py``; the PNG in ``plot.py``.
+``figures.py``; the printed table in ``table.py``; the PNG in ``plot.py``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
-"""What ``fp4ext bench`` prints: a one-line progress bar while it runs and the text table of the
-result document (nothing printed that was not measured).
+"""What ``fp4ext bench`` prints at the end: the text table of the result document (nothing
+printed that was not measured). The progress bar while it runs is ``sglang_fp4ext.progress``.
 """
 
 from __future__ import annotations
 
-import sys
-
-__all__ = ["Progress", "format_table"]
-
-
-class Progress:
-    """A one-line progress bar on stderr (carriage-return updates; newline at the end)."""
-
-    def __init__(self, total: int, label: str, stream=None, width: int = 24):
-        self.total, self.label, self.n, self.width = max(total, 1), label, 0, width
-        self.stream = stream if stream is not None else sys.stderr
-
-    def step(self, what: str) -> None:
-        self.n += 1
-        done = int(self.width * self.n / self.total)
-        bar = "#" * done + "." * (self.width - done)
-        self.stream.write(f"\r[{bar}] {self.n}/{self.total} {self.label} {what:<24}")
-        if self.n >= self.total:
-            self.stream.write("\n")
-        self.stream.flush()
+__all__ = ["format_table"]
 
 
 def _f(v, fmt: str) -> str:

@@ -66,6 +66,7 @@ from sglang_fp4ext.moe.config import (
 from sglang_fp4ext.moe.decode_config import heuristic_config
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
+from sglang_fp4ext.progress import best_postfix
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -80,6 +81,7 @@ __all__ = [
     "tune",
     "write_table",
     "switch_point",
+    "bar_postfix",
 ]
 
 DEFAULT_BUCKETS = tuple(1 << i for i in range(14))  # 1 .. 8192
@@ -286,8 +288,18 @@ def switch_point(winners: dict[int, str]) -> int | None:
     return point
 
 
-def _tune_bucket(layer, T, space, deadline, timer, log):
-    """Time ``space``'s candidates for ``T`` until ``deadline``; check the fastest."""
+def bar_postfix(T: int, n_timed: int, n_total: int, timings: Sequence[dict]) -> str:
+    """The progress bar's postfix while bucket ``T`` is timed: candidates timed so far and the
+    fastest time of each path among them (``timings``: the bucket log's records)."""
+    best = {p: min((t["us"] for t in timings if t["path"] == p and "us" in t), default=None)
+            for p in ("decode", "prefill")}  # fmt: skip
+    tail = best_postfix(best)
+    return f"T={T} {n_timed}/{n_total}" + (f" {tail}" if tail else "")
+
+
+def _tune_bucket(layer, T, space, deadline, timer, log, progress=None):
+    """Time ``space``'s candidates for ``T`` until ``deadline``; check the fastest.
+    ``progress``: a :class:`~sglang_fp4ext.progress.Progress` whose postfix follows the timing."""
     xs, routes, outs = layer.inputs(T)
     copies = layer.copies
 
@@ -317,6 +329,8 @@ def _tune_bucket(layer, T, space, deadline, timer, log):
         except Exception as exc:  # a config that fails to compile or launch is recorded, skipped
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         timings.append(rec)
+        if progress is not None:
+            progress.postfix(bar_postfix(T, n + 1, len(order), timings))
     log["timings"] = timings
     ranked = sorted((t for t in timings if "us" in t), key=lambda t: t["us"])
     for t in ranked[:MAX_CHECKS]:
@@ -351,16 +365,20 @@ def tune(
     timer: Callable | None = None,
     target: Target | None = None,
     stream=None,
+    bar_stream=None,
 ) -> dict:
     """Tune ``shapes`` (``roofline.ModelShape``) over ``buckets``; write the table to ``out``
     (a directory: ``<out>/<device>.json``; default the user table directory) after every
     bucket, and the log to ``log_path``. Returns the log (``ok`` false if a bucket failed).
 
     ``timer(step, n) -> us`` defaults to graph replay (``bench.timing``); CPU tests pass a wall
-    clock timer and ``device="cpu"`` (kernels under the interpreter)."""
+    clock timer and ``device="cpu"`` (kernels under the interpreter). One progress bar per shape
+    (its buckets, the current best) goes to ``bar_stream`` (default stderr) when that is a
+    terminal; the per-bucket lines on ``stream`` (default stdout) are the same either way."""
     from sglang_fp4ext import __version__
     from sglang_fp4ext.bench.layer import Layer
     from sglang_fp4ext.moe.shape import current_target
+    from sglang_fp4ext.progress import Progress
 
     stream = stream or sys.stdout
     bad = [b for b in buckets if b < 1 or token_bucket(b) != b]
@@ -404,6 +422,7 @@ def tune(
         slog = {"preset": ms.name, "key": mshape.key(), "buckets": {}}
         log["shapes"][mshape.key()] = slog
         entries: dict[int, TableEntry] = {}
+        bar = Progress(len(buckets), f"tune {ms.name}", bar_stream, unit="bucket")
         for b in buckets:
             t0 = time.monotonic()
             left = total - done
@@ -412,7 +431,7 @@ def tune(
                                  prefill_min=prefill_min)  # fmt: skip
             blog = {"candidates": {p: len(c) for p, c in space.items()}}
             slog["buckets"][str(b)] = blog
-            entry = _tune_bucket(layer, b, space, deadline, timer, blog)
+            entry = _tune_bucket(layer, b, space, deadline, timer, blog, bar)
             blog["seconds"] = round(time.monotonic() - t0, 2)
             done += 1
             if entry is None:
@@ -426,13 +445,14 @@ def tune(
                 msg = (f"{', '.join(parts)} -> {entry.path}; check rms_rel {c['rms_rel']:.1e} "
                        f"max_rel {c['max_rel']:.1e} ok")  # fmt: skip
             n_t = len(blog["timings"])
-            stream.write(f"[tune {done}/{total}] {ms.name} T={b}: {msg} ({n_t} timed, "
-                         f"{blog['seconds']:.1f} s)\n")  # fmt: skip
-            stream.flush()
+            bar.write(f"[tune {done}/{total}] {ms.name} T={b}: {msg} ({n_t} timed, "
+                      f"{blog['seconds']:.1f} s)", stream)  # fmt: skip
+            bar.step(bar_postfix(b, n_t, n_t, blog["timings"]))
             doc = write_table(table_file, device_name, {mshape.key(): entries}, log)
             slog["switch_point"] = doc["meta"]["shapes"][mshape.key()]["switch_point"]
             if log_path:
                 _write_json(Path(log_path), log)
+        bar.close()
         del layer
         if device.type == "cuda":
             torch.cuda.empty_cache()
