@@ -39,7 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_fp4ext.hardware import GPUSpec, dense_peak
+from sglang_fp4ext.gpu_spec import GPUSpec
+from sglang_fp4ext.hardware import dense_peak
 
 __all__ = [
     "PRESETS",

@@ -1,6 +1,6 @@
 """The hardware table: its arithmetic, its sources, and device-name matching.
 
-The peak figures in ``hardware.py`` are literals copied from their sources; these tests check
+The peak figures in ``hardware_table.py`` are literals copied from their sources; these tests check
 them against independent arithmetic (dense = sparse / 2; dense = SMs x clock x FLOP/clk/SM), so a
 mistyped or guessed figure fails here.
 """
@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from sglang_fp4ext import gpu_spec as gs
 from sglang_fp4ext import hardware as hw
 from sglang_fp4ext import target_info
 
@@ -27,7 +28,7 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 def test_dense_is_half_of_sparse(spec):
-    for p in hw.PRECISIONS:
+    for p in gs.PRECISIONS:
         dense, sparse = hw.dense_peak(spec, p), hw.sparse_peak(spec, p)
         assert (dense is None) == (sparse is None), f"{spec.key} {p}: one of dense/sparse missing"
         if dense is not None:
@@ -39,10 +40,10 @@ def test_vendor_sparse_figures_are_never_listed_as_dense():
     # figure must be the derived half, not a copy of the headline.
     checked = 0
     for spec in SPECS:
-        for p in hw.PRECISIONS:
+        for p in gs.PRECISIONS:
             src = spec.source(f"sparse.{p}")
-            if src is not None and src.kind == hw.VENDOR and spec.key != "a100-sxm4-80gb":
-                assert spec.source(f"dense.{p}").kind in (hw.DERIVED, hw.THIRD_PARTY)
+            if src is not None and src.kind == gs.VENDOR and spec.key != "a100-sxm4-80gb":
+                assert spec.source(f"dense.{p}").kind in (gs.DERIVED, gs.THIRD_PARTY)
                 assert hw.dense_peak(spec, p) < hw.sparse_peak(spec, p)
                 checked += 1
     assert checked >= 10
@@ -51,7 +52,7 @@ def test_vendor_sparse_figures_are_never_listed_as_dense():
 def test_peaks_reproduce_from_sms_clock_and_rate():
     checked = 0
     for spec in SPECS:
-        for p in hw.PRECISIONS:
+        for p in gs.PRECISIONS:
             derived = hw.derived_dense_peak(spec, p)
             quoted = hw.dense_peak(spec, p)
             if derived is None or quoted is None:
@@ -83,19 +84,19 @@ def test_absent_modes():
     for key in ("h200", "h100-sxm", "a100-sxm4-80gb"):
         spec = hw.spec_by_key(key)
         assert hw.dense_peak(spec, "fp4") is None and hw.sparse_peak(spec, "fp4") is None
-        assert spec.source("dense.fp4").kind == hw.NA
+        assert spec.source("dense.fp4").kind == gs.NA
     a100 = hw.spec_by_key("a100-sxm4-80gb")
-    assert hw.dense_peak(a100, "fp8") is None and a100.source("dense.fp8").kind == hw.NA
+    assert hw.dense_peak(a100, "fp8") is None and a100.source("dense.fp8").kind == gs.NA
     # Unsourced, not invented: the Server Edition's clock and peaks were not found.
     server = hw.spec_by_key("rtx-pro-6000-server")
     assert server.boost_clock_mhz is None and hw.dense_peak(server, "fp4") is None
-    assert server.source("dense.fp4").kind == hw.UNSOURCED
+    assert server.source("dense.fp4").kind == gs.UNSOURCED
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 def test_fp4_presence_agrees_with_target_info(spec):
     # A GPU the table marks "no FP4 mode" must be one target_info says has no native FP4 MMA.
-    no_fp4 = spec.source("dense.fp4").kind == hw.NA
+    no_fp4 = spec.source("dense.fp4").kind == gs.NA
     assert no_fp4 == (not target_info.has_native_fp4_mma(spec.capability))
     if spec.capability[0] == 12:
         assert spec.smem_per_block_optin == target_info.SM120_SMEM_PER_BLOCK
@@ -109,12 +110,12 @@ def test_every_figure_is_sourced(spec):
             value = getattr(spec, f"{kind}_tflops").get(p)
         else:
             value = getattr(spec, field)
-            if isinstance(value, hw.Peaks):
+            if isinstance(value, gs.Peaks):
                 value = None if all(v is None for v in dataclasses.astuple(value)) else value
         src = spec.source(field)
         assert src is not None, f"{spec.key}.{field} has no source"
         assert src.cite.strip(), f"{spec.key}.{field} has an empty citation"
-        allowed = hw.KINDS if value is not None else hw.ABSENT_KINDS
+        allowed = gs.KINDS if value is not None else gs.ABSENT_KINDS
         assert src.kind in allowed, f"{spec.key}.{field}={value!r} tagged {src.kind!r}"
 
 
@@ -166,7 +167,7 @@ def test_lookup_errors_and_immutability():
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.sms = 1
     with pytest.raises(ValueError, match="kind"):
-        hw.Source("guess", "x")
+        gs.Source("guess", "x")
 
 
 def test_formatting_keeps_dense_and_sparse_apart():

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from sglang_fp4ext import hardware
+from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.bench.layer import make_routing
 from sglang_fp4ext.bench.report import base_result, spec_rates
 from sglang_fp4ext.progress import Progress
@@ -78,7 +79,7 @@ def run_cpu_check(
     *,
     seed: int,
     interpreter: bool = True,
-    project: hardware.GPUSpec | None = None,
+    project: GPUSpec | None = None,
     progress: Progress | None = None,
 ) -> dict:
     """No GPU: check the reference path at a tiny shape with ``shape``'s routing structure

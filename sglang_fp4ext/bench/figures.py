@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_fp4ext import hardware, roofline
+from sglang_fp4ext import roofline
+from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.roofline import ModelShape
 
 __all__ = ["project_rows", "row_numbers"]
@@ -51,8 +52,8 @@ def project_rows(
     rows: Sequence[dict],
     shape: ModelShape,
     measured_bw_Bps: float,
-    target: hardware.GPUSpec,
-    source: hardware.GPUSpec | None,
+    target: GPUSpec,
+    source: GPUSpec | None,
 ) -> dict:
     """Per-token MoE time on ``target`` from times measured here (``roofline.projection``).
 

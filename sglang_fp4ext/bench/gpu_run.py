@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from sglang_fp4ext import hardware
+from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.bench.figures import project_rows, row_numbers
 from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.report import base_result, spec_rates
@@ -49,7 +50,7 @@ def run_gpu(
     replays: int = 20,
     seed: int = 2026,
     peer: bool = True,
-    project: hardware.GPUSpec | None = None,
+    project: GPUSpec | None = None,
     progress: Progress | None = None,
 ) -> dict:
     from sglang_fp4ext.bench.peers import SGLANG_PEERS, has_grouped_mm, sglang_peer_unavailable

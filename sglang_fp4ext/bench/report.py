@@ -62,6 +62,7 @@ import torch
 
 from sglang_fp4ext import __version__, hardware
 from sglang_fp4ext.bench.plot import write_plot
+from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.roofline import ModelShape
 
 __all__ = [
@@ -154,7 +155,7 @@ def _preset_dict(shape: ModelShape) -> dict:
     return d
 
 
-def resolve_spec(name: str) -> hardware.GPUSpec:
+def resolve_spec(name: str) -> GPUSpec:
     """A hardware-table entry by key (``rtx-pro-6000-ws``) or device name; clear error if none."""
     try:
         return hardware.spec_by_key(name)
@@ -189,7 +190,7 @@ def base_result(mode: str, shape: ModelShape, tokens, copies, replays, seed: int
     }
 
 
-def spec_rates(spec: hardware.GPUSpec | None, rates: dict) -> dict:
+def spec_rates(spec: GPUSpec | None, rates: dict) -> dict:
     """``rates`` plus the hardware table's figures for ``spec`` (``None``s for a GPU not in it)."""
     if spec is None:
         rates.update(
