@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sglang_fp4ext.bench.bench_cli import add_bench_parser
 
     add_bench_parser(sub)
-    from sglang_fp4ext.moe.tune import add_tune_parser
+    from sglang_fp4ext.moe.tune_cli import add_tune_parser
 
     add_tune_parser(sub)
     return parser

@@ -1,4 +1,5 @@
-"""Config tables v2 (``moe/config.py``) and ``fp4ext tune`` (``moe/tune.py``), CPU tier.
+"""Config tables v2 (``moe/config.py``) and ``fp4ext tune`` (``moe/tune.py``,
+``tune_space.py``, ``tune_cli.py``), CPU tier.
 
 Table round trip, v1 migration, user-directory precedence, strict errors naming file / shape /
 bucket / field; the tuner's search space (deterministic, valid, capped, heuristic first); the
@@ -22,6 +23,7 @@ from sglang_fp4ext import roofline
 from sglang_fp4ext.cli import main as cli_main
 from sglang_fp4ext.moe import config as C
 from sglang_fp4ext.moe import tune as TU
+from sglang_fp4ext.moe import tune_space as TS
 from sglang_fp4ext.moe.config import TableEntry
 from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
 from sglang_fp4ext.moe.prefill_config import PrefillConfig
@@ -172,30 +174,30 @@ def test_search_space_is_deterministic_valid_and_small(shape, target):
     from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
 
     for b in TU.DEFAULT_BUCKETS:
-        space = TU.search_space(b, shape, target)
-        assert space == TU.search_space(b, shape, target)
-        assert bool(space["decode"]) == (b <= TU.DECODE_MAX_BUCKET)
-        assert bool(space["prefill"]) == (b >= TU.PREFILL_MIN_BUCKET)
+        space = TS.search_space(b, shape, target)
+        assert space == TS.search_space(b, shape, target)
+        assert bool(space["decode"]) == (b <= TS.DECODE_MAX_BUCKET)
+        assert bool(space["prefill"]) == (b >= TS.PREFILL_MIN_BUCKET)
         for path, cls, heur in (
             ("decode", KernelConfig, heuristic_config),
             ("prefill", PrefillConfig, prefill_heuristic_config),
         ):
             cands = space[path]
-            assert len(cands) <= TU.MAX_CANDIDATES and len(set(cands)) == len(cands)
+            assert len(cands) <= TS.MAX_CANDIDATES and len(set(cands)) == len(cands)
             for c in cands:
                 assert type(c) is cls and cls(**c.to_dict()) == c  # __post_init__ passes
             if cands:
                 assert cands[0] == heur(b, shape, target)
                 assert len(cands) >= 3, f"{path} b={b}: search space collapsed to {cands}"
-                quick = TU.search_space(b, shape, target, limit=TU.QUICK_CANDIDATES)[path]
-                assert quick == cands[: TU.QUICK_CANDIDATES]
+                quick = TS.search_space(b, shape, target, limit=TS.QUICK_CANDIDATES)[path]
+                assert quick == cands[: TS.QUICK_CANDIDATES]
             if path == "prefill":
                 assert all(c.combine == "ordered" for c in cands)
             else:  # split-K never beyond the K chunks
                 assert all(c.split_k1 <= -(-shape.H // 256) for c in cands)
                 assert all(c.split_k2 <= -(-shape.I // 256) for c in cands)
     with pytest.raises(ValueError, match="neither"):
-        TU.search_space(64, TP8, H200, decode_max=16, prefill_min=128)
+        TS.search_space(64, TP8, H200, decode_max=16, prefill_min=128)
 
 
 def test_switch_point():

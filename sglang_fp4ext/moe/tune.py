@@ -6,11 +6,12 @@ explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
 
 1. random NVFP4 layer copies and inputs rotated beyond the L2 (``bench.layer.Layer``), uniform
    routing as rank 0 of the layout sees it (EP: other ranks' ids are -1);
-2. every candidate of :func:`search_space` timed as CUDA-graph replay
+2. every candidate of ``tune_space.search_space`` timed as CUDA-graph replay
    (``bench.timing.time_graph_replay``): the decode path's candidates while the bucket is
-   ``<= decode_max`` (default :data:`DECODE_MAX_BUCKET`), the prefill path's from ``prefill_min``
-   (default :data:`PREFILL_MIN_BUCKET`); the first candidate of each path (its heuristic) always
-   runs, the others in a fixed priority order until the bucket's share of ``--budget-s`` is spent;
+   ``<= decode_max`` (default ``tune_space.DECODE_MAX_BUCKET``), the prefill path's from
+   ``prefill_min`` (default ``tune_space.PREFILL_MIN_BUCKET``); the first candidate of each path
+   (its heuristic) always runs, the others in a fixed priority order until the bucket's share of
+   ``--budget-s`` is spent;
 3. the fastest candidate is checked against the fp32 torch twin (``fused_moe_nvfp4_torch``,
    output NaN-poisoned first): ``rms_rel <= 5e-3`` and ``max_rel <= 1e-2`` (normalised by
    ``max|ref|``), the bounds the GPU tests hold both paths to (three bf16 roundings, fp32
@@ -20,23 +21,8 @@ explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
 4. the table is written after every bucket (partial results survive a time limit), merged into an
    existing table at the same place (other shapes and buckets kept), plus an optional log JSON.
 
-**Search space** (deterministic: a function of bucket, shape and target; every candidate passes
-its config's ``__post_init__``; at most :data:`MAX_CANDIDATES` per path, ``--quick`` keeps the
-first :data:`QUICK_CANDIDATES`), in priority order:
-
-* decode (:func:`decode_candidates`), around ``decode_config.heuristic_config``: the heuristic; the
-  other kernel family (Gluon <-> ``tl.dot``); the other GEMM2 form (``tokens`` <-> ``pairs``);
-  GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
-  with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
-  GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (the first
-  :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
-* prefill (:func:`prefill_candidates`), around ``prefill_config.prefill_heuristic_config``: the
-  heuristic; ``block_m`` x2 (<= 256; at 256 with 128-deep GEMM1 steps) and /2 (>= 16); GEMM1
-  with 64 rows / 4 warps / 256-deep steps, with 128 rows / 8 warps / 256-deep steps, and the
-  former at ``block_m`` /2; 4 and 16 GEMM2 row blocks per program, and 64-row GEMM2 tiles on 4
-  warps with 16; the narrow GEMM1 at ``block_m`` /4 and /8 (under expert parallelism a local
-  expert sees ~EP times fewer rows than the per-rank shape suggests); 64-row tiles for both GEMMs.
-  The atomic combine is never a candidate (it is not deterministic run to run).
+The candidates per path, in priority order, are in ``moe/tune_space.py``; the command line
+(flags, exit status) in ``moe/tune_cli.py``.
 
 The **switch point** of a shape (in the log and the table's ``meta``) is the smallest bucket of
 the written table from which the prefill path wins every larger bucket (``null`` if it never
@@ -63,21 +49,18 @@ from sglang_fp4ext.moe.config import (
     table_document,
     user_table_path,
 )
-from sglang_fp4ext.moe.decode_config import heuristic_config
-from sglang_fp4ext.moe.layout import K_CHUNK
-from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
+from sglang_fp4ext.moe.shape import Target, token_bucket
+from sglang_fp4ext.moe.tune_space import (
+    DECODE_MAX_BUCKET,
+    MAX_CANDIDATES,
+    PREFILL_MIN_BUCKET,
+    QUICK_CANDIDATES,
+    search_space,
+)
 from sglang_fp4ext.progress import best_postfix
 
 __all__ = [
     "DEFAULT_BUCKETS",
-    "DECODE_MAX_BUCKET",
-    "PREFILL_MIN_BUCKET",
-    "MAX_CANDIDATES",
-    "QUICK_CANDIDATES",
-    "decode_candidates",
-    "prefill_candidates",
-    "search_space",
-    "model_shape",
     "tune",
     "write_table",
     "switch_point",
@@ -85,162 +68,9 @@ __all__ = [
 ]
 
 DEFAULT_BUCKETS = tuple(1 << i for i in range(14))  # 1 .. 8192
-#: Decode candidates up to this bucket: beyond it the decode kernels only lose more (H200,
-#: ``benchmarks/results/tune_h200.json``: at 2048 prefill is 1.9x faster for GLM-5 TP8, 1.7x EP8).
-DECODE_MAX_BUCKET = 2048
-#: Prefill candidates from this bucket: below it experts see ~1 pair and a 16-row MMA tile
-#: mostly multiplies padding.
-PREFILL_MIN_BUCKET = 32
-MAX_CANDIDATES = 12
-QUICK_CANDIDATES = 4
 MAX_CHECKS = 3
 #: Bounds of the winner's check against the fp32 twin (see the module docstring).
 MAX_REL, RMS_REL = 1e-2, 5e-3
-
-
-# ---- search space ----
-
-
-def _unique_valid(make: Sequence[Callable[[], object]], limit: int) -> list:
-    """Build each candidate (dropping those a config's ``__post_init__`` rejects), dedupe, cap."""
-    out = []
-    for f in make:
-        try:
-            c = f()
-        except ValueError:
-            continue
-        if c not in out:
-            out.append(c)
-        if len(out) >= limit:
-            break
-    return out
-
-
-def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_CANDIDATES):
-    """Decode-path :class:`KernelConfig` candidates for ``token_bucket(T)`` (module docstring)."""
-    b = token_bucket(T)
-    base = heuristic_config(b, shape, target)
-    kc1, kc2 = -(-shape.H // K_CHUNK), -(-shape.I // K_CHUNK)
-    r = dataclasses.replace
-    sk1 = base.split_k1
-
-    def split1(s):
-        if s > kc1 or s < 1:
-            raise ValueError("split_k1 beyond the K chunks")
-        return s
-
-    def split2(s):
-        if s > kc2:
-            raise ValueError("split_k2 beyond the K chunks")
-        return s
-
-    if base.gemm2 == "tokens":
-        flip = lambda: r(base, gemm2="pairs", block_n2=64, split_k2=1, tiles2=1)  # noqa: E731
-        g2a = lambda: r(base, block_n2=64 if base.block_n2 == 32 else 32)  # noqa: E731
-        g2b = lambda: r(base, block_n2=g2a().block_n2, split_k1=split1(2 * sk1))  # noqa: E731
-        g2c = lambda: r(base, gemm2="pairs", block_n2=64, split_k2=1, tiles2=2)  # noqa: E731
-    else:
-        flip = lambda: r(base, gemm2="tokens", block_n2=64, split_k2=1, tiles2=1)  # noqa: E731
-        g2a = lambda: r(base, tiles2=2 * base.tiles2)  # noqa: E731
-        g2b = lambda: r(base, tiles2=max(1, base.tiles2 // 2))  # noqa: E731
-        g2c = lambda: r(base, split_k2=split2(2 * base.split_k2))  # noqa: E731
-    other = "dot" if base.kernels == "gluon" else "gluon"
-    make = [
-        lambda: base,
-        lambda: r(base, kernels=other),  # both families are timed
-        flip,
-        lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
-        lambda: r(base, split_k1=split1(2 * sk1)),
-        lambda: r(base, split_k1=split1(sk1 // 2)),
-        lambda: r(base, block_n1=32, split_k1=split1(2 * sk1)),
-        g2a,
-        g2b,
-        g2c,
-        lambda: r(base, stages1=4),
-        lambda: r(base, block_t=16 if base.block_t == 8 else 8),
-        lambda: r(base, split_k1=split1(4 * sk1)),
-        lambda: r(base, stages2=4),
-    ]
-    return _unique_valid(make, min(limit, MAX_CANDIDATES))
-
-
-def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_CANDIDATES):
-    """Prefill-path ``PrefillConfig`` candidates for ``token_bucket(T)`` (module docstring)."""
-    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
-
-    b = token_bucket(T)
-    base = prefill_heuristic_config(b, shape, target)
-    r = dataclasses.replace
-    bm = base.block_m
-
-    def m(v):
-        if not 16 <= v <= 256:
-            raise ValueError("block_m outside [16, 256]")
-        return v
-
-    # GEMM1 variants that won somewhere in the H200 sweep (prefill_heuristic_config's docstring).
-    narrow = dict(block_n1=64, block_k1=256, warps1=4, stages1=2)
-    wide = dict(block_n1=128, block_k1=256, warps1=8, stages1=2)
-    half = dict(block_n1=128, block_k1=128, warps1=8, stages1=2)
-    make = [
-        lambda: base,
-        lambda: r(base, block_m=m(2 * bm), **(half if 2 * bm == 256 else {})),
-        lambda: r(base, block_m=m(bm // 2)),
-        lambda: r(base, **narrow),
-        lambda: r(base, **wide),
-        lambda: r(base, block_m=m(bm // 2), **narrow),
-        lambda: r(base, group_n2=4),
-        lambda: r(base, group_n2=16),
-        lambda: r(base, block_n2=64, warps2=4, group_n2=16),
-        # Far smaller tiles: under expert parallelism most ids are another rank's, so the rows
-        # per local expert are ~EP times fewer than the shape alone suggests.
-        lambda: r(base, block_m=m(bm // 4), **narrow),
-        lambda: r(base, block_m=m(bm // 8), **narrow),
-        lambda: r(base, block_n1=64, block_n2=64),
-    ]
-    return _unique_valid(make, min(limit, MAX_CANDIDATES))
-
-
-def search_space(
-    T: int,
-    shape: MoEShape,
-    target: Target,
-    *,
-    limit: int = MAX_CANDIDATES,
-    decode_max: int = DECODE_MAX_BUCKET,
-    prefill_min: int = PREFILL_MIN_BUCKET,
-) -> dict[str, list]:
-    """``{"decode": [...], "prefill": [...]}`` for bucket ``token_bucket(T)``; a path outside its
-    bucket range gets no candidates. At least one path always has some."""
-    b = token_bucket(T)
-    dec = b <= decode_max
-    pre = b >= prefill_min
-    if not dec and not pre:
-        raise ValueError(
-            f"bucket {b} is neither <= decode_max={decode_max} nor >= prefill_min={prefill_min}"
-        )
-    return {
-        "decode": decode_candidates(b, shape, target, limit) if dec else [],
-        "prefill": prefill_candidates(b, shape, target, limit) if pre else [],
-    }
-
-
-# ---- shapes ----
-
-
-def model_shape(preset: str | None = None, *, E=None, H=None, I=None, top_k=None):  # noqa: E741
-    """A ``roofline.ModelShape``: a preset by name, or one rank holding ``E`` experts of
-    hidden ``H`` and intermediate ``I`` with ``top_k`` (all four needed)."""
-    from sglang_fp4ext import roofline
-
-    explicit = (E, H, I, top_k)
-    if preset is not None:
-        if any(v is not None for v in explicit):
-            raise ValueError("give a preset or --E/--H/--I/--top-k, not both")
-        return roofline.preset(preset)
-    if any(v is None for v in explicit):
-        raise ValueError("an explicit shape needs all of --E, --H, --I and --top-k")
-    return roofline.ModelShape(f"E{E}-H{H}-I{I}-k{top_k}", E, top_k, H, I, 1)
 
 
 # ---- measurement ----
@@ -497,103 +327,3 @@ def write_table(path: Path, device_name: str, entries: dict, log: dict | None = 
     _write_json(path, doc)
     clear_table_cache()
     return doc
-
-
-# ---- command line ----
-
-
-def _buckets(text: str) -> list[int]:
-    import argparse
-
-    try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--buckets must be integers like 1,2,4; got {text!r}")
-    if not vals or any(v < 1 or token_bucket(v) != v for v in vals):
-        raise argparse.ArgumentTypeError(f"--buckets needs powers of two >= 1, got {text!r}")
-    return vals
-
-
-def add_tune_parser(subparsers):
-    """Add ``tune`` to ``fp4ext``'s sub-parsers."""
-    from sglang_fp4ext.roofline import PRESETS
-
-    p = subparsers.add_parser(
-        "tune",
-        help="tune the decode/prefill kernel configs per token bucket on this GPU (JSON table)",
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("--preset", default=None,
-                   help=f"comma-separated presets, e.g. glm5-tp8,glm5-ep8 (known: "
-                        f"{', '.join(sorted(PRESETS))}); default glm5-tp8")  # fmt: skip
-    for flag, what in (("--E", "local experts"), ("--H", "hidden size"),
-                       ("--I", "per-rank intermediate size"), ("--top-k", "experts per token")):
-        p.add_argument(flag, type=int, default=None, help=f"explicit shape: {what}")
-    p.add_argument("--buckets", type=_buckets, default=list(DEFAULT_BUCKETS),
-                   help="token buckets, powers of two (default 1,2,...,8192)")
-    p.add_argument("--out", default=None,
-                   help="directory for <device>.json (default: $SGLANG_FP4EXT_CONFIG_DIR or "
-                        "~/.cache/sglang_fp4ext/configs, read before the shipped tables)")
-    p.add_argument("--log", default=None, help="also write the full tuning log JSON here")
-    p.add_argument("--budget-s", type=float, default=600.0,
-                   help="time budget in seconds over all shapes and buckets (default 600); each "
-                        "bucket's heuristic configs always run")  # fmt: skip
-    p.add_argument("--quick", action="store_true",
-                   help=f"{QUICK_CANDIDATES} candidates per path and bucket, 5 replays")
-    p.add_argument("--copies", type=int, default=4, help="layer copies rotated (beyond L2)")
-    p.add_argument("--replays", type=int, default=None, help="graph replays per candidate")
-    p.add_argument("--decode-max", type=int, default=DECODE_MAX_BUCKET,
-                   help="largest bucket with decode candidates (default %(default)s)")
-    p.add_argument("--prefill-min", type=int, default=PREFILL_MIN_BUCKET,
-                   help="smallest bucket with prefill candidates (default %(default)s)")
-    p.add_argument("--seed", type=int, default=2026)
-    p.set_defaults(func=run_cli)
-    return p
-
-
-def run_cli(args) -> int:
-    """0: every bucket tuned and checked; 1: a bucket had no passing candidate; 2: no GPU or
-    bad arguments."""
-    from sglang_fp4ext import target_info
-
-    try:
-        explicit = dict(E=args.E, H=args.H, I=args.I, top_k=args.top_k)
-        if args.preset is not None:
-            shapes = [model_shape(n.strip(), **explicit) for n in args.preset.split(",")]
-        elif any(v is not None for v in explicit.values()):
-            shapes = [model_shape(**explicit)]
-        else:
-            shapes = [model_shape("glm5-tp8")]
-        if args.decode_max < args.prefill_min / 2 or args.copies < 1 or args.budget_s <= 0:
-            raise ValueError("need --copies >= 1, --budget-s > 0 and no bucket gap between "
-                             "--decode-max and --prefill-min")  # fmt: skip
-    except (KeyError, ValueError) as exc:
-        print(f"fp4ext tune: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
-    if not target_info.has_cuda_gpu():
-        print("fp4ext tune: no CUDA GPU here; tuning times the kernels on the GPU the table is "
-              "for. Run it on that machine (nothing was written).", file=sys.stderr)  # fmt: skip
-        return 2
-    if not target_info.supports_triton_w4a16(target_info.device_capability()):
-        print("fp4ext tune: this GPU does not run the fp4ext Triton kernels (needs SM80+)",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    log = tune(
-        shapes, args.buckets, out=args.out, log_path=args.log, budget_s=args.budget_s,
-        quick=args.quick, copies=args.copies, replays=args.replays, seed=args.seed,
-        decode_max=args.decode_max, prefill_min=args.prefill_min,
-    )  # fmt: skip
-    return 0 if log["ok"] else 1
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="fp4ext")
-    add_tune_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["tune", *(argv or [])])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,176 @@
+"""The search space of ``fp4ext tune`` (the flow: ``moe/tune.py``): candidate decode and
+prefill kernel configs per token bucket and the constants that bound them.
+
+**Search space** (deterministic: a function of bucket, shape and target; every candidate passes
+its config's ``__post_init__``; at most :data:`MAX_CANDIDATES` per path, ``--quick`` keeps the
+first :data:`QUICK_CANDIDATES`), in priority order:
+
+* decode (:func:`decode_candidates`), around ``decode_config.heuristic_config``: the heuristic; the
+  other kernel family (Gluon <-> ``tl.dot``); the other GEMM2 form (``tokens`` <-> ``pairs``);
+  GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
+  with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
+  GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (the first
+  :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
+* prefill (:func:`prefill_candidates`), around ``prefill_config.prefill_heuristic_config``: the
+  heuristic; ``block_m`` x2 (<= 256; at 256 with 128-deep GEMM1 steps) and /2 (>= 16); GEMM1
+  with 64 rows / 4 warps / 256-deep steps, with 128 rows / 8 warps / 256-deep steps, and the
+  former at ``block_m`` /2; 4 and 16 GEMM2 row blocks per program, and 64-row GEMM2 tiles on 4
+  warps with 16; the narrow GEMM1 at ``block_m`` /4 and /8 (under expert parallelism a local
+  expert sees ~EP times fewer rows than the per-rank shape suggests); 64-row tiles for both GEMMs.
+  The atomic combine is never a candidate (it is not deterministic run to run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from sglang_fp4ext.moe.decode_config import heuristic_config
+from sglang_fp4ext.moe.layout import K_CHUNK
+from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
+
+__all__ = [
+    "DECODE_MAX_BUCKET",
+    "PREFILL_MIN_BUCKET",
+    "MAX_CANDIDATES",
+    "QUICK_CANDIDATES",
+    "decode_candidates",
+    "prefill_candidates",
+    "search_space",
+]
+
+#: Decode candidates up to this bucket: beyond it the decode kernels only lose more (H200,
+#: ``benchmarks/results/tune_h200.json``: at 2048 prefill is 1.9x faster for GLM-5 TP8, 1.7x EP8).
+DECODE_MAX_BUCKET = 2048
+#: Prefill candidates from this bucket: below it experts see ~1 pair and a 16-row MMA tile
+#: mostly multiplies padding.
+PREFILL_MIN_BUCKET = 32
+MAX_CANDIDATES = 12
+QUICK_CANDIDATES = 4
+
+
+# ---- search space ----
+
+
+def _unique_valid(make: Sequence[Callable[[], object]], limit: int) -> list:
+    """Build each candidate (dropping those a config's ``__post_init__`` rejects), dedupe, cap."""
+    out = []
+    for f in make:
+        try:
+            c = f()
+        except ValueError:
+            continue
+        if c not in out:
+            out.append(c)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_CANDIDATES):
+    """Decode-path :class:`KernelConfig` candidates for ``token_bucket(T)`` (module docstring)."""
+    b = token_bucket(T)
+    base = heuristic_config(b, shape, target)
+    kc1, kc2 = -(-shape.H // K_CHUNK), -(-shape.I // K_CHUNK)
+    r = dataclasses.replace
+    sk1 = base.split_k1
+
+    def split1(s):
+        if s > kc1 or s < 1:
+            raise ValueError("split_k1 beyond the K chunks")
+        return s
+
+    def split2(s):
+        if s > kc2:
+            raise ValueError("split_k2 beyond the K chunks")
+        return s
+
+    if base.gemm2 == "tokens":
+        flip = lambda: r(base, gemm2="pairs", block_n2=64, split_k2=1, tiles2=1)  # noqa: E731
+        g2a = lambda: r(base, block_n2=64 if base.block_n2 == 32 else 32)  # noqa: E731
+        g2b = lambda: r(base, block_n2=g2a().block_n2, split_k1=split1(2 * sk1))  # noqa: E731
+        g2c = lambda: r(base, gemm2="pairs", block_n2=64, split_k2=1, tiles2=2)  # noqa: E731
+    else:
+        flip = lambda: r(base, gemm2="tokens", block_n2=64, split_k2=1, tiles2=1)  # noqa: E731
+        g2a = lambda: r(base, tiles2=2 * base.tiles2)  # noqa: E731
+        g2b = lambda: r(base, tiles2=max(1, base.tiles2 // 2))  # noqa: E731
+        g2c = lambda: r(base, split_k2=split2(2 * base.split_k2))  # noqa: E731
+    other = "dot" if base.kernels == "gluon" else "gluon"
+    make = [
+        lambda: base,
+        lambda: r(base, kernels=other),  # both families are timed
+        flip,
+        lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
+        lambda: r(base, split_k1=split1(2 * sk1)),
+        lambda: r(base, split_k1=split1(sk1 // 2)),
+        lambda: r(base, block_n1=32, split_k1=split1(2 * sk1)),
+        g2a,
+        g2b,
+        g2c,
+        lambda: r(base, stages1=4),
+        lambda: r(base, block_t=16 if base.block_t == 8 else 8),
+        lambda: r(base, split_k1=split1(4 * sk1)),
+        lambda: r(base, stages2=4),
+    ]
+    return _unique_valid(make, min(limit, MAX_CANDIDATES))
+
+
+def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_CANDIDATES):
+    """Prefill-path ``PrefillConfig`` candidates for ``token_bucket(T)`` (module docstring)."""
+    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
+
+    b = token_bucket(T)
+    base = prefill_heuristic_config(b, shape, target)
+    r = dataclasses.replace
+    bm = base.block_m
+
+    def m(v):
+        if not 16 <= v <= 256:
+            raise ValueError("block_m outside [16, 256]")
+        return v
+
+    # GEMM1 variants that won somewhere in the H200 sweep (prefill_heuristic_config's docstring).
+    narrow = dict(block_n1=64, block_k1=256, warps1=4, stages1=2)
+    wide = dict(block_n1=128, block_k1=256, warps1=8, stages1=2)
+    half = dict(block_n1=128, block_k1=128, warps1=8, stages1=2)
+    make = [
+        lambda: base,
+        lambda: r(base, block_m=m(2 * bm), **(half if 2 * bm == 256 else {})),
+        lambda: r(base, block_m=m(bm // 2)),
+        lambda: r(base, **narrow),
+        lambda: r(base, **wide),
+        lambda: r(base, block_m=m(bm // 2), **narrow),
+        lambda: r(base, group_n2=4),
+        lambda: r(base, group_n2=16),
+        lambda: r(base, block_n2=64, warps2=4, group_n2=16),
+        # Far smaller tiles: under expert parallelism most ids are another rank's, so the rows
+        # per local expert are ~EP times fewer than the shape alone suggests.
+        lambda: r(base, block_m=m(bm // 4), **narrow),
+        lambda: r(base, block_m=m(bm // 8), **narrow),
+        lambda: r(base, block_n1=64, block_n2=64),
+    ]
+    return _unique_valid(make, min(limit, MAX_CANDIDATES))
+
+
+def search_space(
+    T: int,
+    shape: MoEShape,
+    target: Target,
+    *,
+    limit: int = MAX_CANDIDATES,
+    decode_max: int = DECODE_MAX_BUCKET,
+    prefill_min: int = PREFILL_MIN_BUCKET,
+) -> dict[str, list]:
+    """``{"decode": [...], "prefill": [...]}`` for bucket ``token_bucket(T)``; a path outside its
+    bucket range gets no candidates. At least one path always has some."""
+    b = token_bucket(T)
+    dec = b <= decode_max
+    pre = b >= prefill_min
+    if not dec and not pre:
+        raise ValueError(
+            f"bucket {b} is neither <= decode_max={decode_max} nor >= prefill_min={prefill_min}"
+        )
+    return {
+        "decode": decode_candidates(b, shape, target, limit) if dec else [],
+        "prefill": prefill_candidates(b, shape, target, limit) if pre else [],
+    }
