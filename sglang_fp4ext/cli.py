@@ -269,13 +269,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_patches(args: argparse.Namespace) -> int:
-    from sglang_fp4ext import patches
+    from sglang_fp4ext import patch_check, patches
 
     if args.action == "list":
         print(patches.render_table())
         return 0
     try:
-        report = patches.check_patches(args.sglang_dir, patches_dir=args.patches_dir)
+        report = patch_check.check_patches(args.sglang_dir, patches_dir=args.patches_dir)
     except (FileNotFoundError, RuntimeError) as exc:
         print(f"fp4ext patches check: {exc}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fp4ext import patches
+from sglang_fp4ext import patch_check, patches
 from tests import test_sglang_layer
 from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, tiny_model_dir
 
@@ -84,7 +84,7 @@ def test_record_for_and_bad_dir():
     with pytest.raises(KeyError, match="not in the sglang_fp4ext hook manifest"):
         patches.record_for("sglang.nowhere")
     with pytest.raises(FileNotFoundError, match="not an sglang package directory"):
-        patches.check_patches(REPO / "patches")
+        patch_check.check_patches(REPO / "patches")
 
 
 # ---- SGLang copies ------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def test_record_for_and_bad_dir():
 def _copy_sglang(dest_root: Path) -> Path:
     """A full copy of the installed ``sglang`` package (``cp -a`` keeps mtimes, so the compiled
     caches stay valid and the children import as fast as from site-packages)."""
-    src = patches.installed_sglang_dir()
+    src = patch_check.installed_sglang_dir()
     assert src is not None, "SGLang is not installed"
     dest_root.mkdir(parents=True, exist_ok=True)
     if shutil.which("cp"):
@@ -295,7 +295,7 @@ def test_patched_sglang_needs_no_hooks_and_other_backends_are_unchanged(
         fq = pool.submit(run_child, pristine, env={"SGLANG_PLUGINS": "some_other_plugin"})
         p, q = fp.result(), fq.result()
     assert Path(p["sglang_file"]).parent == root / "sglang"
-    assert Path(q["sglang_file"]).parent == patches.installed_sglang_dir()
+    assert Path(q["sglang_file"]).parent == patch_check.installed_sglang_dir()
     # The plugin found every capability: no private hook at all, the resolution hook stays.
     around, steps = _manifest_sets()
     assert p["hooks"] == [] and p["resolution"] == steps
