@@ -3,7 +3,7 @@
 Gluon kernels cannot run under the Triton interpreter (it executes ``triton.language`` only), so
 the CPU tier checks them by compiling, and the GPU tier (``test_decode_gpu.py``) by running them
 against the torch twin. Every Gluon config the shipped tables name, plus the Gluon form of the
-heuristic's configs for the GLM-5 TP8/EP8 shapes, is compiled with ``triton.compile(
+heuristic's configs for the GLM-5 TP8/EP8 shapes (GEMM1, token GEMM2 and pairs GEMM2), is compiled with ``triton.compile(
 GluonASTSource, target=GPUTarget(...))`` with the Triton installed here (3.8 in CI) and, where a
 Triton 3.6 site directory exists (``.ci/triton36``, which ``.ci/run`` installs, or
 ``$FP4EXT_TRITON36``), with 3.6 too (the H200's version). The PTX must hold what the design relies
@@ -38,12 +38,13 @@ P1 = dict(x_ptr="*bf16", ids_ptr="*i32", q_ptr="*u8", s_ptr="*u8", a_ptr="*fp32"
           inter_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32")
 P2 = dict(inter_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32", q_ptr="*u8", s_ptr="*u8",
           a_ptr="*fp32", out_ptr="*bf16")
+P3 = dict(P2, ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32")
 # What the JIT specialises on the real tensors: 16-byte aligned pointers, strides divisible by 16.
 DIV = set(P1) | set(P2) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stride",
                            "s_e_stride", "s_chunk_stride", "stride_out"}
 out = []
 for v in variants:
-    fn, ptrs = (G._gemm1, P1) if v["kernel"] == 1 else (G._gemm2_tok, P2)
+    fn, ptrs = {1: (G._gemm1, P1), 2: (G._gemm2_tok, P2), 3: (G._gemm2, P3)}[v["kernel"]]
     consts = dict(v["constexprs"], **G.layouts(v["BN"], v["BT"], v["num_warps"]))
     sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names if n in DIV}
@@ -81,10 +82,14 @@ def _variants():
         vs = [dict(kernel=1, BN=c.block_n1, BT=c.block_t, num_warps=c.warps1,
                    constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
                                    BLOCK_P=c.block_p))]
+        k_pow2 = 1 << (k - 1).bit_length()
         if c.gemm2 == "tokens":
             vs.append(dict(kernel=2, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
-                           constexprs=dict(K_POW2=1 << (k - 1).bit_length(), BN=c.block_n2,
-                                           BT=c.block_t)))
+                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t)))
+        else:
+            vs.append(dict(kernel=3, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
+                           constexprs=dict(K_POW2=k_pow2, SLOT_MODE=c.grid == "slots",
+                                           BN=c.block_n2, BT=c.block_t)))
         for v in vs:
             key = json.dumps(v, sort_keys=True)
             if key not in seen:
@@ -103,17 +108,18 @@ def _triton36_site() -> str | None:
 @pytest.fixture(scope="module")
 def compiled():
     variants = _variants()
-    todo = {80: variants[:2], 90: variants, 100: variants[:2], 120: variants}
+    some = [next(v for v in variants if v["kernel"] == i) for i in (1, 2, 3)]
+    todo = {80: some, 90: variants, 100: some, 120: variants}
     res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
     site = _triton36_site()
     if site:
-        res["3.6"] = compile_per_arch(_SCRIPT, {90: variants, 120: variants[:2]}, 900, site)
+        res["3.6"] = compile_per_arch(_SCRIPT, {90: variants, 120: some}, 900, site)
     return todo, res
 
 
 def test_there_are_gluon_configs_to_compile():
     kinds = {v["kernel"] for v in _variants()}
-    assert kinds == {1, 2}, kinds
+    assert kinds == {1, 2, 3}, kinds
 
 
 @pytest.mark.parametrize("cc", [80, 90, 100, 120])

@@ -229,6 +229,31 @@ def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I,
     gl.store(pg, h.to(gl.bfloat16), mask=og)
 
 
+@gluon.jit
+def _offsets(nb, q_row_stride, BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr,
+             XL: gl.constexpr, ML: gl.constexpr):
+    """Per-tile index tensors: code-word and scale offsets of row tile ``nb`` (load layout, MMA
+    rows -> weight rows), activation word offsets and group starts (their layout), the MMA
+    columns ``n1`` of the activation rows, and the epilogue's rows / columns / weight rows."""
+    SL: gl.constexpr = gl.SliceLayout(2, WL)
+    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
+    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
+    prow = nb * BN + _phys_row(r1)
+    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
+    qoff = gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0)
+    qoff = gl.expand_dims(qoff, 2) + gl.expand_dims(gl.expand_dims(i1, 0), 0)  # int32 words
+    XS: gl.constexpr = gl.SliceLayout(2, XL)
+    n1 = gl.arange(0, BT, layout=gl.SliceLayout(1, XS))
+    xg = gl.arange(0, 8, layout=gl.SliceLayout(0, XS))
+    xi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, XL)))
+    koff = gl.expand_dims(gl.expand_dims(xg * 8, 0), 2) + gl.expand_dims(gl.expand_dims(xi, 0), 0)
+    goff = gl.expand_dims(gl.expand_dims(xg * 16, 0), 2)  # first element of each group
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
+    cols = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))
+    return qoff, soff, koff, goff, n1, rows, cols, nb * BN + _phys_row(rows)
+
+
 # ---- kernels ----
 
 
@@ -254,25 +279,7 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
     kc0 = ks * CPS
     kc1 = gl.minimum(kc0 + CPS, KC)
 
-    # Weight offsets in the load layout (MMA rows -> weight rows).
-    SL: gl.constexpr = gl.SliceLayout(2, WL)
-    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
-    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
-    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
-    prow = nb * BN + _phys_row(r1)
-    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
-    qoff = gl.expand_dims(gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0), 2)
-    qoff = qoff + gl.expand_dims(gl.expand_dims(i1, 0), 0)  # in int32 words
-    # Activation offsets in their layout.
-    XS: gl.constexpr = gl.SliceLayout(2, XL)
-    n1 = gl.arange(0, BT, layout=gl.SliceLayout(1, XS))
-    xg = gl.arange(0, 8, layout=gl.SliceLayout(0, XS))
-    xi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, XL)))
-    koff = gl.expand_dims(gl.expand_dims(xg * 8, 0), 2) + gl.expand_dims(gl.expand_dims(xi, 0), 0)
-    goff = gl.expand_dims(gl.expand_dims(xg * 16, 0), 2)  # first element of each group
-    # Epilogue indices in the MMA layout.
-    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
-    cols = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))
+    qoff, soff, koff, goff, n1, rows, cols, wrow = _offsets(nb, q_row_stride, BN, BT, WL, XL, ML)
 
     nchunk = gl.cdiv(m, BT)
     for c in range(0, nchunk):
@@ -291,7 +298,6 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
         if SPLIT_K == 1:
             _silu_mul_store(acc, ae, rows, cpairs, cm, inter_ptr, nb, I, BN, BT, ML)
         else:
-            wrow = nb * BN + _phys_row(rows)
             wp = ws_ptr + gl.expand_dims((ks * P + cpairs).to(gl.int64) * NP, 0)
             gl.store(wp + gl.expand_dims(wrow, 1), acc, mask=gl.expand_dims(cm, 0))
     if SPLIT_K > 1:
@@ -300,7 +306,6 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
         old = gl.atomic_add(cp, 1, sem="acq_rel")
         if old == SPLIT_K - 1:  # last to arrive: reduce in fixed split order, finish the tile
             barrier()
-            wrow = nb * BN + _phys_row(rows)
             for c in range(0, nchunk):
                 cslot = c * BT + cols
                 cm = cslot < m
@@ -330,24 +335,8 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
     rank = gl.associative_scan(valid.to(gl.int32), 0, _add) - 1
     nv = gl.sum(valid.to(gl.int32), 0)
 
-    SL: gl.constexpr = gl.SliceLayout(2, WL)
-    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
-    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
-    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
-    prow = nb * BN + _phys_row(r1)
-    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
-    qoff = gl.expand_dims(gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0), 2)
-    qoff = qoff + gl.expand_dims(gl.expand_dims(i1, 0), 0)  # in int32 words
-    XS: gl.constexpr = gl.SliceLayout(2, XL)
-    n1 = gl.arange(0, BT, layout=gl.SliceLayout(1, XS))
-    xg = gl.arange(0, 8, layout=gl.SliceLayout(0, XS))
-    xi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, XL)))
-    koff = gl.expand_dims(gl.expand_dims(xg * 8, 0), 2) + gl.expand_dims(gl.expand_dims(xi, 0), 0)
-    goff = gl.expand_dims(gl.expand_dims(xg * 16, 0), 2)  # first element of each group
+    qoff, soff, koff, goff, n1, rows, cols, wrow = _offsets(nb, q_row_stride, BN, BT, WL, XL, ML)
     xmask = gl.expand_dims(gl.expand_dims(n1 == 0, 1), 2)
-    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
-    cols = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))
-    wrow = nb * BN + _phys_row(rows)
 
     o = gl.zeros([BN, BT], gl.float32, ML)
     for n in range(0, nv):
@@ -363,3 +352,96 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
         o += part * gl.expand_dims(coef, 1)
     res = gl.sum(gl.where(gl.expand_dims(cols == 0, 0), o, 0.0), 1)
     gl.store(out_ptr + t.to(gl.int64) * stride_out + wrow, res.to(gl.bfloat16), mask=wrow < H)
+
+
+@gluon.jit
+def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt_ptr, plist_ptr,
+           pcnt_ptr, T, P, E, H, I, NP, NB, stride_out, q_e_stride, q_row_stride, s_e_stride,
+           s_chunk_stride, KC, CPS, TOP_K, SPLIT_K, NT,
+           K_POW2: gl.constexpr, SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
+           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
+    """``_decode_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
+    weight for all pairs of one expert, row tiles ``pid1 * NT ..``, and the arrival-counter top-k
+    combine (ws (P, SPLIT_K, NP) fp32 by weight row; cnt (T, NB) int32, zero between calls)."""
+    KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])
+    TL: gl.constexpr = gl.BlockedLayout([K_POW2, 1], [1, 32], [1, gl.num_warps()], [0, 1])
+    pid0 = gl.program_id(0)
+    pid1 = gl.program_id(1)
+    ks = gl.program_id(2)
+    if (pid0 < T) & (ks == 0):
+        # A token with no local expert gets no arrival at all: write its zeros here.
+        kj = gl.arange(0, K_POW2, layout=KL)
+        idt = gl.load(ids_ptr + pid0 * TOP_K + kj, mask=kj < TOP_K, other=-1).to(gl.int32)
+        nval = gl.sum(((idt >= 0) & (idt < E)).to(gl.int32), 0)
+        if nval == 0:
+            zr = gl.arange(0, BN, layout=KL)
+            for it in range(0, NT):
+                r = (pid1 * NT + it) * BN + zr
+                gl.store(out_ptr + pid0.to(gl.int64) * stride_out + r,
+                         gl.zeros([BN], gl.bfloat16, KL), mask=r < H)
+    if SLOT_MODE:
+        e = gl.load(ids_ptr + pid0).to(gl.int32)
+        ok = (e >= 0) & (e < E)
+        es = gl.where(ok, e, 0)
+        lead = gl.load(plist_ptr + es.to(gl.int64) * P) == pid0
+        m = gl.where(ok & lead, gl.load(pcnt_ptr + es), 0)
+    else:
+        e = pid0
+        m = gl.where(e < E, gl.load(pcnt_ptr + gl.minimum(e, E - 1)), 0)
+    if m == 0:
+        return
+    e64 = e.to(gl.int64)
+    lbase = plist_ptr + e64 * P
+    qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
+    se = s_ptr + e64 * s_e_stride
+    xw = inter_ptr.to(gl.pointer_type(gl.int32))  # bf16 pairs
+    kc0 = ks * CPS
+    kc1 = gl.minimum(kc0 + CPS, KC)
+    nchunk = gl.cdiv(m, BT)
+    kt = gl.expand_dims(gl.arange(0, K_POW2, layout=gl.SliceLayout(1, TL)), 1)
+    for nb in range(pid1 * NT, gl.minimum(pid1 * NT + NT, NB)):
+        qoff, soff, koff, goff, n1, rows, cols, wrow = _offsets(nb, q_row_stride, BN, BT, WL, XL,
+                                                                ML)
+        alpha = gl.load(a_ptr + e64 * NP + wrow) * _TWO_P26
+        for c in range(0, nchunk):
+            slot = c * BT + n1
+            pm = slot < m
+            pairs = gl.load(lbase + slot, mask=pm, other=0)
+            xp = xw + gl.expand_dims(gl.expand_dims(pairs.to(gl.int64) * (I // 2), 1), 2) + koff
+            xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
+            acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, I, s_chunk_stride,
+                             BN, BT, ML)
+            cslot = c * BT + cols
+            cm = cslot < m
+            cpairs = gl.load(lbase + cslot, mask=cm, other=0)
+            tw = gl.load(tw_ptr + cpairs, mask=cm, other=0.0).to(gl.float32)
+            y = acc * gl.expand_dims(alpha, 1) * gl.expand_dims(tw, 0)
+            tok = cpairs // TOP_K
+            wp = ws_ptr + gl.expand_dims((cpairs.to(gl.int64) * SPLIT_K + ks) * NP, 0)
+            gl.store(wp + gl.expand_dims(wrow, 1), y, mask=gl.expand_dims(cm, 0))
+            barrier()  # every thread's partials are written before the release below
+            cp = cnt_ptr + tok * NB + nb
+            one = gl.full([BT], 1, gl.int32, gl.SliceLayout(0, ML))  # a scalar fails in 3.6
+            old = gl.atomic_add(cp, one, mask=cm, sem="acq_rel")
+            # Valid slots of each token of the group (its arrivals to wait for).
+            ttok = gl.expand_dims(gl.convert_layout(tok, gl.SliceLayout(0, TL)), 0)
+            tcm = gl.expand_dims(gl.convert_layout(cm, gl.SliceLayout(0, TL)), 0)
+            idt = gl.load(ids_ptr + ttok * TOP_K + kt, mask=tcm & (kt < TOP_K), other=-1)
+            nval = gl.sum(((idt >= 0) & (idt < E)).to(gl.int32), 0)
+            nval = gl.convert_layout(nval, gl.SliceLayout(0, ML))
+            last = cm & (old == nval * SPLIT_K - 1)
+            if gl.sum(last.to(gl.int32), 0) > 0:  # some token of this group is complete: combine
+                barrier()
+                tok64 = tok.to(gl.int64)
+                o = gl.zeros([BN, BT], gl.float32, ML)
+                for j in range(0, TOP_K):  # fixed order: slot j, then split s
+                    idj = gl.load(ids_ptr + tok * TOP_K + j, mask=last, other=-1).to(gl.int32)
+                    vj = gl.expand_dims(last & (idj >= 0) & (idj < E), 0)
+                    for s in range(0, SPLIT_K):
+                        rp = ws_ptr + gl.expand_dims(((tok64 * TOP_K + j) * SPLIT_K + s) * NP, 0)
+                        o += gl.load(rp + gl.expand_dims(wrow, 1), mask=vj, other=0.0,
+                                     cache_modifier=".cg")
+                op = out_ptr + gl.expand_dims(tok64 * stride_out, 0) + gl.expand_dims(wrow, 1)
+                om = gl.expand_dims(last, 0) & gl.expand_dims(wrow < H, 1)
+                gl.store(op, o.to(gl.bfloat16), mask=om)
+                gl.store(cp, gl.zeros([BT], gl.int32, gl.SliceLayout(0, ML)), mask=last)

@@ -184,8 +184,8 @@ def fused_moe_nvfp4(
     if config.gemm2 == "tokens":
         if gluon:
             gemm2 = G._gemm2_tok
-            lay2 = G.layouts(config.block_n2, config.block_t, config.warps2)
-            extra2 = dict(num_warps=config.warps2, **lay2)
+            extra2 = dict(num_warps=config.warps2, **G.layouts(config.block_n2, config.block_t,
+                                                                config.warps2))
         else:
             gemm2 = K._moe_gemm2_tok
             extra2 = dict(COMPUTE_F32=interp, num_warps=config.warps2, num_stages=config.stages2)
@@ -215,7 +215,14 @@ def fused_moe_nvfp4(
             **extra2,
         )
         return out
-    K._moe_gemm2[g2](
+    if gluon:
+        gemm2 = G._gemm2
+        extra2 = dict(num_warps=config.warps2, **G.layouts(config.block_n2, config.block_t,
+                                                            config.warps2))
+    else:
+        gemm2 = K._moe_gemm2
+        extra2 = dict(COMPUTE_F32=interp, num_warps=config.warps2, num_stages=config.stages2)
+    gemm2[g2](
         inter,
         topk_ids,
         topk_weights,
@@ -248,9 +255,7 @@ def fused_moe_nvfp4(
         SLOT_MODE=config.grid == "slots",
         BN=config.block_n2,
         BT=config.block_t,
-        COMPUTE_F32=interp,
-        num_warps=config.warps2,
-        num_stages=config.stages2,
+        **extra2,
     )
     return out
 
