@@ -29,12 +29,12 @@ import torch
 from sglang_fp4ext.bench import BenchShape, nvfp4_bytes_per_expert, random_packed_weights
 from sglang_fp4ext.bench import uniform_routing
 from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, time_graph_replay
-from sglang_fp4ext.moe.config import config_for
+from sglang_fp4ext.moe.config import read_table_file
 from sglang_fp4ext.moe.decode import fused_moe_nvfp4
 from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-from sglang_fp4ext.moe.shape import current_target
+from sglang_fp4ext.moe.shape import current_target, token_bucket
 from sglang_fp4ext.testing.compare import error_stats
 
 SHAPES = {
@@ -51,7 +51,8 @@ SHAPES = {
 
 
 def candidates(v1: KernelConfig, kc1: int) -> list[KernelConfig]:
-    """Gluon configs around ``v1``: the same tiles, GEMM1 split-K / row tile / warps, GEMM2 form."""
+    """Gluon configs around ``v1`` (v1's tuned tiles): the same tiles, GEMM1 split-K / row tile /
+    warps, GEMM2 form, tile, warps and row tiles per program."""
     base = dataclasses.replace(v1, kernels="gluon")
     out = [base]
     for sk in (1, 2, 4, 8):
@@ -65,8 +66,12 @@ def candidates(v1: KernelConfig, kc1: int) -> list[KernelConfig]:
     if base.gemm2 == "tokens":
         for bn, w in ((32, 2), (64, 4), (128, 4)):
             out.append(dataclasses.replace(base, block_n2=bn, warps2=w))
+        out.append(dataclasses.replace(base, gemm2="pairs", block_n2=64, tiles2=1))
     else:
         out.append(dataclasses.replace(base, gemm2="tokens", split_k2=1, tiles2=1))
+        for nt in (1, 2, 4):
+            for bn, w in ((64, 2), (64, 4), (128, 4)):
+                out.append(dataclasses.replace(base, tiles2=nt, block_n2=bn, warps2=w))
     seen, uniq = set(), []
     for c in out:
         if c not in seen:
@@ -82,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--copies", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="only the v1 tiles as Gluon (no sweep)")
     ap.add_argument("--deadline-s", type=float, default=480.0, help="no new (shape, T) after this")
+    ap.add_argument("--v1-table", default="benchmarks/results/NVIDIA_H200_v1_table.json",
+                    help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = ap.parse_args(argv)
     t_start = time.time()
@@ -106,6 +113,8 @@ def main(argv=None) -> int:
         errors=[],
     )
     g = torch.Generator(device="cuda").manual_seed(1234)
+    _, v1_table = read_table_file(Path(args.v1_table)) if args.v1_table else ("", {})
+    res["v1_table"] = args.v1_table
     for sname in args.shapes.split(","):
         s = SHAPES[sname]
         shared = sname.endswith("_shared")
@@ -131,8 +140,10 @@ def main(argv=None) -> int:
             distinct = sum(r[2] for r in routs) / len(routs)
             floor_us = (distinct * per_expert + 4 * T * s.H) / bw * 1e6
             ref = fused_moe_nvfp4_torch(xs[0], packs[0], routs[0][0], routs[0][1])
-            v1 = dataclasses.replace(config_for(T, shape, target), kernels="dot")
             heur = heuristic_config(T, shape, target)
+            e1 = v1_table.get(shape.key(), {}).get(token_bucket(T))
+            v1 = e1.config if e1 is not None and e1.path == "decode" else heur
+            v1 = dataclasses.replace(v1, kernels="dot")
             cands = [v1] + (candidates(v1, kc1)[:1] if args.quick else candidates(v1, kc1))
             cands += [heur] if heur not in cands else []
             row = dict(shape=sname, T=T, distinct=distinct, floor_us=floor_us, configs=[])
