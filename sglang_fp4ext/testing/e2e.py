@@ -558,6 +558,8 @@ class SGLangServer:
         self.started_at = self.ready_at = self.stopped_at = None  # time.monotonic()
         self._block: PortBlock | None = None
         self._log = None
+        self._watch = _LogWatch(self.log_path)
+        self._listening, self._foreign = False, 0
 
     # ---- start-up ----
 
