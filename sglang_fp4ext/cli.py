@@ -30,6 +30,7 @@ import logging
 import os
 import platform
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -211,31 +212,60 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
-    import tempfile
-    from pathlib import Path
+class _CheckProgress:
+    """``fp4ext check``'s output: one line per phase with the time since the start, and while
+    a server starts a "waiting for ..." line every 15 s (``e2e.start_all``)."""
 
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, kind: str, text: str) -> None:
+        indent = "    " if kind in ("wait", "retry") else ""
+        print(f"  [{time.monotonic() - self.t0:6.1f} s] {indent}{text}", flush=True)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
     from sglang_fp4ext.testing import e2e
 
     launch = list(args.sglang_args)
     if launch[:1] == ["--"]:
         launch = launch[1:]
-    if args.model_path:
-        cfg = json.loads((Path(args.model_path) / "config.json").read_text())
-        prompts = e2e.prompts_for(cfg["vocab_size"], args.prompts, seed=args.seed)
-        print(f"fp4ext check: {args.model_path}, {args.prompts} prompts x {args.tokens} tokens, "
-              f"fp4ext vs SGLang's default NVFP4 MoE backend")
-        r = e2e.check_against_default_backend(
-            args.model_path, launch, prompts=prompts, max_new_tokens=args.tokens
-        )
-        for i, d in enumerate(r["first_divergence"]):
-            print(f"  prompt {i}: " + ("identical" if d is None else f"diverges at token {d}"))
-        ok = r["fp4ext_layers_logged"]
-        print(f"verdict: {r['identical_prompts']}/{args.prompts} prompts identical; fp4ext served "
-              f"the MoE layers: {'yes' if ok else 'NO'}")
-        return 0 if ok else 1
+    progress = _CheckProgress()
+    try:
+        if args.model_path:
+            return _check_model(args, launch, progress)
+        return _check_tiny(args, launch, progress)
+    except e2e.ServerStartError as exc:
+        print(f"  [{time.monotonic() - progress.t0:6.1f} s] FAILED: {exc}", flush=True)
+        print("verdict: FAIL (a server did not come up)")
+        return 1
 
-    from sglang_fp4ext import target_info
+
+def _check_model(args: argparse.Namespace, launch: list[str], progress) -> int:
+    from pathlib import Path
+
+    from sglang_fp4ext.testing import e2e
+
+    cfg = json.loads((Path(args.model_path) / "config.json").read_text())
+    prompts = e2e.prompts_for(cfg["vocab_size"], args.prompts, seed=args.seed)
+    print(f"fp4ext check: {args.model_path}, {args.prompts} prompts x {args.tokens} tokens, "
+          f"fp4ext vs SGLang's default NVFP4 MoE backend")
+    r = e2e.check_against_default_backend(
+        args.model_path, launch, prompts=prompts, max_new_tokens=args.tokens, progress=progress
+    )
+    for i, d in enumerate(r["first_divergence"]):
+        print(f"  prompt {i}: " + ("identical" if d is None else f"diverges at token {d}"))
+    ok = r["fp4ext_layers_logged"]
+    print(f"verdict: {r['identical_prompts']}/{args.prompts} prompts identical; fp4ext served "
+          f"the MoE layers: {'yes' if ok else 'NO'} ({time.monotonic() - progress.t0:.0f} s)")
+    return 0 if ok else 1
+
+
+def _check_tiny(args: argparse.Namespace, launch: list[str], progress) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from sglang_fp4ext.testing import e2e
     from sglang_fp4ext.testing.checkpoint import make_tiny_checkpoint
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="fp4ext-check-"))
@@ -249,16 +279,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
               "(SGLang applies the factor twice on CPU for NVFP4)")
     extra += launch
     print(f"fp4ext check: tiny {args.arch} NVFP4 model (ModelOpt export) in {work}")
-    print("  [1/3] quantizing and exporting the tiny model ...", flush=True)
+    progress("phase", "quantizing and exporting the tiny model")
     ckpt = make_tiny_checkpoint(work / "model", arch=args.arch, seed=args.seed,
                                 quantize_shared_experts=False, **dims)
-    print("  [2/3] serving it with SGLang --moe-runner-backend fp4ext ...", flush=True)
-    print("  [3/3] judging each token: SGLang with its own MoE on the dequantised weights ...",
-          flush=True)
     r = e2e.check_checkpoint_against_oracle(
         ckpt, n_prompts=args.prompts, max_new_tokens=args.tokens, extra_args=extra, env=env,
-        work_dir=work, seed=args.seed,
+        work_dir=work, seed=args.seed, progress=progress,
     )
+    progress("phase", "done")
     print(f"  prompts identical to the oracle's greedy tokens: {r['exact_prompts']}/{args.prompts}")
     print(f"  largest logit gap of a served token below the oracle's best: {r['max_gap']:.4f} "
           f"(tolerance {e2e.GAP_TOLERANCE}: near-ties flip under bf16)")

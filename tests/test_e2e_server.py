@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -98,6 +101,38 @@ def test_fp4ext_check_cli(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "verdict: PASS" in proc.stdout
     assert "SGLang log says fp4ext served the MoE layers: yes" in proc.stdout
+    # Every phase on its own line with the time since the start (issue 17), e.g.
+    # "  [  14.4 s] starting fp4ext server on 127.0.0.1:18944".
+    for phase in (r"quantizing and exporting the tiny model",
+                  r"starting fp4ext server on 127\.0\.0\.1:\d+", r"fp4ext server up after",
+                  r"starting oracle server on 127\.0\.0\.1:\d+", r"oracle server up after",
+                  r"done"):
+        assert re.search(rf"^  \[ *\d+\.\d s\] {phase}", proc.stdout, re.M), (phase, proc.stdout)
+
+
+@pytest.mark.sglang
+def test_fp4ext_check_cli_port_taken_fails_at_once(tmp_path):
+    """``fp4ext check`` whose server port is taken says so at once (issue 17: it used to wait
+    out the 600 s health timeout), naming the port."""
+    pytest.importorskip("modelopt.torch.export", reason="nvidia-modelopt is not importable")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "sglang_fp4ext", "check", "--work-dir", str(tmp_path),
+             "--prompts", "1", "--tokens", "1", "--", "--port", str(port)],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        elapsed = time.monotonic() - t0
+    print(f"fp4ext check on a taken port: exit {proc.returncode} after {elapsed:.1f} s")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert f"FAILED: fp4ext server on 127.0.0.1:{port} did not come up" in proc.stdout
+    assert f"port {port} on 127.0.0.1 is already in use" in proc.stdout
+    assert "verdict: FAIL (a server did not come up)" in proc.stdout
+    assert elapsed < 120  # the tiny model's export, then no wait at all
 
 
 def test_moe_layer_ids_from_config_and_log():
