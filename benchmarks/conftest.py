@@ -2,7 +2,7 @@
 
 Options (all optional)::
 
-    --fp4ext-presets glm5-tp8,glm5-ep8   model layouts from roofline.PRESETS (default: all)
+    --fp4ext-presets glm5-tp8,glm5-ep8   model layouts from model_shapes.PRESETS (default: all)
     --fp4ext-tokens 1,16,256             token counts (default 1, 2, 4, ..., 8192)
     --fp4ext-paths decode,prefill        fp4ext paths timed (default: decode, what SGLang's
                                          runner serves today; prefill is extra, marked served=no)

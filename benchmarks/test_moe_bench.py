@@ -1,6 +1,6 @@
 """pytest-benchmark regression suite: one MoE layer per (model preset, token count, implementation).
 
-Cases: every ``roofline.PRESETS`` layout (GLM-5 TP8 with and without the fused shared expert,
+Cases: every ``model_shapes.PRESETS`` layout (GLM-5 TP8 with and without the fused shared expert,
 GLM-5 EP8, DeepSeek-R1 NVFP4 TP8, Qwen3-Coder-480B NVFP4 TP8) x T = 1 .. 8192 x
 
 * ``torch-bf16``: the torch bf16 grouped-GEMM MoE (``bench/peers.py``), always;
@@ -42,7 +42,7 @@ import statistics
 
 import pytest
 
-from sglang_fp4ext import roofline
+from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.peers import SGLANG_PEERS as _SGLANG_PEER_SPECS
 from sglang_fp4ext.bench.figures import row_numbers
 from sglang_fp4ext.bench.report import SUITE_TOKENS
@@ -68,9 +68,9 @@ def pytest_generate_tests(metafunc):
     if "case" not in metafunc.fixturenames:
         return
     cfg = metafunc.config
-    presets = _csv(cfg.getoption("--fp4ext-presets"), roofline.PRESETS)
+    presets = _csv(cfg.getoption("--fp4ext-presets"), model_shapes.PRESETS)
     for p in presets:
-        roofline.preset(p)  # clear error for an unknown name
+        model_shapes.preset(p)  # clear error for an unknown name
     tokens = _csv(cfg.getoption("--fp4ext-tokens"), SUITE_TOKENS, int)
     paths = _csv(cfg.getoption("--fp4ext-paths"), ["decode"])
     bad = set(paths) - {"decode", "prefill"}
@@ -83,7 +83,7 @@ def pytest_generate_tests(metafunc):
 
 def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
     preset_name, T, impl = case
-    shape = roofline.preset(preset_name)
+    shape = model_shapes.preset(preset_name)
     benchmark.group = f"{preset_name} T={T}"
     from sglang_fp4ext.bench.peers import has_grouped_mm, sglang_peer_unavailable
     from sglang_fp4ext.bench.gpu_run import slowed_config

@@ -32,6 +32,8 @@ spec bandwidth, or against the **dense** tensor peak (``hardware.dense_peak``), 
 :class:`Efficiency` carries a ``basis`` string saying which. A :class:`Projection` to another GPU
 is always labelled as such (``projection=True``).
 
+The model presets (``ModelShape``, ``PRESETS``) are in ``model_shapes.py``.
+
 Units: bytes, microseconds, bytes/s (``*_Bps``), TFLOP/s.
 """
 
@@ -43,9 +45,7 @@ from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.hardware import dense_peak
 
 __all__ = [
-    "PRESETS",
     "Efficiency",
-    "ModelShape",
     "Projection",
     "achieved_Bps",
     "achieved_tbps",
@@ -60,7 +60,6 @@ __all__ = [
     "expected_distinct_experts",
     "moe_flops",
     "nvfp4_expert_bytes",
-    "preset",
     "projection",
     "spec_bandwidth_efficiency",
     "time_floor_us",
@@ -192,133 +191,6 @@ def moe_flops(tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
     if min(tokens, top_k, hidden, intermediate) < 0:
         raise ValueError("tokens, top_k, hidden and intermediate must be >= 0")
     return 2 * tokens * top_k * 3 * hidden * intermediate
-
-
-# ---- model shapes -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """An MoE layer as one GPU sees it.
-
-    ``tp``: MoE tensor parallel, every rank holds all experts with ``I/tp``. ``ep``: expert
-    parallel, every rank holds ``E/ep`` experts with full ``I`` (SGLang gives non-local slots
-    id ``-1``). ``fuse_shared``: SGLang's shared-expert fusion under TP, which appends the shared
-    expert(s) as extra local experts chosen by every token (GLM-5 TP8: E=257, top_k=9); SGLang
-    turns fusion off under EP>1 on CUDA, where the shared expert is a separate MLP, not counted.
-    """
-
-    name: str
-    n_experts: int  # routed experts in the model (E)
-    top_k: int  # routed experts per token (k)
-    hidden: int  # H
-    moe_intermediate: int  # full per-expert FFN width before TP sharding
-    n_moe_layers: int
-    n_shared: int = 0
-    tp: int = 1
-    ep: int = 1
-    fuse_shared: bool = False
-    source: str = ""
-
-    def __post_init__(self):
-        if self.tp < 1 or self.ep < 1 or (self.tp > 1 and self.ep > 1):
-            raise ValueError(
-                f"{self.name}: need tp >= 1, ep >= 1, not both > 1 (tp={self.tp}, ep={self.ep})"
-            )
-        if self.n_experts % self.ep:
-            raise ValueError(
-                f"{self.name}: n_experts={self.n_experts} not divisible by ep={self.ep}"
-            )
-        if self.moe_intermediate % self.tp:
-            raise ValueError(
-                f"{self.name}: moe_intermediate={self.moe_intermediate} not divisible by "
-                f"tp={self.tp}"
-            )
-        if not 1 <= self.top_k <= self.n_experts:
-            raise ValueError(f"{self.name}: need 1 <= top_k <= n_experts")
-        if self.fuse_shared and (self.n_shared < 1 or self.ep > 1):
-            raise ValueError(f"{self.name}: fuse_shared needs n_shared >= 1 and ep == 1")
-        nvfp4_expert_bytes(self.hidden, self.I_local)  # validates NVFP4 divisibility
-
-    @property
-    def E_local(self) -> int:
-        """Experts in this rank's weight tensors (routed local + fused shared)."""
-        return self.n_experts // self.ep + (self.n_shared if self.fuse_shared else 0)
-
-    @property
-    def I_local(self) -> int:
-        return self.moe_intermediate // self.tp
-
-    @property
-    def top_k_local(self) -> int:
-        """Ids per token in ``topk_ids`` (routed + fused shared)."""
-        return self.top_k + (self.n_shared if self.fuse_shared else 0)
-
-    @property
-    def expert_bytes(self) -> int:
-        return nvfp4_expert_bytes(self.hidden, self.I_local)
-
-    def expected_distinct(self, tokens: int) -> float:
-        """Expected experts one rank streams for ``tokens`` (EP: the per-rank mean)."""
-        frac = expected_distinct_experts(tokens, self.n_experts, self.top_k) / self.n_experts
-        shared = self.n_shared if (self.fuse_shared and tokens > 0) else 0
-        return self.n_experts // self.ep * frac + shared
-
-    def bytes_floor(self, n_distinct: float, *, tokens: int = 0) -> float:
-        return bytes_floor(n_distinct, self.hidden, self.I_local, tokens=tokens)
-
-    def flops(self, tokens: int) -> float:
-        """FLOPs one rank does for one layer (EP: mean over ranks under uniform routing)."""
-        return moe_flops(tokens, self.top_k_local, self.hidden, self.I_local) / self.ep
-
-
-_GLM5_SRC = (
-    "hardware-and-model.md §5 (https://huggingface.co/zai-org/GLM-5-FP8/blob/main/config.json: "
-    "hidden 6144, 256 routed top-8, 1 shared, moe_intermediate_size 2048, layers 3-77 MoE) and §6"
-)
-_DSR1_SRC = (
-    "https://huggingface.co/deepseek-ai/DeepSeek-R1/blob/main/config.json (hidden 7168, 256 routed "
-    "top-8, 1 shared, moe_intermediate_size 2048, 61 layers, first_k_dense_replace 3; mirrored in "
-    "github.com/zyzshishui/slime scripts/models/deepseek-v3.sh); NVFP4 checkpoint "
-    "https://huggingface.co/nvidia/DeepSeek-R1-0528-NVFP4 (hardware-and-model.md §8.2)"
-)
-_QCODER_SRC = (
-    "https://huggingface.co/Qwen/Qwen3-Coder-480B-A35B-Instruct (hidden 6144, 160 experts top-8, "
-    "moe_intermediate_size 2560, 62 layers all MoE, no shared expert; mirrored in "
-    "github.com/zyzshishui/miles scripts/models/qwen3-coder-480B-A35B.sh); NVFP4 checkpoint "
-    "https://huggingface.co/nvidia/Qwen3-Coder-480B-A35B-Instruct-NVFP4"
-)
-
-PRESETS: dict[str, ModelShape] = {
-    s.name: s
-    for s in (
-        ModelShape("glm5-tp8", 256, 8, 6144, 2048, 75, n_shared=1, tp=8, source=_GLM5_SRC),
-        ModelShape(
-            "glm5-tp8-fused-shared",
-            256,
-            8,
-            6144,
-            2048,
-            75,
-            n_shared=1,
-            tp=8,
-            fuse_shared=True,
-            source=_GLM5_SRC,
-        ),
-        ModelShape("glm5-ep8", 256, 8, 6144, 2048, 75, n_shared=1, ep=8, source=_GLM5_SRC),
-        ModelShape(
-            "deepseek-r1-nvfp4-tp8", 256, 8, 7168, 2048, 58, n_shared=1, tp=8, source=_DSR1_SRC
-        ),
-        ModelShape("qwen3-coder-480b-nvfp4-tp8", 160, 8, 6144, 2560, 62, tp=8, source=_QCODER_SRC),
-    )
-}
-
-
-def preset(name: str) -> ModelShape:
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise KeyError(f"no model preset {name!r}; known: {sorted(PRESETS)}") from None
 
 
 # ---- efficiency -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_fp4ext import hardware, roofline, target_info
+from sglang_fp4ext import hardware, model_shapes, target_info
 from sglang_fp4ext.bench import cpu_check, figures, report, table
 from sglang_fp4ext.bench.bench_cli import main
 from sglang_fp4ext.bench.layer import Layer, make_routing
@@ -75,7 +75,7 @@ def test_cli_cpu_path_end_to_end(tmp_path, capsys, seed, preset):
     assert set(d["env"]) == ENV_KEYS and d["env"]["gpu"] is None
     assert d["env"]["torch"] == torch.__version__
     assert d["preset"]["name"] == preset
-    assert d["preset"]["expert_bytes"] == roofline.preset(preset).expert_bytes
+    assert d["preset"]["expert_bytes"] == model_shapes.preset(preset).expert_bytes
     assert d["settings"]["tokens"] == [1, 3, 64] and d["settings"]["seed"] == seed
     assert d["dispatch"]["paths"] == {"1": "decode", "3": "decode", "64": "decode"}
     # Nothing measured, so no time or speed anywhere in the file.
@@ -132,7 +132,7 @@ def test_add_bench_parser_wires_a_subcommand():
 def test_projection_hand_computed():
     """H200 (spec 4800 GB/s) measured 100 us moving 2e8 B at 4.0 TB/s -> RTX PRO 6000 WS
     (spec 1792 GB/s) streaming at the same 4.0/4.8 of spec: 1.49333 TB/s."""
-    shape = roofline.preset("glm5-tp8")  # 75 MoE layers
+    shape = model_shapes.preset("glm5-tp8")  # 75 MoE layers
     rows = [{"T": 4, "us": 100.0, "bytes_floor": 2e8}]
     h200, pro = hardware.spec_by_key("h200"), hardware.spec_by_key("rtx-pro-6000-ws")
     p = figures.project_rows(rows, shape, 4.0e12, pro, h200)
@@ -153,7 +153,7 @@ def test_projection_random_cases(seed):
     rng = random.Random(seed)
     specs = [s for s in hardware.all_specs()]
     for _ in range(20):
-        shape = rng.choice(list(roofline.PRESETS.values()))
+        shape = rng.choice(list(model_shapes.PRESETS.values()))
         src, tgt = rng.choice(specs), rng.choice(specs)
         us, nbytes = rng.uniform(5, 5000), rng.uniform(1e6, 1e9)
         T = rng.choice([1, 7, 64, 8192])
@@ -168,7 +168,7 @@ def test_projection_random_cases(seed):
 
 
 def test_row_numbers_hand_computed():
-    shape = roofline.preset("glm5-ep8")  # H 6144, I_local 2048, top_k 8, 21,233,676 B/expert
+    shape = model_shapes.preset("glm5-ep8")  # H 6144, I_local 2048, top_k 8, 21,233,676 B/expert
     r = figures.row_numbers(shape, 2, 3.0, 50.0, copy_bw_Bps=4e12, matmul_tflops=500.0, peer_us=75.0)
     nbytes = 3 * 21_233_676 + 2 * 2 * 6144 * 2
     assert r["bytes_floor"] == nbytes
@@ -188,7 +188,7 @@ def test_float64_oracle_agrees_with_twin_and_catches_a_wrong_scale(seed):
 
     g = torch.Generator().manual_seed(seed)
     w = random_moe_weights(6, 64, 32, generator=g)
-    shape = roofline.ModelShape("tiny", 6, 2, 64, 32, 1)
+    shape = model_shapes.ModelShape("tiny", 6, 2, 64, 32, 1)
     x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
     ids, tw, _ = make_routing(shape, 3, device="cpu", generator=g)
     twin = fused_moe_nvfp4_torch(x, w, ids, tw)
@@ -202,13 +202,13 @@ def test_float64_oracle_agrees_with_twin_and_catches_a_wrong_scale(seed):
 
 def test_make_routing_layouts(seed):
     g = torch.Generator().manual_seed(seed)
-    ep = roofline.preset("glm5-ep8")
+    ep = model_shapes.preset("glm5-ep8")
     ids, tw, d = make_routing(ep, 64, device="cpu", generator=g)
     assert ids.shape == (64, 8) and ids.dtype == torch.int32
     assert ((ids == -1) | ((ids >= 0) & (ids < 32))).all() and (ids == -1).any()
     assert d == len(set(ids[ids >= 0].tolist()))
     torch.testing.assert_close(tw.sum(1), torch.ones(64))
-    fused = roofline.preset("glm5-tp8-fused-shared")
+    fused = model_shapes.preset("glm5-tp8-fused-shared")
     ids, tw, _ = make_routing(fused, 5, device="cpu", generator=g)
     assert ids.shape == (5, 9) and (ids[:, 8] == 256).all() and (ids[:, :8] < 256).all()
     assert (tw[:, 8] == 1).all()
@@ -245,7 +245,7 @@ def test_benchmark_suite_collects_and_skips_without_gpu():
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
-    n = len(roofline.PRESETS) * 2 * 4  # presets x T x (torch peer, fp4ext, 2 SGLang peers)
+    n = len(model_shapes.PRESETS) * 2 * 4  # presets x T x (torch peer, fp4ext, 2 SGLang peers)
     assert f"{n} skipped" in r.stdout, r.stdout
     assert "passed" not in r.stdout and "error" not in r.stdout.lower()
     assert "no CUDA GPU: this suite times CUDA-graph replay" in r.stdout
@@ -288,7 +288,7 @@ def test_gpu_mode_table_and_plot_from_given_rows(tmp_path, seed):
     (formatting and plotting only: these are inputs to the code under test, not measurements)."""
     pytest.importorskip("matplotlib")
     rng = random.Random(seed)
-    shape = roofline.preset("glm5-tp8")
+    shape = model_shapes.preset("glm5-tp8")
     result = report.base_result("gpu", shape, [1, 64], 4, 20, seed)
     result["env"]["gpu"] = "NVIDIA H200"
     result["rates"] = report.spec_rates(
@@ -323,9 +323,9 @@ def test_gpu_mode_table_and_plot_from_given_rows(tmp_path, seed):
     assert json.loads(js.read_text())["rows"][0]["T"] == 1
 
 
-TINY_TP2_FUSED = roofline.ModelShape("tiny-tp2-fused", 16, 4, 256, 256, 2, n_shared=1, tp=2,
+TINY_TP2_FUSED = model_shapes.ModelShape("tiny-tp2-fused", 16, 4, 256, 256, 2, n_shared=1, tp=2,
                                      fuse_shared=True)  # fmt: skip
-TINY_EP2 = roofline.ModelShape("tiny-ep2", 16, 4, 256, 128, 2, n_shared=1, ep=2)
+TINY_EP2 = model_shapes.ModelShape("tiny-ep2", 16, 4, 256, 128, 2, n_shared=1, ep=2)
 
 
 @pytest.mark.parametrize(
@@ -377,7 +377,7 @@ def test_write_outputs_without_matplotlib_says_so(tmp_path, monkeypatch, seed):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a)
     )
-    result = report.base_result("cpu-check", roofline.preset("glm5-tp8"), [1], None, None, seed)
+    result = report.base_result("cpu-check", model_shapes.preset("glm5-tp8"), [1], None, None, seed)
     js, png = report.write_outputs(result, tmp_path, "n")
     d = json.loads(js.read_text())
     assert png is None and d["plot"] is None and not (tmp_path / "n.png").exists()

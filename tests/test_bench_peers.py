@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_fp4ext import roofline, target_info
+from sglang_fp4ext import model_shapes, target_info
 from sglang_fp4ext.bench import peers
 from sglang_fp4ext.bench.gpu_run import slowed_config
 from sglang_fp4ext.bench.layer import Layer
@@ -158,7 +158,7 @@ def test_flashinfer_cutlass_weight_preparation(seed):
 
 # ---- suite inputs and the slowed config --------------------------------------------------------
 
-TINY_EP2 = roofline.ModelShape("tiny-ep2", 16, 4, 256, 128, 2, n_shared=1, ep=2)
+TINY_EP2 = model_shapes.ModelShape("tiny-ep2", 16, 4, 256, 128, 2, n_shared=1, ep=2)
 
 
 def test_layer_inputs_depend_on_seed_and_T_only(seed):

@@ -11,7 +11,7 @@ import io
 
 import pytest
 
-from sglang_fp4ext import roofline
+from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.gpu_run import step_text
 from sglang_fp4ext.moe import tune as TU
 from sglang_fp4ext.moe.shape import Target
@@ -88,7 +88,7 @@ def test_tune_run_shows_a_bar_per_shape_on_a_terminal(tmp_path, monkeypatch, see
 
     try:
         log = TU.tune(
-            [roofline.ModelShape("tiny", 8, 2, 256, 128, 1)], [1, 2], budget_s=0.01, quick=True,
+            [model_shapes.ModelShape("tiny", 8, 2, 256, 128, 1)], [1, 2], budget_s=0.01, quick=True,
             copies=1, seed=seed, device="cpu", timer=wall_timer,
             target=Target("sm_90", "Test GPU", 132), decode_max=2, prefill_min=4, stream=out,
             bar_stream=err,

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from sglang_fp4ext import hardware as hw
+from sglang_fp4ext import model_shapes as ms
 from sglang_fp4ext import roofline as rf
 
 PRO = hw.spec_by_key("rtx-pro-6000-ws")
 H200 = hw.spec_by_key("h200")
-TP8 = rf.preset("glm5-tp8")
-EP8 = rf.preset("glm5-ep8")
+TP8 = ms.preset("glm5-tp8")
+EP8 = ms.preset("glm5-ep8")
 
 
 # ---- D(B) ---------------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def test_activation_bytes_and_floor():
 
 
 def test_fused_shared_expert():
-    fused = rf.preset("glm5-tp8-fused-shared")
+    fused = ms.preset("glm5-tp8-fused-shared")
     assert (fused.E_local, fused.top_k_local) == (257, 9)
     assert (TP8.E_local, TP8.top_k_local) == (256, 8)
     assert fused.expected_distinct(1) == pytest.approx(9.0)
@@ -112,21 +113,21 @@ def test_model_shapes():
     assert (EP8.E_local, EP8.I_local, TP8.E_local, TP8.I_local) == (32, 2048, 256, 256)
     # EP per-rank mean: 32/256 of D(B).
     assert EP8.expected_distinct(16) == pytest.approx(rf.expected_distinct_experts(16, 256, 8) / 8)
-    for shape in rf.PRESETS.values():
+    for shape in ms.PRESETS.values():
         assert shape.source and hash(shape) is not None
         assert shape.I_local % 16 == 0
-    qc = rf.preset("qwen3-coder-480b-nvfp4-tp8")
+    qc = ms.preset("qwen3-coder-480b-nvfp4-tp8")
     assert qc.I_local == 320 and qc.expert_bytes == 3 * 6144 * 320 * 9 // 16 + 12
     with pytest.raises(dataclasses.FrozenInstanceError):
         TP8.tp = 4
     with pytest.raises(ValueError, match="not both"):
-        rf.ModelShape("x", 256, 8, 6144, 2048, 1, tp=2, ep=2)
+        ms.ModelShape("x", 256, 8, 6144, 2048, 1, tp=2, ep=2)
     with pytest.raises(ValueError, match="fuse_shared"):
-        rf.ModelShape("x", 256, 8, 6144, 2048, 1, n_shared=1, ep=8, fuse_shared=True)
+        ms.ModelShape("x", 256, 8, 6144, 2048, 1, n_shared=1, ep=8, fuse_shared=True)
     with pytest.raises(ValueError, match="divisible"):
-        rf.ModelShape("x", 256, 8, 6144, 2048, 1, ep=3)
+        ms.ModelShape("x", 256, 8, 6144, 2048, 1, ep=3)
     with pytest.raises(KeyError, match="glm5-tp8"):
-        rf.preset("glm6")
+        ms.preset("glm6")
 
 
 # ---- FLOPs ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_fp4ext import roofline
+from sglang_fp4ext import model_shapes
 from sglang_fp4ext.cli import main as cli_main
 from sglang_fp4ext.moe import config as C
 from sglang_fp4ext.moe import tune as TU
@@ -217,7 +217,7 @@ def _wall_timer(step, n):
 
 
 def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
-    tiny = roofline.ModelShape("tiny", 8, 2, 256, 128, 1)
+    tiny = model_shapes.ModelShape("tiny", 8, 2, 256, 128, 1)
     other = TableEntry("decode", KernelConfig(split_k1=2))
     tgt = Target("sm_90", "Test GPU", 132)
     # An existing table with another shape: the tuner merges, never clobbers it.
@@ -275,7 +275,7 @@ def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):
 
 def test_tune_rejects_bad_buckets():
     with pytest.raises(ValueError, match="powers of two"):
-        TU.tune([roofline.preset("glm5-tp8")], [3], device="cpu", timer=_wall_timer)
+        TU.tune([model_shapes.preset("glm5-tp8")], [3], device="cpu", timer=_wall_timer)
 
 
 # ---- CLI ----

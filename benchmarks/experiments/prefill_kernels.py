@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from sglang_fp4ext import roofline
+from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.timing import bf16_matmul_tflops, copy_bandwidth_Bps, kernel_times_us
 
@@ -23,7 +23,7 @@ bw = copy_bandwidth_Bps()
 mm = bf16_matmul_tflops()
 rows = []
 for preset in ("glm5-tp8-fused-shared", "glm5-tp8", "glm5-ep8"):
-    shape = roofline.preset(preset)
+    shape = model_shapes.preset(preset)
     layer = Layer(shape, 4, seed=5)
     mshape = layer.prepared[0].shape(shape.top_k_local)
     for T in (1024, 4096, 8192):

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from sglang_fp4ext import roofline
+from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.timing import bf16_matmul_tflops, kernel_times_us, time_graph_replay
 from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
@@ -56,7 +56,7 @@ def step_for(layer, T, c):
 mm = bf16_matmul_tflops()
 rows, t_start = [], time.time()
 for preset in PRESETS:
-    shape = roofline.preset(preset)
+    shape = model_shapes.preset(preset)
     layer = Layer(shape, 4, seed=11)
     ms = layer.prepared[0].shape(shape.top_k_local)
     for T in TS:

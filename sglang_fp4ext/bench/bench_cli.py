@@ -44,7 +44,7 @@ def _positive(text: str) -> int:
 
 def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from sglang_fp4ext.bench.report import DEFAULT_TOKENS
-    from sglang_fp4ext.roofline import PRESETS
+    from sglang_fp4ext.model_shapes import PRESETS
 
     p.add_argument(
         "--preset",
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from sglang_fp4ext.bench import report
     from sglang_fp4ext.bench.table import format_table
     from sglang_fp4ext.progress import Progress
-    from sglang_fp4ext.roofline import preset
+    from sglang_fp4ext.model_shapes import preset
 
     shape = preset(args.preset)
     try:

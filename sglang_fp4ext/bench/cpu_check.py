@@ -11,11 +11,11 @@ from collections.abc import Sequence
 import torch
 
 from sglang_fp4ext import hardware
-from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.bench.layer import make_routing
 from sglang_fp4ext.bench.report import base_result, spec_rates
+from sglang_fp4ext.gpu_spec import GPUSpec
+from sglang_fp4ext.model_shapes import ModelShape
 from sglang_fp4ext.progress import Progress
-from sglang_fp4ext.roofline import ModelShape
 
 __all__ = ["moe_f64", "run_cpu_check"]
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from sglang_fp4ext import roofline
 from sglang_fp4ext.gpu_spec import GPUSpec
-from sglang_fp4ext.roofline import ModelShape
+from sglang_fp4ext.model_shapes import ModelShape
 
 __all__ = ["project_rows", "row_numbers"]
 

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 import torch
 
 from sglang_fp4ext import hardware
-from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.bench.figures import project_rows, row_numbers
 from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.report import base_result, spec_rates
+from sglang_fp4ext.gpu_spec import GPUSpec
+from sglang_fp4ext.model_shapes import ModelShape
 from sglang_fp4ext.progress import Progress
-from sglang_fp4ext.roofline import ModelShape
 
 __all__ = ["run_gpu", "slowed_config", "step_text"]
 

@@ -12,7 +12,7 @@ import torch
 
 from sglang_fp4ext import roofline
 from sglang_fp4ext.bench.report import dispatch_path
-from sglang_fp4ext.roofline import ModelShape
+from sglang_fp4ext.model_shapes import ModelShape
 
 __all__ = ["Layer", "make_routing"]
 

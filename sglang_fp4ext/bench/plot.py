@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_fp4ext import roofline
+from sglang_fp4ext import model_shapes
 
 __all__ = ["write_plot"]
 
@@ -22,7 +22,7 @@ def write_plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    shape = roofline.preset(result["preset"]["name"])
+    shape = model_shapes.preset(result["preset"]["name"])
     rates = result.get("rates") or {}
     tokens = result["settings"]["tokens"]
     ai = {

@@ -1,7 +1,7 @@
 """The ``fp4ext bench`` result document: its JSON schema, environment, and how it is written.
 
 ``fp4ext bench`` measures one MoE layer across token counts and reports it against roofs. On a
-CUDA GPU (``gpu_run.run_gpu``), for a model preset and layout (``roofline.PRESETS``, default
+CUDA GPU (``gpu_run.run_gpu``), for a model preset and layout (``model_shapes.PRESETS``, default
 ``glm5-tp8``): random NVFP4 experts in ``copies`` layer copies with inputs rotated so that one
 pass touches several times the L2 (``Layer``), uniform routing, each T checked against the fp32
 torch twin (output poisoned with NaN first), then timed as CUDA-graph replay
@@ -63,7 +63,7 @@ import torch
 from sglang_fp4ext import __version__, hardware
 from sglang_fp4ext.bench.plot import write_plot
 from sglang_fp4ext.gpu_spec import GPUSpec
-from sglang_fp4ext.roofline import ModelShape
+from sglang_fp4ext.model_shapes import ModelShape
 
 __all__ = [
     "DEFAULT_TOKENS",

@@ -1,7 +1,7 @@
 """``fp4ext tune``: measure the decode/prefill kernel configs per token bucket on this GPU and write
 the config table the dispatcher reads (format and lookup order: ``moe/config.py``).
 
-For each model shape (a ``roofline.PRESETS`` name such as ``glm5-tp8`` / ``glm5-ep8``, or an
+For each model shape (a ``model_shapes.PRESETS`` name such as ``glm5-tp8`` / ``glm5-ep8``, or an
 explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
 
 1. random NVFP4 layer copies and inputs rotated beyond the L2 (``bench.layer.Layer``), uniform
@@ -197,7 +197,7 @@ def tune(
     stream=None,
     bar_stream=None,
 ) -> dict:
-    """Tune ``shapes`` (``roofline.ModelShape``) over ``buckets``; write the table to ``out``
+    """Tune ``shapes`` (``model_shapes.ModelShape``) over ``buckets``; write the table to ``out``
     (a directory: ``<out>/<device>.json``; default the user table directory) after every
     bucket, and the log to ``log_path``. Returns the log (``ok`` false if a bucket failed).
 

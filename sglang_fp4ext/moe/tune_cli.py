@@ -23,18 +23,18 @@ __all__ = ["add_tune_parser", "main", "model_shape", "run_cli"]
 
 
 def model_shape(preset: str | None = None, *, E=None, H=None, I=None, top_k=None):  # noqa: E741
-    """A ``roofline.ModelShape``: a preset by name, or one rank holding ``E`` experts of
+    """A ``model_shapes.ModelShape``: a preset by name, or one rank holding ``E`` experts of
     hidden ``H`` and intermediate ``I`` with ``top_k`` (all four needed)."""
-    from sglang_fp4ext import roofline
+    from sglang_fp4ext import model_shapes
 
     explicit = (E, H, I, top_k)
     if preset is not None:
         if any(v is not None for v in explicit):
             raise ValueError("give a preset or --E/--H/--I/--top-k, not both")
-        return roofline.preset(preset)
+        return model_shapes.preset(preset)
     if any(v is None for v in explicit):
         raise ValueError("an explicit shape needs all of --E, --H, --I and --top-k")
-    return roofline.ModelShape(f"E{E}-H{H}-I{I}-k{top_k}", E, top_k, H, I, 1)
+    return model_shapes.ModelShape(f"E{E}-H{H}-I{I}-k{top_k}", E, top_k, H, I, 1)
 
 
 def _buckets(text: str) -> list[int]:
@@ -51,7 +51,7 @@ def _buckets(text: str) -> list[int]:
 
 def add_tune_parser(subparsers):
     """Add ``tune`` to ``fp4ext``'s sub-parsers."""
-    from sglang_fp4ext.roofline import PRESETS
+    from sglang_fp4ext.model_shapes import PRESETS
 
     p = subparsers.add_parser(
         "tune",
