@@ -124,6 +124,19 @@ def collect_info() -> dict[str, Any]:
         "triton": _triton_version(),
         "plugin": _plugin_discovery(),
         "gpu": _gpu_info(),
+        "selfcheck": _selfcheck_info(),
+    }
+
+
+def _selfcheck_info() -> dict[str, Any]:
+    """The first-use self-check's setting and the verdicts cached on disk (``moe/selfcheck.py``)."""
+    from sglang_fp4ext import envs
+    from sglang_fp4ext.moe import selfcheck
+
+    return {
+        "setting": envs.SELFCHECK.get() or "default (on with a GPU, off under the interpreter)",
+        "file": str(selfcheck.disk_path()),
+        "verdicts": selfcheck.verdicts(),
     }
 
 
@@ -179,11 +192,19 @@ def _print_info(info: dict[str, Any]) -> None:
     spec_lines = g["spec"].splitlines() if g["spec"] else []
     if g["name"] is not None:
         rows.append(("spec row", spec_lines[0] if spec_lines else "unknown GPU: no spec row"))
-    width = max(len(k) for k, _ in rows) + 2
+    sc = info["selfcheck"]
+    section("kernel self-check")
+    rows.append(("SGLANG_FP4EXT_SELFCHECK", sc["setting"]))
+    rows.append(("verdicts", f"{len(sc['verdicts'])} in {sc['file']}"))
+    for key, v in sorted(sc["verdicts"].items()):
+        figs = "" if v.get("rms_rel") is None else f" rms_rel {v['rms_rel']:.1e}"
+        rows.append(("  " + ("ok" if v.get("ok") else "FAILED"), f"{key}{figs}"))
+    width = max(len(k) for k, _ in rows if not k.startswith("  ")) + 2
     for k, v in rows:
         print(k if k.startswith("[") else f"  {k:<{width}}{v}")
-    for line in spec_lines[1:]:
-        print(f"  {'':<{width}}{line}")
+        if k == "spec row":
+            for line in spec_lines[1:]:
+                print(f"  {'':<{width}}{line}")
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["EnvVar", "SGLANG_VERSION_OVERRIDE", "LOG_LEVEL", "CONFIG_DIR", "ALL"]
+__all__ = [
+    "EnvVar",
+    "SGLANG_VERSION_OVERRIDE",
+    "LOG_LEVEL",
+    "CONFIG_DIR",
+    "SELFCHECK",
+    "FAULT_INJECT",
+    "ALL",
+]
 
 
 @dataclass(frozen=True)
@@ -39,4 +47,19 @@ CONFIG_DIR = EnvVar(
     "before the tables shipped in sglang_fp4ext/moe/configs/.",
 )
 
-ALL = (SGLANG_VERSION_OVERRIDE, LOG_LEVEL, CONFIG_DIR)
+SELFCHECK = EnvVar(
+    "SGLANG_FP4EXT_SELFCHECK",
+    None,
+    "First-use kernel self-check (moe/selfcheck.py): on (default on a GPU) checks every kernel "
+    "path and config against the torch twin before it serves and falls back from one that fails; "
+    "off skips it (default under the Triton interpreter); warn checks and logs but serves.",
+)
+
+FAULT_INJECT = EnvVar(
+    "SGLANG_FP4EXT_FAULT_INJECT",
+    None,
+    "Test-only: <path>:<family> (e.g. decode:dot) corrupts one output tile of that kernel family "
+    "after it ran, to show the self-check catching a broken kernel. Never set it when serving.",
+)
+
+ALL = (SGLANG_VERSION_OVERRIDE, LOG_LEVEL, CONFIG_DIR, SELFCHECK, FAULT_INJECT)

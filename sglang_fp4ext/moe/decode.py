@@ -24,6 +24,7 @@ import torch
 from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.config import config_for
 from sglang_fp4ext.moe.decode_config import KernelConfig
+from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target
@@ -214,6 +215,7 @@ def fused_moe_nvfp4(
             BT=config.block_t,
             **extra2,
         )
+        corrupt_if_asked("decode", "gluon" if gluon else "dot", out)
         return out
     if gluon:
         gemm2 = G._gemm2
@@ -257,6 +259,7 @@ def fused_moe_nvfp4(
         BT=config.block_t,
         **extra2,
     )
+    corrupt_if_asked("decode", "gluon" if gluon else "dot", out)
     return out
 
 

@@ -6,9 +6,11 @@ the path heuristic (decode below ``config.PREFILL_MIN_TOKENS`` tokens, prefill f
 that path's config heuristic -- and runs ``decode.fused_moe_nvfp4`` (decode) or
 ``prefill.fused_moe_nvfp4_prefill`` (prefill). Both read the same ``PreparedMoEWeights`` and
 return the same ``(T, H)`` bf16 sum. The choice depends only on (T, shape, target), never on
-data, so a CUDA graph captured for T replays the path it captured.
+data, so a CUDA graph captured for T replays the path it captured. Before an entry serves for the
+first time on a GPU it passes the first-use self-check (``selfcheck.py``), which may replace it by
+a verified fallback (Gluon -> ``tl.dot``) or, with nothing verified, by the torch twin.
 
-``CALLS`` counts, per path, the calls this dispatcher launched (host side: a graph replay is not
+``CALLS`` counts, per path ("decode", "prefill", "reference"), the calls this dispatcher launched (host side: a graph replay is not
 a call; tests and ``fp4ext tune`` read it to see which kernels ran).
 """
 
@@ -18,6 +20,7 @@ from collections import Counter
 
 import torch
 
+from sglang_fp4ext.moe import selfcheck
 from sglang_fp4ext.moe.config import TableEntry, select
 from sglang_fp4ext.moe.shape import Target, current_target
 
@@ -53,6 +56,10 @@ def fused_moe(
             f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}"
         )
     entry = choose(hidden_states.shape[0], weights, topk_ids.shape[1], target)
+    entry = selfcheck.usable_entry(entry, topk_ids.shape[1], hidden_states.device)
+    if entry is None:  # nothing verified on this GPU: the torch twin, loudly (selfcheck.py)
+        CALLS["reference"] += 1
+        return selfcheck.reference_on_prepared(hidden_states, weights, topk_ids, topk_weights, out)
     CALLS[entry.path] += 1
     if entry.path == "prefill":
         from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill

@@ -1,0 +1,144 @@
+"""First-use self-check (``moe/selfcheck.py``): a broken kernel is caught before it serves.
+
+CPU tier: the ``tl.dot`` decode family under the interpreter, broken on purpose by the test-only
+fault injection (one output tile corrupted after the kernels ran, ``moe/fault_inject.py``), is
+caught by the check; the dispatcher then serves the torch twin and says so. The verdict is kept
+on disk next to the tuned tables and a later process (here: the in-process cache cleared) does
+not check again. GPU tier: every config the shipped H200 table names passes its check on this
+GPU, and a broken Gluon family falls back to the ``tl.dot`` kernels of the same tiles.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from sglang_fp4ext.bench import random_packed_weights
+from sglang_fp4ext.moe import dispatch, selfcheck
+from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+from sglang_fp4ext.testing.compare import assert_close
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_FP4EXT_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("SGLANG_FP4EXT_SELFCHECK", "on")
+    selfcheck.clear()
+    dispatch.CALLS.clear()
+    runs = []
+    real = selfcheck._run_check
+
+    def counting(*a, **k):  # a spy: the real check runs, the test counts it
+        runs.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(selfcheck, "_run_check", counting)
+    yield runs
+    selfcheck.clear()
+
+
+def _case(device, seed, T=3, E=8, H=256, I=256, k=4):
+    g = torch.Generator(device=device).manual_seed(seed)
+    w = random_packed_weights(E, H, I, device=device, generator=g)
+    ids = torch.rand(T, E, device=device, generator=g).topk(k, dim=1).indices.to(torch.int32)
+    tw = torch.rand(T, k, device=device, generator=g)
+    x = torch.randn(T, H, device=device, generator=g).to(torch.bfloat16)
+    return w, PreparedMoEWeights.from_moe_weights(w), x, ids.contiguous(), tw
+
+
+def test_mode_is_validated(monkeypatch):
+    monkeypatch.setenv("SGLANG_FP4EXT_SELFCHECK", "maybe")
+    with pytest.raises(ValueError, match="SGLANG_FP4EXT_SELFCHECK must be on, off or warn"):
+        selfcheck.mode(torch.device("cpu"))
+    monkeypatch.delenv("SGLANG_FP4EXT_SELFCHECK")
+    assert selfcheck.mode(torch.device("cpu")) == "off"  # the interpreter's default
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the interpreter runs the dot family")
+def test_broken_kernel_is_caught_and_the_twin_serves(fresh, monkeypatch, caplog, seed):
+    monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "decode:dot")
+    w, pw, x, ids, tw = _case("cpu", seed)
+    with caplog.at_level(logging.INFO, logger="sglang_fp4ext"):
+        out = dispatch.fused_moe(x, pw, ids, tw)
+    assert dispatch.CALLS == {"reference": 1}
+    assert len(fresh) == 1
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=1e-2, rms_rel=5e-3)
+    failed = [r.getMessage() for r in caplog.records if "self-check FAILED" in r.getMessage()]
+    assert len(failed) == 1 and "Triton" in failed[0] and "decode" in failed[0], failed
+    assert "KernelConfig(" in failed[0] and "rms_rel" in failed[0]
+    (key, v), = selfcheck.verdicts().items()
+    assert not v["ok"] and v["rms_rel"] > selfcheck.RMS_REL, v
+    # A later process reads the verdict from disk: no second check, the twin serves again.
+    selfcheck.clear()
+    dispatch.fused_moe(x, pw, ids, tw)
+    assert len(fresh) == 1 and dispatch.CALLS == {"reference": 2}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the interpreter runs the dot family")
+def test_good_kernel_passes_once_and_serves(fresh, caplog, seed):
+    w, pw, x, ids, tw = _case("cpu", seed)
+    with caplog.at_level(logging.INFO, logger="sglang_fp4ext"):
+        out = dispatch.fused_moe(x, pw, ids, tw)
+        dispatch.fused_moe(x, pw, ids, tw)
+    assert dispatch.CALLS == {"decode": 2} and len(fresh) == 1
+    assert any("self-check passed" in r.getMessage() for r in caplog.records)
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=1e-2, rms_rel=5e-3)
+    (v,) = selfcheck.verdicts().values()
+    assert v["ok"] and v["rms_rel"] < 5e-3, v
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the interpreter runs the dot family")
+def test_warn_mode_logs_but_serves_what_was_chosen(fresh, monkeypatch, caplog, seed):
+    monkeypatch.setenv("SGLANG_FP4EXT_SELFCHECK", "warn")
+    monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "decode:dot")
+    _, pw, x, ids, tw = _case("cpu", seed)
+    with caplog.at_level(logging.INFO, logger="sglang_fp4ext"):
+        dispatch.fused_moe(x, pw, ids, tw)
+    assert dispatch.CALLS == {"decode": 1}
+    assert any("self-check FAILED" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.gpu
+def test_every_shipped_h200_config_passes_its_check(fresh):
+    """Each config of the shipped table for this GPU, checked on this GPU (time per family)."""
+    from sglang_fp4ext.moe import config as C
+
+    name = torch.cuda.get_device_name()
+    try:
+        entries = C.load_entries(name)
+    except Exception:  # noqa: BLE001
+        entries = {}
+    if not entries:
+        pytest.skip(f"no shipped table for {name}")
+    dev = torch.device("cuda")
+    seen, times = set(), {}
+    for key, buckets in entries.items():
+        top_k = int(key.split("top_k=")[1])
+        for e in buckets.values():
+            if (e, top_k) in seen:
+                continue
+            seen.add((e, top_k))
+            v = selfcheck._verdict(e, top_k, dev)
+            assert v is not None and v.ok, (key, e, v)
+            fam = f"{e.path}:{getattr(e.config, 'kernels', 'prefill')}"
+            times.setdefault(fam, []).append(v.seconds)
+    for fam, ts in sorted(times.items()):
+        print(f"self-check {fam}: {len(ts)} configs, {sum(ts):.2f} s in all, max {max(ts):.2f} s")
+
+
+@pytest.mark.gpu
+def test_broken_gluon_falls_back_to_dot(fresh, monkeypatch, seed):
+    import dataclasses
+
+    from sglang_fp4ext.moe.config import TableEntry
+    from sglang_fp4ext.moe.decode_config import heuristic_config
+    from sglang_fp4ext.moe.shape import current_target
+
+    monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "decode:gluon")
+    dev = torch.device("cuda")
+    w, pw, x, ids, tw = _case("cuda", seed, T=4, E=64, H=1024, I=256, k=8)
+    cfg = dataclasses.replace(heuristic_config(4, pw.shape(8), current_target(dev)), kernels="gluon")
+    got = selfcheck.usable_entry(TableEntry("decode", cfg), 8, dev)
+    assert got is not None and got.config.kernels == "dot", got
+    assert dataclasses.replace(got.config, kernels="gluon") == cfg
