@@ -121,6 +121,7 @@ def test_soak_10000_calls_memory_plateaus(seed):
                         ref = fused_moe_nvfp4_torch(x, layers[name][0], ids, tw)
                         assert_close(out, ref, max_rel=1e-2, rms_rel=5e-3, what=f"{name} T={T}")
                 calls += 1
+        x = ids = tw = out = ref = None  # this pass's last tensors: not part of the plateau
         torch.cuda.synchronize()
         samples.append(dict(calls=calls, allocated=torch.cuda.memory_allocated(), **_bookkeeping()))
     first, last = samples[0], samples[-1]

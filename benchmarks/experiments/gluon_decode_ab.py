@@ -178,7 +178,7 @@ def main(argv=None) -> int:
                   f"{row['v2_same_tiles'].get('rms_rel', float('nan')):.2e}), v2 best "
                   f"{b['us'] if b else float('nan'):.1f}", flush=True)
             del ref
-        del packs, prepared
+        packs = prepared = None  # free the layer copies before the next shape
         torch.cuda.empty_cache()
     res["wall_s"] = time.time() - t_start
     out_dir = Path(args.out)
