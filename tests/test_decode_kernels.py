@@ -225,7 +225,7 @@ def test_decode_bit_exact_vs_torch_twin(seed):
     interpreter) including the K permutation equals the torch twin bit for bit: every byte value
     and random non-negative e4m3 scales (incl. subnormal, zero and -0 scale bytes; zero-scale
     blocks' codes are zeroed by the layout), times 2^-26."""
-    from sglang_fp4ext.moe import _decode_kernels as K
+    from sglang_fp4ext.moe import _decode_dot_kernels as K
     from sglang_fp4ext.moe.layout import dequantize_kernel_matrix, prepare_matrix
 
     g = torch.Generator().manual_seed(seed)
@@ -256,7 +256,7 @@ def test_scale_code_decode_gpu_and_interpreter_forms_agree():
     (fp32 bits) give the same value for every scale code, and that value is the layout twin's
     scale times 2^100. (On a GPU the kernel runs compiled; on the CPU the interpreter executes
     the GPU form's integer ops too.)"""
-    from sglang_fp4ext.moe import _decode_kernels as K
+    from sglang_fp4ext.moe import _decode_dot_kernels as K
     from sglang_fp4ext.moe.layout import scale_code_values
 
     codes = torch.zeros(256, dtype=torch.uint8)

@@ -7,7 +7,7 @@ import dataclasses, json, os, sys, time, itertools
 import torch
 from sglang_fp4ext.bench import GLM5_TP8, GLM5_EP8, random_packed_weights, uniform_routing
 from sglang_fp4ext.bench.timing import time_graph_replay
-from sglang_fp4ext.moe import _decode_kernels as K
+from sglang_fp4ext.moe import _decode_dot_kernels as K
 from sglang_fp4ext.moe.config import config_for
 from sglang_fp4ext.moe.decode import fused_moe_nvfp4
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights

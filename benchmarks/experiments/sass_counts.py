@@ -30,7 +30,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
-from sglang_fp4ext.moe import _decode_kernels, _prefill_kernels
+from sglang_fp4ext.moe import _decode_dot_kernels, _prefill_kernels
 from sglang_fp4ext.moe import decode as F
 from sglang_fp4ext.moe import prefill as PF
 from sglang_fp4ext.moe.config import config_for, prefill_config_for
@@ -87,11 +87,11 @@ def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
             return launch
 
     names = ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok")
-    saved = {n: getattr(_decode_kernels, n) for n in names}
+    saved = {n: getattr(_decode_dot_kernels, n) for n in names}
     saved_ws, saved_val = F._workspace, F.validate_moe_inputs
     try:
         for n in names:
-            setattr(_decode_kernels, n, _Rec(saved[n]))
+            setattr(_decode_dot_kernels, n, _Rec(saved[n]))
         F._workspace = lambda dev, name, n, dt, zero: _meta(dt, max(n, 1))
         F.validate_moe_inputs = lambda *a, **k: None  # meta tensors are not on a CUDA device
         k = shape.top_k
@@ -100,7 +100,7 @@ def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
         F.fused_moe_nvfp4(x, w, ids, tw, out=x, config=cfg)
     finally:
         for n in names:
-            setattr(_decode_kernels, n, saved[n])
+            setattr(_decode_dot_kernels, n, saved[n])
         F._workspace, F.validate_moe_inputs = saved_ws, saved_val
     return calls
 

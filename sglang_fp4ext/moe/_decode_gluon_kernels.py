@@ -1,7 +1,7 @@
 """Gluon kernels of the NVFP4 W4A16 decode path, v2 (``@gluon.jit`` code and the layouts it uses).
 
 Same work split, routing, workspaces and determinism as the ``tl.dot`` kernels in
-``_decode_kernels`` (read their docstring first): ``_gemm1`` = ``_moe_gemm1`` (GEMM1 + SiLU·mul,
+``_decode_dot_kernels`` (read their docstring first): ``_gemm1`` = ``_moe_gemm1`` (GEMM1 + SiLU·mul,
 split-K through the fp32 workspace and arrival counters, the routing lists for GEMM2) and
 ``_gemm2_tok`` = ``_moe_gemm2_tok`` (token-centric GEMM2 with the routing weight and top-k sum).
 What Gluon changes is where the bytes go:
@@ -32,11 +32,11 @@ torch twin.
 
 import functools
 
-from sglang_fp4ext.moe._decode_kernels import FP4X4_TO_BF16_PTX
+from sglang_fp4ext.moe._decode_dot_kernels import FP4X4_TO_BF16_PTX
 from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon, mma_v2
 from sglang_fp4ext.moe.layout import SCALE_CODE_BF16_BIAS
 
-_TWO_P26 = gl.constexpr(67108864.0)  # the decode's 2^-26 (see _decode_kernels), undone here
+_TWO_P26 = gl.constexpr(67108864.0)  # the decode's 2^-26 (see _decode_dot_kernels), undone here
 _SCALE_BIAS = gl.constexpr(SCALE_CODE_BF16_BIAS)
 
 
@@ -263,7 +263,7 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
            KC, CPS, TOP_K, SPLIT_K,
            SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BLOCK_P: gl.constexpr,
            WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
-    """``_decode_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
+    """``_decode_dot_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
     NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt)."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     pid0 = gl.program_id(0)
@@ -324,7 +324,7 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
                stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
                K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
                WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
-    """``_decode_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
+    """``_decode_dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
     and walks the token's valid experts in slot order (the pair in MMA column 0)."""
     KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])
     t = gl.program_id(0)
@@ -360,7 +360,7 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
            s_chunk_stride, KC, CPS, TOP_K, SPLIT_K, NT,
            K_POW2: gl.constexpr, SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
            WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
-    """``_decode_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
+    """``_decode_dot_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
     weight for all pairs of one expert, row tiles ``pid1 * NT ..``, and the arrival-counter top-k
     combine (ws (P, SPLIT_K, NP) fp32 by weight row; cnt (T, NB) int32, zero between calls)."""
     KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])

@@ -48,7 +48,7 @@ numbers.
 import triton
 import triton.language as tl
 
-from ._decode_kernels import (
+from ._decode_dot_kernels import (
     _TWO_P26,
     _fp4x4_to_bf16_asm,
     _nibbles_to_w,

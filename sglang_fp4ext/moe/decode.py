@@ -111,7 +111,7 @@ def fused_moe_nvfp4(
         config = config_for(
             T, shape, target or (current_target(dev) if dev.type == "cuda" else None)
         )
-    from sglang_fp4ext.moe import _decode_kernels as K  # triton imported only when launching
+    from sglang_fp4ext.moe import _decode_dot_kernels as K  # triton imported only when launching
 
     w13, w2 = weights.w13, weights.w2
     E, I = shape.E, shape.I

@@ -6,7 +6,7 @@ and the tuned tables live in ``config.py``; this module imports no launcher.
 
 **Heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
 experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weights in registers,
-see ``_decode_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
+see ``_decode_dot_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
 ``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K
 until the expected busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reach about
 four per SM, keeping at least 2 K chunks per split (kernel-techniques §5, Little's law: ~25-30 KB
@@ -49,7 +49,7 @@ class KernelConfig(ConfigDict):
     row tiles, all its pairs, arrival-counter top-k combine) or ``"tokens"`` (a program per token
     and row tile walking the token's experts: no combine; for experts seeing ~1 token).
     Suffix 1 = GEMM1 (gate/up rows, interleaved), 2 = GEMM2.
-    ``kernels``: ``"dot"`` (the ``tl.dot`` kernels of ``_decode_kernels``, the fallback and the
+    ``kernels``: ``"dot"`` (the ``tl.dot`` kernels of ``_decode_dot_kernels``, the fallback and the
     only family the interpreter runs) or ``"gluon"`` (``_decode_gluon_kernels``: GEMM1 and the
     token-centric GEMM2 in Gluon, a ``"pairs"`` GEMM2 still from the dot family; ``stages*`` unused:
     the Gluon K loop prefetches one chunk in registers).

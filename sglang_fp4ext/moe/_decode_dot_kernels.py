@@ -1,4 +1,6 @@
-"""Triton kernels of the NVFP4 W4A16 fused-MoE decode path (``@triton.jit`` code only).
+"""Triton ``tl.dot`` kernels of the NVFP4 W4A16 fused-MoE decode path (v1: the fallback of the Gluon
+kernels in ``_decode_gluon_kernels``, and the only decode family the interpreter runs; ``@triton.jit``
+code only).
 
 Two launches per layer, both with a static grid fixed by ``T``, ``top_k``, the shape and the config:
 
