@@ -101,7 +101,7 @@ MANIFEST: tuple[HookRecord, ...] = (
         "reads) and, with EP > 1, computes alphas from global [Eg] input scales against local "
         "[E] weight scales (a broadcast error).",
         how="with fp4ext, skip the original; build fp4ext's kernel layout from the loaded "
-        "parameters (sglang_backend.process_weights), free the swizzled-scale placeholders and "
+        "parameters (sglang_weights.process_weights), free the swizzled-scale placeholders and "
         "the checkpoint-layout copies, clear the dispatcher's FP4 input scale.",
         upstream="WeightOwningRunnerCore (moe_runner/base.py): a DispatchMoeRunnerCore with "
         "process_weights_after_loading(quant_method, layer); the NVFP4 method delegates to it "
