@@ -146,3 +146,19 @@ def test_triton_36_compiles_them_too(compiled):
         assert rows and all(r["triton"].startswith("3.6") for r in rows), rows
         for r in rows:
             assert r["mma"] and r["decode"] and r["wide_loads"] >= 4, f"3.6 sm_{cc}: {r}"
+
+
+@pytest.mark.parametrize("role", ["gemm1", "gemm2_tok", "gemm2"])
+def test_both_families_take_the_launchers_arguments(role):
+    """The launcher passes one argument list to either family (``decode._kernel``): the Gluon
+    kernel of each role takes the dot kernel's arguments, its layouts instead of COMPUTE_F32."""
+    from sglang_fp4ext.moe import decode
+    from sglang_fp4ext.moe.decode_config import KernelConfig
+
+    cfg = KernelConfig(kernels="gluon")
+    g, g_extra = decode._kernel("gluon", role, 64, cfg, 2, 3)
+    d, d_extra = decode._kernel("dot", role, 64, cfg, 2, 3)
+    assert [a for a in d.arg_names if a != "COMPUTE_F32"] == [
+        a for a in g.arg_names if a not in ("WL", "XL", "ML")
+    ]
+    assert set(g_extra) == {"num_warps", "WL", "XL", "ML"} and "COMPUTE_F32" in d_extra

@@ -111,8 +111,6 @@ def fused_moe_nvfp4(
         config = config_for(
             T, shape, target or (current_target(dev) if dev.type == "cuda" else None)
         )
-    from sglang_fp4ext.moe import _decode_dot_kernels as K  # triton imported only when launching
-
     w13, w2 = weights.w13, weights.w2
     E, I = shape.E, shape.I
     P = T * top_k
@@ -141,16 +139,10 @@ def fused_moe_nvfp4(
     pcnt = _workspace(dev, "pcnt", E, torch.int32, zero=False)
 
     # The interpreter runs only the tl.dot family: a Gluon config runs its tiles there.
-    gluon = config.kernels == "gluon" and not interp
-    if gluon:
-        from sglang_fp4ext.moe import _decode_gluon_kernels as G
-
-        gemm1 = G._gemm1
-        lay1 = G.layouts(config.block_n1, config.block_t, config.warps1)
-        extra1 = dict(num_warps=config.warps1, **lay1)
-    else:
-        gemm1 = K._moe_gemm1
-        extra1 = dict(COMPUTE_F32=interp, num_warps=config.warps1, num_stages=config.stages1)
+    family = "gluon" if config.kernels == "gluon" and not interp else "dot"
+    gemm1, extra1 = _kernel(family, "gemm1", config.block_n1, config, config.warps1, config.stages1)
+    role2 = "gemm2_tok" if config.gemm2 == "tokens" else "gemm2"
+    gemm2, extra2 = _kernel(family, role2, config.block_n2, config, config.warps2, config.stages2)
     gemm1[g1](
         hidden_states,
         topk_ids,
@@ -183,13 +175,6 @@ def fused_moe_nvfp4(
         **extra1,
     )
     if config.gemm2 == "tokens":
-        if gluon:
-            gemm2 = G._gemm2_tok
-            extra2 = dict(num_warps=config.warps2, **G.layouts(config.block_n2, config.block_t,
-                                                                config.warps2))
-        else:
-            gemm2 = K._moe_gemm2_tok
-            extra2 = dict(COMPUTE_F32=interp, num_warps=config.warps2, num_stages=config.stages2)
         gemm2[g2](
             inter,
             topk_ids,
@@ -215,15 +200,8 @@ def fused_moe_nvfp4(
             BT=config.block_t,
             **extra2,
         )
-        corrupt_if_asked("decode", "gluon" if gluon else "dot", out)
+        corrupt_if_asked("decode", family, out)
         return out
-    if gluon:
-        gemm2 = G._gemm2
-        extra2 = dict(num_warps=config.warps2, **G.layouts(config.block_n2, config.block_t,
-                                                            config.warps2))
-    else:
-        gemm2 = K._moe_gemm2
-        extra2 = dict(COMPUTE_F32=interp, num_warps=config.warps2, num_stages=config.stages2)
     gemm2[g2](
         inter,
         topk_ids,
@@ -259,8 +237,30 @@ def fused_moe_nvfp4(
         BT=config.block_t,
         **extra2,
     )
-    corrupt_if_asked("decode", "gluon" if gluon else "dot", out)
+    corrupt_if_asked("decode", family, out)
     return out
+
+
+#: Each family's kernel of each role (module ``_decode_<family>_kernels``).
+_KERNELS = {
+    "dot": {"gemm1": "_moe_gemm1", "gemm2_tok": "_moe_gemm2_tok", "gemm2": "_moe_gemm2"},
+    "gluon": {"gemm1": "_gemm1", "gemm2_tok": "_gemm2_tok", "gemm2": "_gemm2"},
+}
+
+
+def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int, stages: int):
+    """The kernel of ``role`` in ``family`` and its launch-only arguments (Triton is imported
+    only when launching)."""
+    if family == "gluon":
+        from sglang_fp4ext.moe import _decode_gluon_kernels as G
+
+        lay = G.layouts(block_n, cfg.block_t, warps)
+        return getattr(G, _KERNELS[family][role]), dict(num_warps=warps, **lay)
+    from sglang_fp4ext.moe import _decode_dot_kernels as K
+
+    interp = target_info.is_interpreter()
+    extra = dict(COMPUTE_F32=interp, num_warps=warps, num_stages=stages)
+    return getattr(K, _KERNELS[family][role]), extra
 
 
 def triton_next_pow2(n: int) -> int:
