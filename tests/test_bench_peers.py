@@ -241,6 +241,23 @@ def test_readme_section_from_committed_results():
     assert one.startswith("NVIDIA H200") and "Regression-gate" not in one
 
 
+def test_performance_md_tables_match_the_committed_results(tmp_path):
+    """docs/performance.md holds the generated tables verbatim (``readme_table.py --write``
+    leaves it unchanged), and ``--write`` replaces only the block between the markers."""
+    doc = ROOT / "docs/performance.md"
+    copy = tmp_path / "performance.md"
+    copy.write_text(doc.read_text())
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/readme_table.py"), "--write", str(copy)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert copy.read_text() == doc.read_text(), "run: python benchmarks/readme_table.py --write"
+    rt = _readme_table()
+    copy.write_text(f"head\n{rt.MARKER}\nstale\n{rt.END_MARKER}\ntail\n")
+    rt.write_section(copy, "NEW")
+    assert copy.read_text() == f"head\nNEW\n\n{rt.END_MARKER}\ntail\n"
+
+
 def test_readme_suite_table_lists_each_peer(tmp_path):
     """Formatting only: a pytest-benchmark file built here (inputs to the renderer, not
     measurements) with an SGLang peer next to the torch one."""
