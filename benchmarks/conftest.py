@@ -84,6 +84,7 @@ class _Layers:
         self.name = None
         self.layer = None
         self.peer_us: dict[tuple[str, str, int], float] = {}  # (impl, preset, T) -> us
+        self.adapters: dict = {}  # peer adapters built from this preset's layer (tk_peer)
 
     def get(self, shape):
         if self.name != shape.name:
@@ -92,6 +93,7 @@ class _Layers:
             from sglang_fp4ext.bench.layer import Layer
 
             self.layer = None
+            self.adapters.clear()
             torch.cuda.empty_cache()
             self.layer = Layer(shape, self.copies, seed=self.seed)
             self.name = shape.name

@@ -8,6 +8,11 @@ GLM-5 EP8, DeepSeek-R1 NVFP4 TP8, Qwen3-Coder-480B NVFP4 TP8) x T = 1 .. 8192 x
   (``bench/peers.py``), run where SGLang and their kernels import and the GPU is new enough,
   else collected and skipped with the reason (e.g. on the H200 box: no SGLang); a peer that runs
   is checked against the torch twin of the pack it computes before it is timed;
+* ``triton_kernels-mxfp4``: OpenAI's triton_kernels MXFP4 MoE as SGLang's ``triton_kernel``
+  backend calls it, Triton 3.8 API (``bench/tk_peer.py``), on the MXFP4 re-quantisation of the
+  same packs; run where triton_kernels with that API, Triton 3.8 and an sm_90 / sm_100 GPU are
+  there, else skipped with the reason (the H200 box: Triton 3.6, no triton_kernels); checked
+  against the fp32 oracle of its own MXFP4 weights before it is timed;
 * ``fp4ext-decode`` and, with ``--fp4ext-paths decode,prefill``, ``fp4ext-prefill``: the two
   kernel paths; ``extra_info["served"]`` marks the one SGLang's runner core takes for that T
   (``moe.dispatch`` via the config table; ``report.dispatch_path`` / ``Layer.served_path``).
@@ -46,6 +51,8 @@ from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.peers import SGLANG_PEERS as _SGLANG_PEER_SPECS
 from sglang_fp4ext.bench.figures import row_numbers
 from sglang_fp4ext.bench.report import SUITE_TOKENS
+from sglang_fp4ext.bench.tk_peer import ENTRY_POINT as _TK_ENTRY_POINT
+from sglang_fp4ext.bench.tk_peer import TK_PEER
 from sglang_fp4ext.moe.config import override_config
 
 PEER = "torch-bf16"
@@ -76,7 +83,7 @@ def pytest_generate_tests(metafunc):
     bad = set(paths) - {"decode", "prefill"}
     if bad:
         raise pytest.UsageError(f"--fp4ext-paths: unknown {sorted(bad)}; use decode,prefill")
-    impls = [PEER, *SGLANG_PEERS, *(f"fp4ext-{p}" for p in paths)]
+    impls = [PEER, *SGLANG_PEERS, TK_PEER, *(f"fp4ext-{p}" for p in paths)]
     cases = [(p, T, impl) for p in presets for T in tokens for impl in impls]
     metafunc.parametrize("case", cases, ids=[f"{p}-T{T}-{i}" for p, T, i in cases])
 
@@ -91,6 +98,13 @@ def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
 
     if impl in SGLANG_PEERS:
         reason = sglang_peer_unavailable(impl)
+        log_peer(impl, reason)
+        if reason is not None:
+            pytest.skip(reason)
+    elif impl == TK_PEER:
+        from sglang_fp4ext.bench.tk_peer import tk_peer_unavailable
+
+        reason = tk_peer_unavailable()
         log_peer(impl, reason)
         if reason is not None:
             pytest.skip(reason)
@@ -127,6 +141,13 @@ def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
             assert check["ok"], f"{impl} {preset_name} T={T} does not match the twin: {check}"
             step = layer.sglang_peer(T, impl)
             info.update(served=None, config=_SGLANG_PEER_SPECS[impl].entry_point, check=check)
+        elif impl == TK_PEER:
+            from sglang_fp4ext.bench.tk_peer import suite_check, suite_step
+
+            check = suite_check(layer, T, layers.adapters)
+            assert check["ok"], f"{impl} {preset_name} T={T} does not match its oracle: {check}"
+            step = suite_step(layer, T, layers.adapters)
+            info.update(served=None, config=_TK_ENTRY_POINT, check=check)
         else:
             path = impl.removeprefix("fp4ext-")
             check = layer.check(T, path)
@@ -160,7 +181,7 @@ def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
         peer_us = layers.peer_us.get((PEER, preset_name, T))
         info["speedup_vs"] = {
             p: layers.peer_us[(p, preset_name, T)] / us
-            for p in (PEER, *SGLANG_PEERS)
+            for p in (PEER, *SGLANG_PEERS, TK_PEER)
             if (p, preset_name, T) in layers.peer_us
         }
     info.update(calls_per_replay=calls, inputs_rotated=n_inputs, us=us, us_min=min(per_call))

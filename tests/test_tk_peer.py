@@ -355,3 +355,27 @@ def test_peer_matches_mxfp4_oracle(seed, k, ep):
     assert out.shape == (T, H) and out.dtype == torch.bfloat16
     st = error_stats(out, tk_peer.fused_moe_mxfp4_torch(x, peer.mx, ids, tw))
     assert st.nonfinite == 0 and st.rms_rel <= 1e-2 and st.max_rel <= 5e-2, st
+
+
+def test_suite_times_the_peer_before_fp4ext():
+    """The suite collects the peer in every (preset, T) group, after the other peers and
+    before fp4ext, so fp4ext's speedup_vs can hold the ratio to it."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks/test_moe_bench.py"
+    spec = importlib.util.spec_from_file_location("_moe_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    opts = {"--fp4ext-presets": "glm5-tp8", "--fp4ext-tokens": "1,8", "--fp4ext-paths": "decode"}
+    got = {}
+    meta = SimpleNamespace(
+        fixturenames=["case"],
+        config=SimpleNamespace(getoption=opts.get),
+        parametrize=lambda name, cases, ids: got.update(cases=cases),
+    )
+    mod.pytest_generate_tests(meta)
+    for T in (1, 8):
+        impls = [i for _, t, i in got["cases"] if t == T]
+        assert impls.index(P) == impls.index("fp4ext-decode") - 1 and impls.index(P) > 0

@@ -31,6 +31,11 @@ the suite collects every peer and skips those with their reason. Neither runs on
 nor on the H200 box (no SGLang there; FlashInfer's NVFP4 MoE needs Blackwell anyway), so their
 call paths are only exercised where SGLang is installed on a GPU: this module says so rather
 than substituting anything.
+
+The third peer, ``triton_kernels-mxfp4`` (OpenAI's ``triton_kernels`` MXFP4 MoE, the Triton 3.8
+API SGLang's ``triton_kernel`` backend calls), lives in ``bench/tk_peer.py`` (own availability
+rule ``tk_peer_unavailable``, own oracle on its MXFP4 weights); it imports triton_kernels only
+when built, so this module and the suite import where it is missing.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from sglang_fp4ext.moe.weights import MoEWeights
 
 __all__ = [
     "TK_PEER",
+    "ENTRY_POINT",
     "TK_TRITON",
     "MXFP4Weights",
     "TKEnvironment",
