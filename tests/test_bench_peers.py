@@ -258,6 +258,16 @@ def test_performance_md_tables_match_the_committed_results(tmp_path):
     assert copy.read_text() == f"head\nNEW\n\n{rt.END_MARKER}\ntail\n"
 
 
+def test_readme_decode_v2_table_matches_the_committed_results():
+    """The README's headline table is ``peers_table()`` of the committed peer and A/B JSON."""
+    rt = _readme_table()
+    text = (ROOT / "README.md").read_text()
+    block = text.split(rt.PEERS_MARKER)[1].split(rt.PEERS_END)[0].strip()
+    assert block == rt.peers_table().strip(), "run: python benchmarks/readme_table.py --write"
+    m = json.loads((rt.PEERS_DIR / "marlin_peer.json").read_text())["rows"][0]
+    assert f"| {m['fp4ext_us']:.1f} ({m['fp4ext_pct_bw']:.0f}%) | {m['marlin_us']:.1f} |" in block
+
+
 def test_readme_suite_table_lists_each_peer(tmp_path):
     """Formatting only: a pytest-benchmark file built here (inputs to the renderer, not
     measurements) with an SGLang peer next to the torch one."""
