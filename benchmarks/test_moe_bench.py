@@ -52,7 +52,7 @@ from sglang_fp4ext.bench.peers import SGLANG_PEERS as _SGLANG_PEER_SPECS
 from sglang_fp4ext.bench.figures import row_numbers
 from sglang_fp4ext.bench.report import SUITE_TOKENS
 from sglang_fp4ext.bench.tk_peer import ENTRY_POINT as _TK_ENTRY_POINT
-from sglang_fp4ext.bench.tk_peer import TK_PEER
+from sglang_fp4ext.bench.tk_availability import TK_PEER
 from sglang_fp4ext.moe.config import override_config
 
 PEER = "torch-bf16"
@@ -102,7 +102,7 @@ def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
         if reason is not None:
             pytest.skip(reason)
     elif impl == TK_PEER:
-        from sglang_fp4ext.bench.tk_peer import tk_peer_unavailable
+        from sglang_fp4ext.bench.tk_availability import tk_peer_unavailable
 
         reason = tk_peer_unavailable()
         log_peer(impl, reason)

@@ -18,13 +18,14 @@ import pytest
 import torch
 
 from sglang_fp4ext.bench import tk_peer
-from sglang_fp4ext.bench.tk_peer import TKEnvironment
+from sglang_fp4ext.bench import tk_availability as avail
+from sglang_fp4ext.bench.tk_availability import TKEnvironment
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.weights import MoEWeights, random_moe_weights
 
 HERE = "/venv/site-packages/triton_kernels"
 OK = TKEnvironment("3.8.0", HERE, "matmul", (9, 0))
-P = tk_peer.TK_PEER
+P = avail.TK_PEER
 
 # ---- availability ------------------------------------------------------------------------------
 
@@ -35,32 +36,32 @@ def _env(**kw):
 
 def test_reason_none_where_it_can_run():
     for cap in ((9, 0), (10, 0), (10, 3)):
-        assert tk_peer.tk_unavailable_reason(_env(capability=cap)) is None
-    assert tk_peer.tk_unavailable_reason(_env(triton="3.8.1+git1234")) is None
+        assert avail.tk_unavailable_reason(_env(capability=cap)) is None
+    assert avail.tk_unavailable_reason(_env(triton="3.8.1+git1234")) is None
 
 
 def test_reason_triton_kernels_missing():
-    got = tk_peer.tk_unavailable_reason(_env(triton="3.6.0", tk_path=None, tk_api=None))
+    got = avail.tk_unavailable_reason(_env(triton="3.6.0", tk_path=None, tk_api=None))
     assert got == (
         f"{P}: triton_kernels not importable on this machine (Triton 3.6.0; this peer calls the "
         "triton_kernels shipped with Triton 3.8)"
     )
-    got = tk_peer.tk_unavailable_reason(_env(triton=None, tk_path=None, tk_api=None))
+    got = avail.tk_unavailable_reason(_env(triton=None, tk_path=None, tk_api=None))
     assert "(no Triton;" in got
 
 
 def test_reason_old_api():
-    got = tk_peer.tk_unavailable_reason(_env(triton="3.6.0", tk_api="matmul_ogs"))
+    got = avail.tk_unavailable_reason(_env(triton="3.6.0", tk_api="matmul_ogs"))
     assert got == (
         f"{P}: triton_kernels at {HERE} has the matmul_ogs API; this peer calls the Triton 3.8 "
         "API (triton_kernels.matmul)"
     )
-    assert "has no triton_kernels.matmul;" in tk_peer.tk_unavailable_reason(_env(tk_api=None))
+    assert "has no triton_kernels.matmul;" in avail.tk_unavailable_reason(_env(tk_api=None))
 
 
 @pytest.mark.parametrize("triton", ["3.6.0", "3.7.1", "3.9.0", "4.0.0", None])
 def test_reason_triton_version(triton):
-    got = tk_peer.tk_unavailable_reason(_env(triton=triton))
+    got = avail.tk_unavailable_reason(_env(triton=triton))
     have = f"Triton {triton}" if triton else "no Triton"
     assert got == (
         f"{P}: the installed triton_kernels is written for Triton 3.8, this machine has {have}"
@@ -68,13 +69,13 @@ def test_reason_triton_version(triton):
 
 
 def test_reason_without_gpu():
-    got = tk_peer.tk_unavailable_reason(_env(capability=None))
+    got = avail.tk_unavailable_reason(_env(capability=None))
     assert got == f"{P}: no CUDA GPU on this machine"
 
 
 @pytest.mark.parametrize("cap", [(8, 0), (8, 9), (12, 0), (12, 1), (11, 0)])
 def test_reason_by_architecture(cap):
-    got = tk_peer.tk_unavailable_reason(_env(capability=cap))
+    got = avail.tk_unavailable_reason(_env(capability=cap))
     assert got == (
         f"{P}: needs sm_90 (Hopper MXFP4 layouts) or sm_100 (Blackwell), this GPU is "
         f"sm_{cap[0]}{cap[1]}"
@@ -83,11 +84,11 @@ def test_reason_by_architecture(cap):
 
 def test_reasons_come_in_order():
     """The H200 box: Triton 3.6, no triton_kernels, a GPU -> the import reason names Triton."""
-    got = tk_peer.tk_unavailable_reason(
+    got = avail.tk_unavailable_reason(
         TKEnvironment("3.6.0", None, None, (9, 0))
     )
     assert "not importable" in got and "Triton 3.6.0" in got
-    got = tk_peer.tk_unavailable_reason(TKEnvironment("3.6.0", HERE, "matmul", None))
+    got = avail.tk_unavailable_reason(TKEnvironment("3.6.0", HERE, "matmul", None))
     assert "written for Triton 3.8" in got  # the version before the missing GPU
 
 
@@ -96,7 +97,7 @@ def test_availability_on_this_machine():
 
     from sglang_fp4ext import target_info
 
-    env = tk_peer.probe_environment()
+    env = avail.probe_environment()
     assert env.capability == target_info.device_capability()
     if importlib.util.find_spec("triton_kernels") is None:
         assert env.tk_path is None
@@ -104,13 +105,13 @@ def test_availability_on_this_machine():
         import triton
 
         assert env.triton == triton.__version__ and env.tk_path.endswith("triton_kernels")
-    assert tk_peer.tk_peer_unavailable() == tk_peer.tk_unavailable_reason(env)
+    assert avail.tk_peer_unavailable() == avail.tk_unavailable_reason(env)
     if not target_info.has_cuda_gpu():
-        assert tk_peer.tk_peer_unavailable() is not None
+        assert avail.tk_peer_unavailable() is not None
         w = random_moe_weights(2, 64, 32, generator=torch.Generator().manual_seed(0))
         with pytest.raises(RuntimeError) as exc:
             tk_peer.make_tk_peer(w)
-        assert str(exc.value) == tk_peer.tk_peer_unavailable()
+        assert str(exc.value) == avail.tk_peer_unavailable()
 
 
 # ---- NVFP4 -> MXFP4 ------------------------------------------------------------------------------
@@ -336,7 +337,7 @@ def test_routing_metadata_drives_the_right_moe(seed, k, ep):
 def test_peer_matches_mxfp4_oracle(seed, k, ep):
     """The peer on the GPU (Hopper / Blackwell, Triton 3.8) against the fp32 MXFP4 oracle; bf16
     between the GEMMs and at the output, as in serving (rms 2-3e-3 measured with v3.6)."""
-    reason = tk_peer.tk_peer_unavailable()
+    reason = avail.tk_peer_unavailable()
     if reason is not None:
         pytest.skip(reason)
     from sglang_fp4ext.bench import random_packed_weights
