@@ -235,7 +235,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 class _CheckProgress:
     """``fp4ext check``'s output: one line per phase with the time since the start, and while
-    a server starts a "waiting for ..." line every 15 s (``e2e.start_all``)."""
+    a server starts a "waiting for ..." line every 15 s (``server.start_all``)."""
 
     def __init__(self) -> None:
         self.t0 = time.monotonic()
@@ -246,7 +246,7 @@ class _CheckProgress:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from sglang_fp4ext.testing import e2e
+    from sglang_fp4ext.testing import server
 
     launch = list(args.sglang_args)
     if launch[:1] == ["--"]:
@@ -256,7 +256,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         if args.model_path:
             return _check_model(args, launch, progress)
         return _check_tiny(args, launch, progress)
-    except e2e.ServerStartError as exc:
+    except server.ServerStartError as exc:
         print(f"  [{time.monotonic() - progress.t0:6.1f} s] FAILED: {exc}", flush=True)
         print("verdict: FAIL (a server did not come up)")
         return 1
@@ -286,13 +286,13 @@ def _check_tiny(args: argparse.Namespace, launch: list[str], progress) -> int:
     import tempfile
     from pathlib import Path
 
-    from sglang_fp4ext.testing import e2e
+    from sglang_fp4ext.testing import cpu_workarounds, e2e
     from sglang_fp4ext.testing.checkpoint import make_tiny_checkpoint
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="fp4ext-check-"))
     extra, env, dims = [], None, {}
     if not target_info.has_cuda_gpu():
-        extra, env = e2e.cpu_server_args()
+        extra, env = cpu_workarounds.cpu_server_args()
         # SGLang 0.5.23's GLM-4.5/DeepSeek MoE blocks multiply by routed_scaling_factor again on
         # non-CUDA devices although NVFP4 folds it into the top-k weights (README, Measured facts).
         dims["routed_scaling_factor"] = 1.0

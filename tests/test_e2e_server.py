@@ -16,8 +16,9 @@ log must show fp4ext serving exactly the model's MoE layers (ids from its config
 
 Two SGLang 0.5.23 CPU bugs shape the setup (README, Measured facts): the tiny models use
 routed_scaling_factor 1.0 (SGLang applies the factor a second time for NVFP4 off CUDA), and the
-CPU servers carry ``e2e.install_cpu_workarounds`` (DeepSeek MLA prefill on torch_native attends
-over the compressed latent; the workaround routes it through the absorbed-MLA path decode uses).
+CPU servers carry ``cpu_workarounds.install_cpu_workarounds`` (DeepSeek MLA prefill on
+torch_native attends over the compressed latent; the workaround routes it through the
+absorbed-MLA path decode uses).
 """
 
 from __future__ import annotations
@@ -46,13 +47,13 @@ MODELS = {
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def served_model(request, tmp_path_factory):
     """One fp4ext server + one oracle server per model, shared by the assertions below."""
-    from sglang_fp4ext.testing import e2e
+    from sglang_fp4ext.testing import cpu_workarounds, e2e
     from sglang_fp4ext.testing.checkpoint import make_tiny_checkpoint
 
     kwargs, fp4ext_args = MODELS[request.param]
     root = tmp_path_factory.mktemp(request.param)
     ckpt = make_tiny_checkpoint(root / "model", seed=1234, routed_scaling_factor=1.0, **kwargs)
-    args, env = e2e.cpu_server_args()
+    args, env = cpu_workarounds.cpu_server_args()
     r = e2e.check_checkpoint_against_oracle(
         ckpt, n_prompts=4, max_new_tokens=16, extra_args=args, env=env, work_dir=root / "run",
         hf_oracle=True, fp4ext_args=fp4ext_args,

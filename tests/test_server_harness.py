@@ -1,6 +1,6 @@
 """The server harness fails fast and keeps servers apart (issue 17, CPU tier).
 
-``sglang_fp4ext.testing.e2e.SGLangServer`` must notice within seconds a server that cannot come
+``sglang_fp4ext.testing.server.SGLangServer`` must notice within seconds a server that cannot come
 up (launcher exited, fatal log line, HTTP port taken, front end that never listens), kill its
 whole process group, and raise an error naming the port with the log tail; a bind failure on
 ports it chose is retried on fresh ones; two servers never share ports.
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fp4ext.testing import e2e
+from sglang_fp4ext.testing import cpu_workarounds, server_log, server_ports
+from sglang_fp4ext.testing import server as harness
 
 # ---- log classifier ----
 
@@ -69,7 +70,7 @@ REAL_LINES = [
 
 @pytest.mark.parametrize("line,previous,kind,port", REAL_LINES)
 def test_classify_log_line(line, previous, kind, port):
-    hit = e2e.classify_log_line(line, previous)
+    hit = server_log.classify_log_line(line, previous)
     assert (hit and hit.kind) == kind, (line, hit)
     if kind == "bind":
         assert hit.port == port
@@ -85,7 +86,7 @@ def test_log_watch_prefers_the_port_clash(tmp_path):
         "ValueError: nccl_port at 10241 is not available in 30 seconds.\n"
         "[t] Load weight begin. avail mem=1 GB\n[t] INFO:     Appli"  # no newline yet
     )
-    w = e2e._LogWatch(log)
+    w = server_log.LogWatch(log)
     w.scan()
     assert w.verdict().kind == "bind" and w.verdict().port == 10241
     assert [f.kind for f in w.fatal] == ["fatal", "bind"]
@@ -100,21 +101,21 @@ def test_log_watch_prefers_the_port_clash(tmp_path):
 
 
 def test_blocks_are_disjoint_locked_and_hold_the_derived_ports():
-    blocks = [e2e.reserve_ports() for _ in range(4)]
+    blocks = [server_ports.reserve_ports() for _ in range(4)]
     try:
         bases = [b.port for b in blocks]
         assert len(set(bases)) == 4
-        lo, hi = e2e.PORT_RANGE
+        lo, hi = server_ports.PORT_RANGE
         for b in blocks:
-            assert lo <= b.port < hi and (b.port - lo) % e2e.PORT_BLOCK == 0
+            assert lo <= b.port < hi and (b.port - lo) % server_ports.PORT_BLOCK == 0
             assert b.nccl_port == b.port + 1
         # Every port SGLang derives from --port (DP attention: port+233..+239) stays in the block.
-        assert max(e2e.PORT_OFFSETS) < e2e.PORT_BLOCK
+        assert max(server_ports.PORT_OFFSETS) < server_ports.PORT_BLOCK
         gaps = sorted(abs(a - b) for a in bases for b in bases if a != b)
-        assert gaps[0] >= e2e.PORT_BLOCK
+        assert gaps[0] >= server_ports.PORT_BLOCK
         # A held block is never handed out again, in this process or another.
         for _ in range(10):
-            other = e2e.reserve_ports()
+            other = server_ports.reserve_ports()
             assert other.port not in bases
             other.release()
     finally:
@@ -123,13 +124,13 @@ def test_blocks_are_disjoint_locked_and_hold_the_derived_ports():
 
 
 def test_block_with_a_taken_derived_port_is_skipped(monkeypatch):
-    lo = e2e.PORT_RANGE[0] + 20 * e2e.PORT_BLOCK
-    monkeypatch.setattr(e2e, "PORT_RANGE", (lo, lo + 2 * e2e.PORT_BLOCK))
+    lo = server_ports.PORT_RANGE[0] + 20 * server_ports.PORT_BLOCK
+    monkeypatch.setattr(server_ports, "PORT_RANGE", (lo, lo + 2 * server_ports.PORT_BLOCK))
     with socket.socket() as s:
         s.bind(("127.0.0.1", lo + 233))  # the first block's DP-attention dist-init port
         for _ in range(5):
-            b = e2e.reserve_ports()
-            assert b.port == lo + e2e.PORT_BLOCK
+            b = server_ports.reserve_ports()
+            assert b.port == lo + server_ports.PORT_BLOCK
             b.release()
 
 
@@ -138,10 +139,10 @@ def test_explicit_port_taken_fails_at_once(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        server = e2e.SGLangServer(tmp_path, ["--device", "cpu"], port=port,
-                                  log_path=tmp_path / "s.log")
+        server = harness.SGLangServer(tmp_path, ["--device", "cpu"], port=port,
+                                      log_path=tmp_path / "s.log")
         t0 = time.monotonic()
-        with pytest.raises(e2e.ServerStartError) as err:
+        with pytest.raises(harness.ServerStartError) as err:
             server.start()
         assert time.monotonic() - t0 < 1
     assert f"127.0.0.1:{port}" in str(err.value) and "already in use" in str(err.value)
@@ -149,7 +150,7 @@ def test_explicit_port_taken_fails_at_once(tmp_path):
 
 
 def test_launch_args_carry_the_block(tmp_path):
-    s = e2e.SGLangServer("/m", ["--tp", "2"], launcher=["true"], log_path=tmp_path / "a.log")
+    s = harness.SGLangServer("/m", ["--tp", "2"], launcher=["true"], log_path=tmp_path / "a.log")
     s.start()
     s.stop()
     a = s.args
@@ -158,14 +159,14 @@ def test_launch_args_carry_the_block(tmp_path):
     assert a[a.index("--nccl-port") + 1] == str(s.port + 1)  # not SGLang's random pick
     assert a[-2:] == ["--tp", "2"] and s.max_attempts == 3
     # The caller's own flags win: its --nccl-port is kept, its --port is used and not retried.
-    u = e2e.SGLangServer("/m", ["--nccl-port", "29999"], launcher=["true"],
-                         log_path=tmp_path / "b.log")
+    u = harness.SGLangServer("/m", ["--nccl-port", "29999"], launcher=["true"],
+                             log_path=tmp_path / "b.log")
     u.start()
     u.stop()
     assert u.args.count("--nccl-port") == 1
-    v = e2e.SGLangServer("/m", ["--port=12345"], log_path=tmp_path / "c.log")
+    v = harness.SGLangServer("/m", ["--port=12345"], log_path=tmp_path / "c.log")
     assert v.max_attempts == 1 and v._explicit == 12345
-    assert e2e._flag_value(["--port", "1", "--port=7"], "--port") == "7"
+    assert harness._flag_value(["--port", "1", "--port=7"], "--port") == "7"
 
 
 # ---- start-up watch, with a fake launcher ----
@@ -221,8 +222,8 @@ def fake(tmp_path):
     script.write_text(FAKE_LAUNCHER)
     state = tmp_path / "state"
 
-    def make(mode: str, **kwargs) -> e2e.SGLangServer:
-        return e2e.SGLangServer(
+    def make(mode: str, **kwargs) -> harness.SGLangServer:
+        return harness.SGLangServer(
             tmp_path / "model", [], launcher=[sys.executable, str(script)],
             env={"FAKE_MODE": mode, "FAKE_STATE": str(state)}, log_path=tmp_path / "s.log",
             name="fake server", **kwargs,
@@ -241,9 +242,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _fails(server: e2e.SGLangServer) -> tuple[e2e.ServerStartError, float]:
+def _fails(server: harness.SGLangServer) -> tuple[harness.ServerStartError, float]:
     t0 = time.monotonic()
-    with pytest.raises(e2e.ServerStartError) as err:
+    with pytest.raises(harness.ServerStartError) as err:
         with server:
             pass
     return err.value, time.monotonic() - t0
@@ -273,10 +274,10 @@ def test_bind_error_is_retried_on_fresh_ports(fake, tmp_path):
     heard = []
     server = fake("bind_once", max_attempts=2)
     t0 = time.monotonic()
-    with e2e.serving(server, progress=lambda kind, text: heard.append((kind, text))):
+    with harness.serving(server, progress=lambda kind, text: heard.append((kind, text))):
         assert server.attempt == 2 and len(server.failed_attempts) == 1
         first = int(server.failed_attempts[0].split(":")[1])
-        assert abs(server.port - first) >= e2e.PORT_BLOCK
+        assert abs(server.port - first) >= server_ports.PORT_BLOCK
         with urllib.request.urlopen(f"{server.url}/health") as r:
             assert r.status == 200
     assert time.monotonic() - t0 < 15
@@ -316,9 +317,9 @@ def test_port_taken_after_the_pick(fake):
         thief.bind(("127.0.0.1", server.port))
         thief.listen(1)
         t0 = time.monotonic()
-        with pytest.raises(e2e.ServerStartError) as err:
+        with pytest.raises(harness.ServerStartError) as err:
             while not server.poll():
-                time.sleep(e2e.POLL_S)
+                time.sleep(harness.POLL_S)
         elapsed = time.monotonic() - t0
     assert elapsed < 10 and err.value.kind == "bind"
     assert f"port {server.port} is held by a process outside the server" in str(err.value)
@@ -339,7 +340,7 @@ def plain_model(tmp_path_factory):
 
 
 def _real_args():
-    args, env = e2e.cpu_server_args()
+    args, env = cpu_workarounds.cpu_server_args()
     return [*args, "--dtype", "bfloat16"], env
 
 
@@ -352,16 +353,17 @@ def test_real_server_on_a_taken_port_fails_in_seconds(plain_model, tmp_path, mon
         taken.listen(1)
         port = taken.getsockname()[1]
         # The race: the pick found the port free; it was taken before SGLang could bind it.
-        monkeypatch.setattr(e2e, "reserve_ports", lambda explicit=None: e2e.PortBlock(port, None))
+        monkeypatch.setattr(harness, "reserve_ports",
+                            lambda explicit=None: server_ports.PortBlock(port, None))
         args, env = _real_args()
-        server = e2e.SGLangServer(plain_model, args, env=env, log_path=tmp_path / "s.log",
-                                  name="taken-port server", max_attempts=1)
+        server = harness.SGLangServer(plain_model, args, env=env, log_path=tmp_path / "s.log",
+                                      name="taken-port server", max_attempts=1)
         err, elapsed = _fails(server)
     print(f"taken port {port}: failed in {elapsed:.1f} s")
     assert elapsed < 60, elapsed
     assert f"taken-port server on 127.0.0.1:{port} did not come up" in str(err)
     assert f"port {port} is held by a process outside the server" in str(err)
-    assert not e2e._session_pids(server.proc.pid, live=True)  # no scheduler left behind
+    assert not server_ports.session_pids(server.proc.pid, live=True)  # no scheduler left behind
 
 
 @pytest.mark.sglang
@@ -370,7 +372,7 @@ def test_two_real_servers_at_once_one_on_a_taken_port(plain_model, tmp_path, mon
     """Two servers started at once on one machine both come up, on ports apart. The second one's
     first port is taken after the pick (the CI race): that attempt fails within seconds and the
     start is retried on fresh ports."""
-    real_reserve, picks = e2e.reserve_ports, []
+    real_reserve, picks = server_ports.reserve_ports, []
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -378,14 +380,14 @@ def test_two_real_servers_at_once_one_on_a_taken_port(plain_model, tmp_path, mon
 
         def reserve(explicit=None):
             picks.append(explicit)
-            return e2e.PortBlock(port, None) if len(picks) == 2 else real_reserve(explicit)
+            return server_ports.PortBlock(port, None) if len(picks) == 2 else real_reserve(explicit)
 
-        monkeypatch.setattr(e2e, "reserve_ports", reserve)
+        monkeypatch.setattr(harness, "reserve_ports", reserve)
         args, env = _real_args()
-        a, b = (e2e.SGLangServer(plain_model, args, env=env, log_path=tmp_path / f"{n}.log",
-                                 name=f"server {n}", max_attempts=2) for n in "ab")
+        a, b = (harness.SGLangServer(plain_model, args, env=env, log_path=tmp_path / f"{n}.log",
+                                     name=f"server {n}", max_attempts=2) for n in "ab")
         heard, t0 = [], time.monotonic()
-        with e2e.serving(a, b, progress=lambda kind, text: heard.append(
+        with harness.serving(a, b, progress=lambda kind, text: heard.append(
                 (time.monotonic() - t0, kind, text))):
             up = time.monotonic() - t0
             outs = [s.generate([3, 4, 5, 6], 1) for s in (a, b)]
@@ -395,8 +397,8 @@ def test_two_real_servers_at_once_one_on_a_taken_port(plain_model, tmp_path, mon
     assert a.attempt == 1 and b.attempt == 2, (a.summary(), b.summary())
     assert f"127.0.0.1:{port}: port {port} is held by a process outside" in b.failed_attempts[0]
     assert retry_at < 30, heard
-    assert b.port != port and abs(a.port - b.port) >= e2e.PORT_BLOCK
+    assert b.port != port and abs(a.port - b.port) >= server_ports.PORT_BLOCK
     assert max(a.started_at, b.started_at) < min(a.ready_at, b.ready_at)  # both up together
     assert all(len(o) == 1 for o in outs), outs
     for s in (a, b):
-        assert not e2e._session_pids(s.proc.pid, live=True)  # stopped, whole tree
+        assert not server_ports.session_pids(s.proc.pid, live=True)  # stopped, whole tree
