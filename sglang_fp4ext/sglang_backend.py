@@ -41,7 +41,6 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
 from sglang.srt.layers.moe.moe_runner.base import DispatchMoeRunnerCore, MoeRunnerConfig
 from sglang.srt.layers.moe.utils import get_moe_runner_backend, resolve_moe_runner_backend
 
