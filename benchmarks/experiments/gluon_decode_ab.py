@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from sglang_fp4ext.bench import BenchShape, nvfp4_bytes_per_expert, random_packed_weights
+from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, BenchShape, nvfp4_bytes_per_expert
+from sglang_fp4ext.bench import random_packed_weights
 from sglang_fp4ext.bench import uniform_routing
 from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, time_graph_replay
 from sglang_fp4ext.moe.config import read_table_file
@@ -40,10 +41,10 @@ from sglang_fp4ext.testing.compare import error_stats
 SHAPES = {
     s.name: s
     for s in (
-        BenchShape("glm5_tp8", 256, 256, 6144, 256, 8),
-        BenchShape("glm5_ep8", 256, 32, 6144, 2048, 8),
+        GLM5_TP8,
+        GLM5_EP8,
         # TP8 as SGLang runs GLM-5: the shared expert fused as local expert 256, top_k 8 + 1.
-        BenchShape("glm5_tp8_shared", 256, 256, 6144, 256, 8),
+        dataclasses.replace(GLM5_TP8, name="glm5_tp8_shared"),
         BenchShape("dsr1_tp8", 256, 256, 7168, 256, 8),  # DeepSeek-R1 TP8: no tuned table
         BenchShape("qwen3_30b", 128, 128, 2048, 768, 8),  # Qwen3-30B-A3B, one GPU: no table
     )
