@@ -1,7 +1,10 @@
 """GPU tier: the decode kernels at GLM-5 per-GPU shapes, CUDA-graph replay and determinism.
 
-Both kernel families run every test: ``dot`` (``tl.dot``, v1) and ``gluon`` (v2, which runs only
-on a GPU: the CPU tier compiles it ahead of time, ``tests/test_gluon_aot.py``).
+Every test runs both kernel families, ``dot`` (``tl.dot``, v1) and ``gluon`` (v2, two launches),
+the one-launch Gluon kernel (``gluon1``: ``launches=1``) and the Gluon pairs GEMM2 whose partials a
+third launch sums, each expert's pair chunks over 4 programs (``gluon3``: ``combine="kernel"``,
+``split_t=4``); Gluon runs only on a GPU (the CPU
+tier compiles it ahead of time, ``tests/test_gluon_aot.py``).
 
 Tolerance vs the fp32 reference: the kernels round the SiLU·mul intermediate and the output to
 bf16 (each <= 2^-9 relative per element, averaging out over random signs); decode and scales are
@@ -25,19 +28,45 @@ from tests import glm5_cases
 pytestmark = pytest.mark.gpu
 MAX_REL, RMS_REL = 1e-2, 5e-3
 
-FAMILIES = ["dot", "gluon"]
+FAMILIES = ["dot", "gluon", "gluon1", "gluon3"]
+
+
+def _as(cfg, kernels):
+    """``cfg`` on family ``kernels``; ``gluon1`` = its one-launch form (slot grid, token GEMM2)."""
+    if kernels == "gluon3":
+        pairs = cfg.gemm2 == "pairs"
+        return dataclasses.replace(
+            cfg, kernels="gluon", launches=2, gemm2="pairs", combine="kernel", split_t=4,
+            split_k2=cfg.split_k2 if pairs else 1, tiles2=cfg.tiles2 if pairs else 1,
+        )
+    if kernels != "gluon1":
+        return dataclasses.replace(cfg, kernels=kernels, launches=2, combine="counter")
+    w = cfg.warps1
+    return dataclasses.replace(
+        cfg, kernels="gluon", launches=1, grid="slots", gemm2="tokens", split_k2=1, tiles2=1,
+        warps2=w, block_n2=max(cfg.block_n2, 16 * w),
+    )
 
 
 def _config(pw, ids, gemm2, kernels="dot"):
     """The config a call would use (table or heuristic), with the GEMM2 form and family forced."""
     cfg = config_for(ids.shape[0], pw.shape(ids.shape[1]))
-    return dataclasses.replace(
-        cfg,
-        gemm2=gemm2,
-        tiles2=1 if gemm2 == "tokens" else cfg.tiles2,
-        split_k2=1 if gemm2 == "tokens" else cfg.split_k2,
-        kernels=kernels,
+    return _as(
+        dataclasses.replace(
+            cfg,
+            gemm2=gemm2,
+            tiles2=1 if gemm2 == "tokens" else cfg.tiles2,
+            split_k2=1 if gemm2 == "tokens" else cfg.split_k2,
+        ),
+        kernels,
     )
+
+
+def _counters_zero():
+    """Graph safety: the arrival, readiness and ticket counters are back at zero."""
+    for buf in ("cnt1", "cnt2", "ready", "ctl"):
+        if ("cuda:0", buf) in fm._WORKSPACES:
+            assert int(fm._WORKSPACES[("cuda:0", buf)].abs().sum()) == 0, buf
 
 
 @pytest.mark.parametrize("kernels", FAMILIES)
@@ -45,6 +74,10 @@ def _config(pw, ids, gemm2, kernels="dot"):
 @pytest.mark.parametrize("name", ["tp8_shared", "ep8"])
 @pytest.mark.parametrize("T", [1, 7, 64, 256])
 def test_glm5_vs_reference(name, T, gemm2, kernels, seed):
+    if kernels == "gluon1" and gemm2 == "pairs":
+        pytest.skip("the one-launch kernel runs the token-centric GEMM2 only")
+    if kernels == "gluon3" and gemm2 == "tokens":
+        pytest.skip("combine='kernel' sums the pairs GEMM2's partials")
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
@@ -54,8 +87,45 @@ def test_glm5_vs_reference(name, T, gemm2, kernels, seed):
     what = f"{name} T={T} {gemm2} {kernels}"
     st = assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=what)
     print(f"{name} T={T}: {st}")
-    for buf in ("cnt1", "cnt2"):  # graph safety: arrival counters are back at zero
-        assert int(fm._WORKSPACES[("cuda:0", buf)].abs().sum()) == 0, buf
+    _counters_zero()
+
+
+@pytest.mark.parametrize("name,T,split_k2", [("tp8_shared", 96, 1), ("ep8", 40, 2)])
+def test_combine_kernel_matches_the_in_kernel_combine_bit_for_bit(name, T, split_k2, seed):
+    """The third launch sums the same partials in the same order as the arrival counter's last
+    program, and spreading pair chunks over programs (``split_t``) leaves each pair's sums
+    alone: the outputs are equal to the bit."""
+    _, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    ids[3] = -1  # a token with no local expert: zeros either way
+    cfg = dataclasses.replace(_config(pw, ids, "pairs", "gluon"), split_k2=split_k2)
+    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
+    b = fused_moe_nvfp4(x, pw, ids, tw, config=dataclasses.replace(cfg, combine="kernel"))
+    c = fused_moe_nvfp4(
+        x, pw, ids, tw, config=dataclasses.replace(cfg, combine="kernel", split_t=8)
+    )
+    assert torch.equal(a.view(torch.int16), c.view(torch.int16))
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert a[3].eq(0).all()
+
+
+@pytest.mark.parametrize("sms", [1, 3])
+@pytest.mark.parametrize("name,T", [("tp8_shared", 7), ("ep8", 16)])
+def test_one_launch_any_grid_size(name, T, sms, seed, monkeypatch):
+    """One or three programs run every item in ticket order: GEMM2 tiles wait on GEMM1 tiles
+    that earlier tickets hold, so no grid size can deadlock (``_fused``'s argument)."""
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    cfg = dataclasses.replace(_config(pw, ids, "tokens", "gluon1"), ctas_per_sm=1, split_k1=2)
+    monkeypatch.setitem(fm._SM_COUNT, 0, sms)
+    out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=cfg)
+    assert fm.fused_grid(T, pw.shape(ids.shape[1]), cfg, pw, sms) == sms
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
+                 what=f"{name} T={T} one launch on {sms} programs")
+    _counters_zero()
 
 
 @pytest.mark.parametrize("kernels", FAMILIES)
@@ -99,7 +169,7 @@ def test_deterministic_across_runs(name, T, kernels, seed):
     _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
-    cfg = dataclasses.replace(config_for(T, pw.shape(ids.shape[1])), kernels=kernels)
+    cfg = _as(config_for(T, pw.shape(ids.shape[1])), kernels)
     first = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
     for _ in range(20):
         again = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
@@ -135,7 +205,7 @@ def test_adversarial_routings(name, T, kind, kernels, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
     ids = _adversarial(kind, T, pw.num_experts, ids.shape[1], g)
-    cfg = dataclasses.replace(config_for(T, pw.shape(ids.shape[1])), kernels=kernels)
+    cfg = _as(config_for(T, pw.shape(ids.shape[1])), kernels)
     out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
     fused_moe_nvfp4(x, pw, ids, tw, out=out, config=cfg)
     # The twin takes ids in [-1, E) only; an id >= E contributes nothing, as -1 does.
@@ -165,7 +235,7 @@ def test_other_shapes_vs_reference(shape_name, T, kernels, seed):
     ids = torch.rand(T, E, device="cuda", generator=g).topk(8, dim=1).indices.to(torch.int32)
     tw = torch.rand(T, 8, device="cuda", generator=g)
     x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
-    cfg = dataclasses.replace(config_for(T, pw.shape(8)), kernels=kernels)
+    cfg = _as(config_for(T, pw.shape(8)), kernels)
     out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
     fused_moe_nvfp4(x, pw, ids.contiguous(), tw, out=out, config=cfg)
     ref = fused_moe_nvfp4_torch(x, w, ids, tw)

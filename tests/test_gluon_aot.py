@@ -39,13 +39,25 @@ P1 = dict(x_ptr="*bf16", ids_ptr="*i32", q_ptr="*u8", s_ptr="*u8", a_ptr="*fp32"
 P2 = dict(inter_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32", q_ptr="*u8", s_ptr="*u8",
           a_ptr="*fp32", out_ptr="*bf16")
 P3 = dict(P2, ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32")
+P4 = dict(x_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32", q1_ptr="*u8", s1_ptr="*u8",
+          a1_ptr="*fp32", q2_ptr="*u8", s2_ptr="*u8", a2_ptr="*fp32", inter_ptr="*bf16",
+          out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32",
+          ready_ptr="*i32", ctl_ptr="*i32")
+P5 = dict(ws_ptr="*fp32", ids_ptr="*i32", out_ptr="*bf16")
 # What the JIT specialises on the real tensors: 16-byte aligned pointers, strides divisible by 16.
-DIV = set(P1) | set(P2) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stride",
-                           "s_e_stride", "s_chunk_stride", "stride_out"}
+DIV = set(P1) | set(P2) | set(P4) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stride",
+                                     "s_e_stride", "s_chunk_stride", "stride_out", "NP1", "NP2"}
+DIV |= {f"{n}{i}_{m}" for n in ("q", "s") for i in (1, 2) for m in ("e_stride", "row_stride")}
+DIV |= {"s1_chunk_stride", "s2_chunk_stride"}
 out = []
 for v in variants:
-    fn, ptrs = {1: (G._gemm1, P1), 2: (G._gemm2_tok, P2), 3: (G._gemm2, P3)}[v["kernel"]]
-    consts = dict(v["constexprs"], **G.layouts(v["BN"], v["BT"], v["num_warps"]))
+    fn, ptrs = {1: (G._gemm1, P1), 2: (G._gemm2_tok, P2), 3: (G._gemm2, P3),
+                4: (G._fused, P4), 5: (G._combine, P5)}[v["kernel"]]
+    lay = G.layouts(v["BN"], v["BT"], v["num_warps"]) if v["kernel"] != 5 else {}
+    if v["kernel"] == 4:
+        lay = dict(WL1=lay["WL"], XL=lay["XL"], ML=lay["ML"],
+                   WL2=G.layouts(v["BN2"], v["BT"], v["num_warps"])["WL"])
+    consts = dict(v["constexprs"], **lay)
     sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names if n in DIV}
     k = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
@@ -54,6 +66,7 @@ for v in variants:
     out.append(dict(v, triton=triton.__version__, shared=k.metadata.shared,
                     mma="mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx,
                     decode="fma.rn.bf16x2" in ptx, wide_loads=ptx.count("ld.global.v4"),
+                    acquire=".gpu.acquire." in ptx, release=".gpu.release." in ptx,
                     cp_async="cp.async" in ptx))
 print(json.dumps(out))
 """
@@ -72,6 +85,21 @@ def _gluon_configs():
             for T in (1, 16, 128):
                 c = heuristic_config(T, s, tgt)
                 cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon")))
+        for T in (64, 256):  # GEMM2 partials summed by a third launch, pair chunks split
+            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            if c.gemm2 == "pairs":
+                c = dataclasses.replace(c, kernels="gluon", combine="kernel")
+                cfgs |= {(s.top_k, c), (s.top_k, dataclasses.replace(c, split_t=8))}
+        for T in (1, 8):  # deeper prefetch at small T
+            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", depth=3)))
+        # The one-launch form of the small-T configs.
+        for T in (1, 4):
+            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            c = dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1, tiles2=1,
+                                    warps2=c.warps1, block_n2=max(c.block_n2, 16 * c.warps1),
+                                    launches=1)
+            cfgs.add((s.top_k, c))
     return cfgs
 
 
@@ -81,15 +109,25 @@ def _variants():
     for k, c in sorted(_gluon_configs(), key=repr):
         vs = [dict(kernel=1, BN=c.block_n1, BT=c.block_t, num_warps=c.warps1,
                    constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
-                                   BLOCK_P=c.block_p))]
+                                   BLOCK_P=c.block_p, DEPTH=c.depth, SPLIT_T=c.split_t))]
         k_pow2 = 1 << (k - 1).bit_length()
-        if c.gemm2 == "tokens":
+        if c.launches == 1:
+            vs = [dict(kernel=4, BN=c.block_n1, BN2=c.block_n2, BT=c.block_t,
+                       num_warps=c.warps1,
+                       constexprs=dict(K_POW2=k_pow2, BN1=c.block_n1, BN2=c.block_n2,
+                                       BT=c.block_t, BLOCK_P=c.block_p, DEPTH=c.depth))]
+        elif c.gemm2 == "tokens":
             vs.append(dict(kernel=2, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
-                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t)))
+                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t,
+                                           DEPTH=c.depth)))
         else:
             vs.append(dict(kernel=3, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
                            constexprs=dict(K_POW2=k_pow2, SLOT_MODE=c.grid == "slots",
-                                           BN=c.block_n2, BT=c.block_t)))
+                                           BN=c.block_n2, BT=c.block_t, DEPTH=c.depth,
+                                           COMBINE=c.combine == "counter",
+                                           SPLIT_T=c.split_t)))
+            if c.combine == "kernel":
+                vs.append(dict(kernel=5, BN=0, BT=0, num_warps=4, constexprs=dict(BLOCK=1024)))
         for v in vs:
             key = json.dumps(v, sort_keys=True)
             if key not in seen:
@@ -108,7 +146,7 @@ def _triton36_site() -> str | None:
 @pytest.fixture(scope="module")
 def compiled():
     variants = _variants()
-    some = [next(v for v in variants if v["kernel"] == i) for i in (1, 2, 3)]
+    some = [next(v for v in variants if v["kernel"] == i) for i in (1, 2, 3, 4, 5)]
     todo = {80: some, 90: variants, 100: some, 120: variants}
     res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
     site = _triton36_site()
@@ -119,7 +157,7 @@ def compiled():
 
 def test_there_are_gluon_configs_to_compile():
     kinds = {v["kernel"] for v in _variants()}
-    assert kinds == {1, 2, 3}, kinds
+    assert kinds == {1, 2, 3, 4, 5}, kinds
 
 
 @pytest.mark.parametrize("cc", [80, 90, 100, 120])
@@ -128,9 +166,14 @@ def test_every_gluon_config_compiles_to_the_design(compiled, cc):
     got = res["3.8"][cc]
     assert len(got) == len(todo[cc]) > 0
     for r in got:
+        if r["kernel"] == 5:  # the top-k sum: fp32 loads and adds only
+            assert r["shared"] == 0 and not r["cp_async"], r
+            continue
         assert r["mma"] and r["decode"], f"sm_{cc}: no bf16 mma.sync / inline decode: {r}"
         assert r["wide_loads"] >= 4 and not r["cp_async"], f"sm_{cc}: loads not direct: {r}"
         assert r["shared"] <= 64, f"sm_{cc}: unexpected shared memory: {r}"
+        if r["kernel"] == 4:  # one launch: readiness released by GEMM1, acquired by GEMM2
+            assert r["acquire"] and r["release"], f"sm_{cc}: no acquire/release: {r}"
 
 
 def test_sm120_shared_memory_fits(compiled):
@@ -145,7 +188,8 @@ def test_triton_36_compiles_them_too(compiled):
     for cc, rows in res["3.6"].items():
         assert rows and all(r["triton"].startswith("3.6") for r in rows), rows
         for r in rows:
-            assert r["mma"] and r["decode"] and r["wide_loads"] >= 4, f"3.6 sm_{cc}: {r}"
+            ok = r["kernel"] == 5 or r["mma"] and r["decode"] and r["wide_loads"] >= 4
+            assert ok, f"3.6 sm_{cc}: {r}"
 
 
 @pytest.mark.parametrize("role", ["gemm1", "gemm2_tok", "gemm2"])
@@ -159,6 +203,8 @@ def test_both_families_take_the_launchers_arguments(role):
     g, g_extra = decode._kernel("gluon", role, 64, cfg, 2, 3)
     d, d_extra = decode._kernel("dot", role, 64, cfg, 2, 3)
     assert [a for a in d.arg_names if a != "COMPUTE_F32"] == [
-        a for a in g.arg_names if a not in ("WL", "XL", "ML")
+        a for a in g.arg_names if a not in ("WL", "XL", "ML", "DEPTH", "COMBINE", "SPLIT_T")
     ]
-    assert set(g_extra) == {"num_warps", "WL", "XL", "ML"} and "COMPUTE_F32" in d_extra
+    assert set(g_extra) - {"COMBINE", "SPLIT_T"} == {"num_warps", "WL", "XL", "ML", "DEPTH"}
+    assert ("SPLIT_T" in g_extra) == (role != "gemm2_tok")
+    assert ("COMBINE" in g_extra) == (role == "gemm2") and "COMPUTE_F32" in d_extra

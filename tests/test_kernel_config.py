@@ -45,6 +45,13 @@ def test_frozen_hashable_repr_round_trip():
         ({"split_k1": 3}, "split_k1"),
         ({"stages2": 0}, "stages2"),
         ({"block_p": 8}, "block_p"),
+        ({"launches": 3}, "launches must be 1 or 2"),
+        ({"launches": 1, "gemm2": "pairs"}, "grid must be 'slots' and gemm2 'tokens'"),
+        ({"launches": 1, "gemm2": "tokens", "grid": "experts"}, "gemm2 'tokens'"),
+        ({"launches": 1, "gemm2": "tokens", "warps1": 4, "block_n2": 64}, "warps1 must equal"),
+        ({"ctas_per_sm": 3}, "ctas_per_sm"),
+        ({"depth": 4}, "depth must be"),
+        ({"combine": "atomic"}, "combine must be"),
     ],
 )
 def test_invalid_configs_rejected(kwargs, msg):

@@ -7,10 +7,20 @@ with the output poisoned (NaN), then timed as CUDA-graph replay over ``--copies`
 (far beyond L2), next to the copy bandwidth measured in the same run. The bytes floor counts the
 distinct local experts actually routed x NVFP4 bytes per expert, plus activations.
 
+``--sweep one_launch`` compares the shipped table's config (``--v1-table`` names the baseline
+table; ``shipped`` = the package's own) with one-launch forms of it (``launches=1``: programs per
+SM, GEMM1 split-K, GEMM2 row tile, warps). ``--sweep split_t`` spreads each expert's pair chunks over more programs.
+``--sweep combine`` tries the pairs GEMM2 with its top-k sum in a third launch.
+``--sweep depth`` tries 2 and 3 weight chunks in flight (``depth``). ``--split`` adds each
+baseline's per-kernel device
+times (``torch.profiler``), to see which GEMM dominates.
+
 Prints a short table last; writes the full JSON (every candidate, its error and time) to
 ``--out`` (default ``$OUT`` or ``benchmarks/results``).
 
     PYTHONPATH=. python benchmarks/experiments/gluon_decode_ab.py --shapes glm5_tp8,glm5_ep8
+    PYTHONPATH=. python benchmarks/experiments/gluon_decode_ab.py --sweep one_launch \
+        --v1-table shipped --tokens 1,2,4,8,16 --split
 """
 
 from __future__ import annotations
@@ -29,10 +39,12 @@ import torch
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, BenchShape, nvfp4_bytes_per_expert
 from sglang_fp4ext.bench import random_packed_weights
 from sglang_fp4ext.bench import uniform_routing
-from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, time_graph_replay
-from sglang_fp4ext.moe.config import read_table_file
+from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, kernel_times_us
+from sglang_fp4ext.bench.timing import time_graph_replay
+from sglang_fp4ext.moe.config import config_for, prefill_config_for, read_table_file, select
 from sglang_fp4ext.moe.decode import fused_moe_nvfp4
 from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
+from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import current_target, token_bucket
@@ -81,6 +93,90 @@ def candidates(v1: KernelConfig, kc1: int) -> list[KernelConfig]:
     return uniq
 
 
+def one_launch_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
+    """One-launch forms of ``base``: programs per SM, GEMM1 split-K, GEMM2 row tile, warps."""
+    out = []
+    for bn1, w in ((base.block_n1, base.warps1), (64, 2), (128, 4)):
+        ol = dataclasses.replace(
+            base, kernels="gluon", launches=1, grid="slots", gemm2="tokens", split_k2=1,
+            tiles2=1, block_n1=bn1, warps1=w, warps2=w,
+            block_n2=max(base.block_n2 if base.gemm2 == "tokens" else 32, 16 * w),
+        )
+        for cps in (2, 4, 8, 16):
+            out.append(dataclasses.replace(ol, ctas_per_sm=cps))
+        for sk in (1, 2, 4, 8):
+            if sk <= kc1 and sk != ol.split_k1:
+                out.append(dataclasses.replace(ol, split_k1=sk))
+        for bn2 in (32, 64, 128):
+            if bn2 >= 16 * w and bn2 != ol.block_n2:
+                out.append(dataclasses.replace(ol, block_n2=bn2))
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen:
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+def depth_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
+    """``base`` (Gluon) with 2 or 3 weight chunks in flight, around its GEMM1 split and tile."""
+    r = dataclasses.replace
+    sk = base.split_k1
+    out = []
+    for d in (2, 3):
+        b = r(base, kernels="gluon", depth=d)
+        out += [b, r(b, block_n1=128, warps1=4), r(b, block_n1=64, warps1=2)]
+        for s2 in (2 * sk, sk // 2):
+            if 1 <= s2 <= kc1:
+                out.append(r(b, split_k1=s2))
+        if 2 * sk <= kc1:
+            out.append(r(b, block_n1=32, warps1=2, split_k1=2 * sk))
+    if base.grid == "slots":  # the one-launch form, 2 chunks in flight
+        out += [r(c, depth=2) for c in one_launch_candidates(base, kc1)[:2]]
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen and c != base:
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
+    """The pairs GEMM2 with its top-k sum in a third launch (``combine="kernel"``): row tile,
+    warps, row tiles per program and GEMM2 split-K around ``base``."""
+    r = dataclasses.replace
+    b = r(base, kernels="gluon", gemm2="pairs", combine="kernel", launches=2,
+          split_k2=base.split_k2 if base.gemm2 == "pairs" else 1,
+          tiles2=base.tiles2 if base.gemm2 == "pairs" else 1)
+    out = [b, r(b, combine="counter")]
+    for bn, w in ((64, 2), (128, 4), (64, 4), (128, 8)):
+        for nt in (1, 2, 4):
+            out.append(r(b, block_n2=bn, warps2=w, tiles2=nt))
+    for sk in (2, 4):
+        if sk <= kc2:
+            out.append(r(b, split_k2=sk))
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen and c != base:
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+def split_t_candidates(base: KernelConfig) -> list[KernelConfig]:
+    """``base`` and its pairs-GEMM2 / third-launch form with each expert's pair chunks spread over
+    2-16 programs (``split_t``)."""
+    r = dataclasses.replace
+    forms = [r(base, kernels="gluon")]
+    if base.gemm2 != "pairs" or base.combine != "kernel":
+        forms.append(r(base, kernels="gluon", gemm2="pairs", combine="kernel", block_n2=64,
+                       warps2=2, tiles2=4, split_k2=1, launches=2))
+    out = [f for f in forms if f != base]
+    for f in forms:
+        out += [r(f, split_t=st) for st in (2, 4, 8, 16)]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="glm5_tp8,glm5_ep8")
@@ -90,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline-s", type=float, default=480.0, help="no new (shape, T) after this")
     ap.add_argument("--v1-table", default="benchmarks/results/NVIDIA_H200_v1_table.json",
                     help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
+    ap.add_argument("--sweep", choices=("families", "one_launch", "depth", "combine", "split_t", "none"), default="families")
+    ap.add_argument("--split", action="store_true", help="per-kernel times of each baseline")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = ap.parse_args(argv)
     t_start = time.time()
@@ -114,7 +212,10 @@ def main(argv=None) -> int:
         errors=[],
     )
     g = torch.Generator(device="cuda").manual_seed(1234)
-    _, v1_table = read_table_file(Path(args.v1_table)) if args.v1_table else ("", {})
+    shipped = args.v1_table == "shipped"
+    v1_table = {}
+    if args.v1_table and not shipped:
+        _, v1_table = read_table_file(Path(args.v1_table))
     res["v1_table"] = args.v1_table
     for sname in args.shapes.split(","):
         s = SHAPES[sname]
@@ -142,11 +243,26 @@ def main(argv=None) -> int:
             floor_us = (distinct * per_expert + 4 * T * s.H) / bw * 1e6
             ref = fused_moe_nvfp4_torch(xs[0], packs[0], routs[0][0], routs[0][1])
             heur = heuristic_config(T, shape, target)
-            e1 = v1_table.get(shape.key(), {}).get(token_bucket(T))
-            v1 = e1.config if e1 is not None and e1.path == "decode" else heur
-            v1 = dataclasses.replace(v1, kernels="dot")
-            cands = [v1] + (candidates(v1, kc1)[:1] if args.quick else candidates(v1, kc1))
-            cands += [heur] if heur not in cands else []
+            if shipped:
+                v1 = config_for(T, shape, target)
+                v1 = v1 if isinstance(v1, KernelConfig) else heur
+            else:
+                e1 = v1_table.get(shape.key(), {}).get(token_bucket(T))
+                v1 = e1.config if e1 is not None and e1.path == "decode" else heur
+                v1 = dataclasses.replace(v1, kernels="dot")
+            if args.sweep == "none":
+                cands = [v1]
+            elif args.sweep == "one_launch":
+                cands = [v1] + one_launch_candidates(v1, kc1)
+            elif args.sweep == "depth":
+                cands = [v1] + depth_candidates(v1, kc1)
+            elif args.sweep == "split_t":
+                cands = [v1] + split_t_candidates(v1)
+            elif args.sweep == "combine":
+                cands = [v1] + combine_candidates(v1, prepared[0].w2.k_pad // 256)
+            else:
+                cands = [v1] + (candidates(v1, kc1)[:1] if args.quick else candidates(v1, kc1))
+            cands += [heur] if heur not in cands and args.sweep != "none" else []
             row = dict(shape=sname, T=T, distinct=distinct, floor_us=floor_us, configs=[])
             for cfg in cands:
                 rec = dict(config=dataclasses.asdict(cfg))
@@ -162,16 +278,28 @@ def main(argv=None) -> int:
 
                     tm = time_graph_replay(step, args.copies)
                     rec.update(us=tm.us_per_call, us_min=tm.us_min, pct_bw=floor_us / tm.us_per_call)
+                    if args.split and cfg is cands[0]:
+                        rec["kernels_us"] = kernel_times_us(step, args.copies)
                 except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
                     rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
                 row["configs"].append(rec)
             ok = [c for c in row["configs"][1:] if "us" in c and c["rms_rel"] < 3e-3
                   and not c["nonfinite"]]
+            if shipped and select(T, shape, target).path == "prefill":
+                # The table serves this bucket with the prefill path: time it too.
+                pcfg = prefill_config_for(T, shape, target)
+
+                def pstep(i, pcfg=pcfg):
+                    fused_moe_nvfp4_prefill(xs[i], prepared[i], routs[i][0], routs[i][1],
+                                            config=pcfg)
+
+                row["prefill_us"] = time_graph_replay(pstep, args.copies).us_per_call
+                row["prefill_config"] = dataclasses.asdict(pcfg)
             row["v1"] = row["configs"][0]
             row["v2_best"] = min(ok, key=lambda c: c["us"]) if ok else None
-            row["v2_same_tiles"] = row["configs"][1]
-            row["heuristic"] = next(c for c in row["configs"]
-                                    if c["config"] == dataclasses.asdict(heur))
+            row["v2_same_tiles"] = row["configs"][min(1, len(row["configs"]) - 1)]
+            row["heuristic"] = next((c for c in row["configs"]
+                                     if c["config"] == dataclasses.asdict(heur)), {})
             res["rows"].append(row)
             b, v = row["v2_best"], row["v1"]
             print(f"{sname} T={T}: v1 {v.get('us', float('nan')):.1f} us, v2 same tiles "
@@ -184,7 +312,10 @@ def main(argv=None) -> int:
     res["wall_s"] = time.time() - t_start
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "gluon_decode_ab.json").write_text(json.dumps(res, indent=1))
+    name = {"families": "gluon_decode_ab.json", "one_launch": "one_launch_ab.json",
+            "depth": "depth_ab.json", "combine": "combine_ab.json", "split_t": "split_t_ab.json",
+            "none": "decode_split.json"}[args.sweep]
+    (out_dir / name).write_text(json.dumps(res, indent=1))
     print(f"\n{res['gpu']}, Triton {res['versions']['triton']}, copy BW {bw / 1e12:.2f} TB/s")
     print("| shape | T | floor us | v1 us (%BW) | v2 same tiles us (rms) | v2 best us (%BW) | "
           "v1/v2 | heuristic/best |")
@@ -201,6 +332,11 @@ def main(argv=None) -> int:
         hr = f"{h['us'] / b['us']:.2f}" if b and "us" in h else h.get("error", "-")[:40]
         print(f"| {r['shape']} | {r['T']} | {r['floor_us']:.1f} | {v['us']:.1f} "
               f"({100 * v['pct_bw']:.0f}%) | {ss} | {bs} | {ratio} | {hr} |")
+        if "prefill_us" in r:
+            print(f"|   | the table's prefill path: {r['prefill_us']:.1f} us |")
+        if "kernels_us" in v:
+            print("|   | split: " + ", ".join(f"{k[:28]} {t:.1f}" for k, t in
+                                              sorted(v["kernels_us"].items())) + " |")
     for e in res["errors"]:
         print("error:", e)
     return 0

@@ -152,29 +152,53 @@ def _load_w(qe, se, qoff, soff, kc, s_chunk_stride):
 
 
 @gluon.jit
-def _load_x(xp, xmask, goff, kc, K):
+def _load_x(xp, xmask, goff, kc, K, CACHE: gl.constexpr):
     # K is a multiple of 16: the mask is constant per 16-element group, so the loads stay 16 B wide.
     k = kc * 256 + goff
-    lo = gl.load(xp + kc * 128, mask=xmask & (k < K), other=0)
-    hi = gl.load(xp + kc * 128 + 64, mask=xmask & (k + 128 < K), other=0)
+    lo = gl.load(xp + kc * 128, mask=xmask & (k < K), other=0, cache_modifier=CACHE)
+    hi = gl.load(xp + kc * 128 + 64, mask=xmask & (k + 128 < K), other=0, cache_modifier=CACHE)
     return lo, hi
 
 
 @gluon.jit
-def _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K, s_chunk_stride,
-               BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
-    """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0), next chunk prefetched."""
+def _w4a16_loop(b, slo, shi, xlo, xhi, qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K,
+                s_chunk_stride, CACHE: gl.constexpr, DEPTH: gl.constexpr, BN: gl.constexpr,
+                BT: gl.constexpr, ML: gl.constexpr):
+    """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0) given chunk kc0's codes,
+    scales and activations. While a chunk is decoded, the next ``DEPTH`` (1-3) chunks' codes and
+    the next chunk's activations are in flight (bytes in flight per SM cover DRAM latency when
+    few programs run; activations come from L2). Prefetches past kc1 re-read its last chunk (L1
+    hits)."""
     acc = gl.zeros([BN, BT], gl.float32, ML)
+    if DEPTH >= 2:
+        b1, slo1, shi1 = _load_w(qe, se, qoff, soff, gl.minimum(kc0 + 1, kc1 - 1), s_chunk_stride)
+    if DEPTH >= 3:
+        b2, slo2, shi2 = _load_w(qe, se, qoff, soff, gl.minimum(kc0 + 2, kc1 - 1), s_chunk_stride)
+    for kc in range(kc0, kc1):
+        kn = gl.minimum(kc + DEPTH, kc1 - 1)
+        b_n, slo_n, shi_n = _load_w(qe, se, qoff, soff, kn, s_chunk_stride)
+        xlo_n, xhi_n = _load_x(xp, xmask, goff, gl.minimum(kc + 1, kc1 - 1), K, CACHE)
+        acc = _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN, BT, ML)
+        if DEPTH == 1:
+            b, slo, shi = b_n, slo_n, shi_n
+        elif DEPTH == 2:
+            b, slo, shi, b1, slo1, shi1 = b1, slo1, shi1, b_n, slo_n, shi_n
+        else:
+            b, slo, shi, b1, slo1, shi1, b2, slo2, shi2 = b1, slo1, shi1, b2, slo2, shi2, b_n, \
+                slo_n, shi_n
+        xlo, xhi = xlo_n, xhi_n
+    return acc
+
+
+@gluon.jit
+def _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K, s_chunk_stride,
+               DEPTH: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+    """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0), prefetching ``DEPTH``."""
     k0 = gl.minimum(kc0, kc1 - 1)  # an empty split (kc1 <= kc0) must not read past the weights
     b, slo, shi = _load_w(qe, se, qoff, soff, k0, s_chunk_stride)
-    xlo, xhi = _load_x(xp, xmask, goff, k0, K)
-    for kc in range(kc0, kc1):
-        kn = gl.minimum(kc + 1, kc1 - 1)  # the last prefetch re-reads the last chunk (L1/L2 hit)
-        b_n, slo_n, shi_n = _load_w(qe, se, qoff, soff, kn, s_chunk_stride)
-        xlo_n, xhi_n = _load_x(xp, xmask, goff, kn, K)
-        acc = _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN, BT, ML)
-        b, slo, shi, xlo, xhi = b_n, slo_n, shi_n, xlo_n, xhi_n
-    return acc
+    xlo, xhi = _load_x(xp, xmask, goff, k0, K, "")
+    return _w4a16_loop(b, slo, shi, xlo, xhi, qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K,
+                       s_chunk_stride, "", DEPTH, BN, BT, ML)
 
 
 @gluon.jit
@@ -262,16 +286,36 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
            P, E, H, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
            KC, CPS, TOP_K, SPLIT_K,
            SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BLOCK_P: gl.constexpr,
-           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
+           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
+           SPLIT_T: gl.constexpr):
     """``_decode_dot_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
-    NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt)."""
+    NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt).
+    Grid axis 2 is ``SPLIT_K * SPLIT_T``: program ``ks + SPLIT_K * cs`` takes K split ``ks`` of
+    the expert's pair chunks ``cs, cs + SPLIT_T, ..`` (an expert with many pairs, e.g. a fused
+    shared expert, is spread over ``SPLIT_T`` programs instead of looping alone)."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     pid0 = gl.program_id(0)
-    nb = gl.program_id(1)
-    ks = gl.program_id(2)
     e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE, BLOCK_P, PL)
     if m == 0:
         return
+    pid2 = gl.program_id(2)
+    _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, cnt_ptr,
+                pid0 * gl.num_programs(1) + gl.program_id(1), e, m, lbase, gl.program_id(1),
+                pid2 % SPLIT_K, pid2 // SPLIT_K, P, I, NP, stride_x, q_e_stride, q_row_stride,
+                s_e_stride, s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, False, DEPTH, SPLIT_T, BN,
+                BT, WL, XL, ML)
+
+
+@gluon.jit
+def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_ptr, tile, e, m,
+                lbase, nb, ks, cs, P, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride,
+                s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, SIGNAL: gl.constexpr,
+                DEPTH: gl.constexpr, SPLIT_T: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
+                WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
+    """Row tile ``nb``, K split ``ks``, pair chunks ``cs, cs + SPLIT_T, ..`` of expert ``e``
+    (``m > 0`` pairs listed at ``lbase``): partials through ws and the arrival counter
+    ``cnt_ptr[tile]`` (``SPLIT_K * SPLIT_T`` arrivals) when K is split; whoever finishes the
+    tile writes SiLU·mul to inter and, with ``SIGNAL``, releases ``ready_ptr[e] += 1``."""
     e64 = e.to(gl.int64)
     qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
     se = s_ptr + e64 * s_e_stride
@@ -282,7 +326,7 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
     qoff, soff, koff, goff, n1, rows, cols, wrow = _offsets(nb, q_row_stride, BN, BT, WL, XL, ML)
 
     nchunk = gl.cdiv(m, BT)
-    for c in range(0, nchunk):
+    for c in range(cs, nchunk, SPLIT_T):
         slot = c * BT + n1
         pm = slot < m
         pairs = gl.load(lbase + slot, mask=pm, other=0)
@@ -291,7 +335,7 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
         xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2) + koff
         xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
         acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride,
-                         BN, BT, ML)
+                         DEPTH, BN, BT, ML)
         cslot = c * BT + cols
         cm = cslot < m
         cpairs = gl.load(lbase + cslot, mask=cm, other=0)
@@ -302,9 +346,9 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
             gl.store(wp + gl.expand_dims(wrow, 1), acc, mask=gl.expand_dims(cm, 0))
     if SPLIT_K > 1:
         barrier()  # every thread's partials are written before the release below
-        cp = cnt_ptr + pid0 * gl.num_programs(1) + nb
+        cp = cnt_ptr + tile
         old = gl.atomic_add(cp, 1, sem="acq_rel")
-        if old == SPLIT_K - 1:  # last to arrive: reduce in fixed split order, finish the tile
+        if old == SPLIT_K * SPLIT_T - 1:  # last to arrive: reduce in fixed split order, finish
             barrier()
             for c in range(0, nchunk):
                 cslot = c * BT + cols
@@ -317,18 +361,47 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
                                    other=0.0, cache_modifier=".cg")
                 _silu_mul_store(acc, ae, rows, cpairs, cm, inter_ptr, nb, I, BN, BT, ML)
             gl.atomic_xchg(cp, 0)
+            if SIGNAL:
+                barrier()  # the tile's inter rows are written before the release
+                gl.atomic_add(ready_ptr + e, 1, sem="release")
+    elif SIGNAL:
+        barrier()
+        gl.atomic_add(ready_ptr + e, 1, sem="release")
 
 
 @gluon.jit
 def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
                stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
                K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
+               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr):
     """``_decode_dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
     and walks the token's valid experts in slot order (the pair in MMA column 0)."""
+    _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ids_ptr, 0,
+                    gl.program_id(0), gl.program_id(1), E, H, I, NP, stride_out, q_e_stride,
+                    q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K, False, DEPTH, K_POW2,
+                    BN, BT, WL, XL, ML)
+
+
+@gluon.jit
+def _wait_ready(p, n):
+    """Spin until ``*p >= n`` (acquire), then let the whole CTA read what it guards."""
+    r = gl.atomic_add(p, 0, sem="acquire")
+    while r < n:
+        r = gl.atomic_add(p, 0, sem="acquire")
+    barrier()
+
+
+@gluon.jit
+def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ready_ptr, NB1, t,
+                    nb, E, H, I, NP, stride_out, q_e_stride, q_row_stride, s_e_stride,
+                    s_chunk_stride, KC, TOP_K, WAIT: gl.constexpr, DEPTH: gl.constexpr,
+                    K_POW2: gl.constexpr,
+                    BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
+                    ML: gl.constexpr):
+    """``out[t, nb*BN..]`` = sum over token ``t``'s valid experts (slot order) of the routing
+    weight x GEMM2. With ``WAIT`` each expert's first weight chunk is loaded, then its inter rows
+    awaited (``ready_ptr[e] == NB1``: every GEMM1 row tile of ``e`` done) and read from L2."""
     KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])
-    t = gl.program_id(0)
-    nb = gl.program_id(1)
     kj = gl.arange(0, K_POW2, layout=KL)
     idt = gl.load(ids_ptr + t * TOP_K + kj, mask=kj < TOP_K, other=-1).to(gl.int32)
     valid = (idt >= 0) & (idt < E)
@@ -342,12 +415,21 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
     for n in range(0, nv):
         sel = valid & (rank == n)
         j = gl.sum(gl.where(sel, kj, 0), 0)  # slot of the n-th valid expert
-        e64 = gl.sum(gl.where(sel, idt, 0), 0).to(gl.int64)
+        e = gl.sum(gl.where(sel, idt, 0), 0)
+        e64 = e.to(gl.int64)
         p = t * TOP_K + j
         xp = inter_ptr.to(gl.pointer_type(gl.int32)) + p.to(gl.int64) * (I // 2) + koff
         qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
-        part = _w4a16_acc(qe, s_ptr + e64 * s_e_stride, qoff, soff, xp,
-                          xmask, goff, 0, KC, I, s_chunk_stride, BN, BT, ML)
+        se = s_ptr + e64 * s_e_stride
+        if WAIT:
+            b, slo, shi = _load_w(qe, se, qoff, soff, 0, s_chunk_stride)  # before the wait
+            _wait_ready(ready_ptr + e, NB1)
+            xlo, xhi = _load_x(xp, xmask, goff, 0, I, ".cg")
+            part = _w4a16_loop(b, slo, shi, xlo, xhi, qe, se, qoff, soff, xp, xmask, goff, 0, KC,
+                               I, s_chunk_stride, ".cg", DEPTH, BN, BT, ML)
+        else:
+            part = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, KC, I, s_chunk_stride,
+                              DEPTH, BN, BT, ML)
         coef = gl.load(a_ptr + e64 * NP + wrow) * (_TWO_P26 * gl.load(tw_ptr + p).to(gl.float32))
         o += part * gl.expand_dims(coef, 1)
     res = gl.sum(gl.where(gl.expand_dims(cols == 0, 0), o, 0.0), 1)
@@ -355,30 +437,88 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
 
 
 @gluon.jit
+def _fused(x_ptr, ids_ptr, tw_ptr, q1_ptr, s1_ptr, a1_ptr, q2_ptr, s2_ptr, a2_ptr, inter_ptr,
+           out_ptr, ws_ptr, cnt_ptr, plist_ptr, pcnt_ptr, ready_ptr, ctl_ptr,
+           T, P, E, H, I, NP1, NP2, stride_x, stride_out,
+           q1_e_stride, q1_row_stride, s1_e_stride, s1_chunk_stride,
+           q2_e_stride, q2_row_stride, s2_e_stride, s2_chunk_stride,
+           KC1, CPS1, KC2, TOP_K, SPLIT_K, NB1, NB2,
+           K_POW2: gl.constexpr, BN1: gl.constexpr, BN2: gl.constexpr, BT: gl.constexpr,
+           BLOCK_P: gl.constexpr, WL1: gl.constexpr, WL2: gl.constexpr, XL: gl.constexpr,
+           ML: gl.constexpr, DEPTH: gl.constexpr):
+    """The whole decode in one persistent launch (slot grid, token-centric GEMM2).
+
+    Work items: ``P * NB1 * SPLIT_K`` GEMM1 tiles (``_gemm1_tile``, slot-major), then ``T * NB2``
+    GEMM2 tiles (``_gemm2_tok_tile``), handed out in that order by a ticket counter
+    (``ctl_ptr[0]``). A GEMM2 tile loads its weights, then waits for its expert's
+    ``ready_ptr[e]`` to reach ``NB1``. Deadlock-free for any grid size and residency: a ticket
+    is taken only after the program's previous item is finished or is a GEMM1 tile, so every
+    GEMM1 tile is held by a program that will finish it without waiting. The last program out
+    (``ctl_ptr[1]``) zeroes ``ready_ptr[:E]`` and both counters for the next call. Deterministic:
+    each tile's sums run in a fixed order whichever program runs it."""
+    PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    N1 = P * NB1 * SPLIT_K
+    N = N1 + T * NB2
+    it = gl.atomic_add(ctl_ptr, 1, sem="relaxed")
+    while it < N:
+        nxt = gl.atomic_add(ctl_ptr, 1, sem="relaxed")  # its latency hides behind this item
+        if it < N1:
+            slot = it // (NB1 * SPLIT_K)
+            r = it % (NB1 * SPLIT_K)
+            e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, slot, P, E, True, BLOCK_P, PL)
+            if m > 0:
+                _gemm1_tile(x_ptr, q1_ptr, s1_ptr, a1_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_ptr,
+                            slot * NB1 + r // SPLIT_K, e, m, lbase, r // SPLIT_K, r % SPLIT_K, 0,
+                            P, I, NP1, stride_x, q1_e_stride, q1_row_stride, s1_e_stride,
+                            s1_chunk_stride, H, KC1, CPS1, TOP_K, SPLIT_K, True, DEPTH, 1, BN1,
+                            BT, WL1, XL, ML)
+        else:
+            j = it - N1
+            _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q2_ptr, s2_ptr, a2_ptr, out_ptr,
+                            ready_ptr, NB1, j // NB2, j % NB2, E, H, I, NP2, stride_out,
+                            q2_e_stride, q2_row_stride, s2_e_stride, s2_chunk_stride, KC2, TOP_K,
+                            True, DEPTH, K_POW2, BN2, BT, WL2, XL, ML)
+        it = nxt
+    barrier()
+    if gl.atomic_add(ctl_ptr + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
+        zr = gl.arange(0, BLOCK_P, layout=PL)
+        for e0 in range(0, E, BLOCK_P):
+            gl.store(ready_ptr + e0 + zr, gl.zeros([BLOCK_P], gl.int32, PL), mask=e0 + zr < E)
+        gl.atomic_xchg(ctl_ptr, 0)
+        gl.atomic_xchg(ctl_ptr + 1, 0)
+
+
+@gluon.jit
 def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt_ptr, plist_ptr,
            pcnt_ptr, T, P, E, H, I, NP, NB, stride_out, q_e_stride, q_row_stride, s_e_stride,
            s_chunk_stride, KC, CPS, TOP_K, SPLIT_K, NT,
            K_POW2: gl.constexpr, SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
+           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
+           COMBINE: gl.constexpr, SPLIT_T: gl.constexpr):
     """``_decode_dot_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
-    weight for all pairs of one expert, row tiles ``pid1 * NT ..``, and the arrival-counter top-k
-    combine (ws (P, SPLIT_K, NP) fp32 by weight row; cnt (T, NB) int32, zero between calls)."""
+    weight for all pairs of one expert, row tiles ``pid1 * NT ..``, and with ``COMBINE`` the
+    arrival-counter top-k combine (ws (P, SPLIT_K, NP) fp32 by weight row; cnt (T, NB) int32,
+    zero between calls). Without it the partials are all it writes: ``_combine`` follows. Grid
+    axis 2 is ``SPLIT_K * SPLIT_T`` as in ``_gemm1`` (pair chunks spread over programs)."""
     KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])
     TL: gl.constexpr = gl.BlockedLayout([K_POW2, 1], [1, 32], [1, gl.num_warps()], [0, 1])
     pid0 = gl.program_id(0)
     pid1 = gl.program_id(1)
-    ks = gl.program_id(2)
-    if (pid0 < T) & (ks == 0):
-        # A token with no local expert gets no arrival at all: write its zeros here.
-        kj = gl.arange(0, K_POW2, layout=KL)
-        idt = gl.load(ids_ptr + pid0 * TOP_K + kj, mask=kj < TOP_K, other=-1).to(gl.int32)
-        nval = gl.sum(((idt >= 0) & (idt < E)).to(gl.int32), 0)
-        if nval == 0:
-            zr = gl.arange(0, BN, layout=KL)
-            for it in range(0, NT):
-                r = (pid1 * NT + it) * BN + zr
-                gl.store(out_ptr + pid0.to(gl.int64) * stride_out + r,
-                         gl.zeros([BN], gl.bfloat16, KL), mask=r < H)
+    pid2 = gl.program_id(2)
+    ks = pid2 % SPLIT_K
+    cs = pid2 // SPLIT_K
+    if COMBINE:
+        if (pid0 < T) & (pid2 == 0):
+            # A token with no local expert gets no arrival at all: write its zeros here.
+            kj = gl.arange(0, K_POW2, layout=KL)
+            idt = gl.load(ids_ptr + pid0 * TOP_K + kj, mask=kj < TOP_K, other=-1).to(gl.int32)
+            nval = gl.sum(((idt >= 0) & (idt < E)).to(gl.int32), 0)
+            if nval == 0:
+                zr = gl.arange(0, BN, layout=KL)
+                for it in range(0, NT):
+                    r = (pid1 * NT + it) * BN + zr
+                    gl.store(out_ptr + pid0.to(gl.int64) * stride_out + r,
+                             gl.zeros([BN], gl.bfloat16, KL), mask=r < H)
     if SLOT_MODE:
         e = gl.load(ids_ptr + pid0).to(gl.int32)
         ok = (e >= 0) & (e < E)
@@ -398,19 +538,18 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
     kc0 = ks * CPS
     kc1 = gl.minimum(kc0 + CPS, KC)
     nchunk = gl.cdiv(m, BT)
-    kt = gl.expand_dims(gl.arange(0, K_POW2, layout=gl.SliceLayout(1, TL)), 1)
     for nb in range(pid1 * NT, gl.minimum(pid1 * NT + NT, NB)):
         qoff, soff, koff, goff, n1, rows, cols, wrow = _offsets(nb, q_row_stride, BN, BT, WL, XL,
                                                                 ML)
         alpha = gl.load(a_ptr + e64 * NP + wrow) * _TWO_P26
-        for c in range(0, nchunk):
+        for c in range(cs, nchunk, SPLIT_T):
             slot = c * BT + n1
             pm = slot < m
             pairs = gl.load(lbase + slot, mask=pm, other=0)
             xp = xw + gl.expand_dims(gl.expand_dims(pairs.to(gl.int64) * (I // 2), 1), 2) + koff
             xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
             acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, I, s_chunk_stride,
-                             BN, BT, ML)
+                             DEPTH, BN, BT, ML)
             cslot = c * BT + cols
             cm = cslot < m
             cpairs = gl.load(lbase + cslot, mask=cm, other=0)
@@ -419,29 +558,52 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
             tok = cpairs // TOP_K
             wp = ws_ptr + gl.expand_dims((cpairs.to(gl.int64) * SPLIT_K + ks) * NP, 0)
             gl.store(wp + gl.expand_dims(wrow, 1), y, mask=gl.expand_dims(cm, 0))
-            barrier()  # every thread's partials are written before the release below
-            cp = cnt_ptr + tok * NB + nb
-            one = gl.full([BT], 1, gl.int32, gl.SliceLayout(0, ML))  # a scalar fails in 3.6
-            old = gl.atomic_add(cp, one, mask=cm, sem="acq_rel")
-            # Valid slots of each token of the group (its arrivals to wait for).
-            ttok = gl.expand_dims(gl.convert_layout(tok, gl.SliceLayout(0, TL)), 0)
-            tcm = gl.expand_dims(gl.convert_layout(cm, gl.SliceLayout(0, TL)), 0)
-            idt = gl.load(ids_ptr + ttok * TOP_K + kt, mask=tcm & (kt < TOP_K), other=-1)
-            nval = gl.sum(((idt >= 0) & (idt < E)).to(gl.int32), 0)
-            nval = gl.convert_layout(nval, gl.SliceLayout(0, ML))
-            last = cm & (old == nval * SPLIT_K - 1)
-            if gl.sum(last.to(gl.int32), 0) > 0:  # some token of this group is complete: combine
-                barrier()
-                tok64 = tok.to(gl.int64)
-                o = gl.zeros([BN, BT], gl.float32, ML)
-                for j in range(0, TOP_K):  # fixed order: slot j, then split s
-                    idj = gl.load(ids_ptr + tok * TOP_K + j, mask=last, other=-1).to(gl.int32)
-                    vj = gl.expand_dims(last & (idj >= 0) & (idj < E), 0)
-                    for s in range(0, SPLIT_K):
-                        rp = ws_ptr + gl.expand_dims(((tok64 * TOP_K + j) * SPLIT_K + s) * NP, 0)
-                        o += gl.load(rp + gl.expand_dims(wrow, 1), mask=vj, other=0.0,
-                                     cache_modifier=".cg")
-                op = out_ptr + gl.expand_dims(tok64 * stride_out, 0) + gl.expand_dims(wrow, 1)
-                om = gl.expand_dims(last, 0) & gl.expand_dims(wrow < H, 1)
-                gl.store(op, o.to(gl.bfloat16), mask=om)
-                gl.store(cp, gl.zeros([BT], gl.int32, gl.SliceLayout(0, ML)), mask=last)
+            if COMBINE:
+                barrier()  # every thread's partials are written before the release below
+                kt = gl.expand_dims(gl.arange(0, K_POW2, layout=gl.SliceLayout(1, TL)), 1)
+                cp = cnt_ptr + tok * NB + nb
+                one = gl.full([BT], 1, gl.int32, gl.SliceLayout(0, ML))  # a scalar fails in 3.6
+                old = gl.atomic_add(cp, one, mask=cm, sem="acq_rel")
+                # Valid slots of each token of the group (its arrivals to wait for).
+                ttok = gl.expand_dims(gl.convert_layout(tok, gl.SliceLayout(0, TL)), 0)
+                tcm = gl.expand_dims(gl.convert_layout(cm, gl.SliceLayout(0, TL)), 0)
+                idt = gl.load(ids_ptr + ttok * TOP_K + kt, mask=tcm & (kt < TOP_K), other=-1)
+                nval = gl.sum(((idt >= 0) & (idt < E)).to(gl.int32), 0)
+                nval = gl.convert_layout(nval, gl.SliceLayout(0, ML))
+                last = cm & (old == nval * SPLIT_K - 1)
+                if gl.sum(last.to(gl.int32), 0) > 0:  # a token of this group is complete: combine
+                    barrier()
+                    tok64 = tok.to(gl.int64)
+                    o = gl.zeros([BN, BT], gl.float32, ML)
+                    for j in range(0, TOP_K):  # fixed order: slot j, then split s
+                        idj = gl.load(ids_ptr + tok * TOP_K + j, mask=last, other=-1).to(gl.int32)
+                        vj = gl.expand_dims(last & (idj >= 0) & (idj < E), 0)
+                        for s in range(0, SPLIT_K):
+                            rp = (tok64 * TOP_K + j) * SPLIT_K + s
+                            rp = ws_ptr + gl.expand_dims(rp * NP, 0)
+                            o += gl.load(rp + gl.expand_dims(wrow, 1), mask=vj, other=0.0,
+                                         cache_modifier=".cg")
+                    op = out_ptr + gl.expand_dims(tok64 * stride_out, 0) + gl.expand_dims(wrow, 1)
+                    om = gl.expand_dims(last, 0) & gl.expand_dims(wrow < H, 1)
+                    gl.store(op, o.to(gl.bfloat16), mask=om)
+                    gl.store(cp, gl.zeros([BT], gl.int32, gl.SliceLayout(0, ML)), mask=last)
+
+
+@gluon.jit
+def _combine(ws_ptr, ids_ptr, out_ptr, E, H, NP, stride_out, TOP_K, SPLIT_K,
+             BLOCK: gl.constexpr):
+    """``out[t, rows]`` = the sum of token ``t``'s GEMM2 partials (ws (P, SPLIT_K, NP) fp32) in the
+    fixed order slot ``j``, then split ``s`` (the order of ``_gemm2``'s in-kernel combine, so the
+    result is the same to the bit); a token with no local expert gets zeros."""
+    L: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    t = gl.program_id(0)
+    rows = gl.program_id(1) * BLOCK + gl.arange(0, BLOCK, layout=L)
+    rm = rows < H
+    o = gl.zeros([BLOCK], gl.float32, L)
+    for j in range(0, TOP_K):
+        e = gl.load(ids_ptr + t * TOP_K + j)
+        ok = rm & (e >= 0) & (e < E)  # masked, not skipped: 0.0 is added as in _gemm2
+        for s in range(0, SPLIT_K):
+            rp = ws_ptr + ((t.to(gl.int64) * TOP_K + j) * SPLIT_K + s) * NP
+            o += gl.load(rp + rows, mask=ok, other=0.0)
+    gl.store(out_ptr + t.to(gl.int64) * stride_out + rows, o.to(gl.bfloat16), mask=rm)

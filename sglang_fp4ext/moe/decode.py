@@ -1,4 +1,4 @@
-"""Public NVFP4 fused-MoE decode entry point: validate -> config -> workspaces -> 2 launches.
+"""Public NVFP4 fused-MoE decode entry point: validate -> config -> workspaces -> 1 or 2 launches.
 
 ``fused_moe_nvfp4(hidden_states, weights, topk_ids, topk_weights)`` returns the routed (and fused
 shared) experts' sum ``out[t] = sum_j topk_weights[t, j] * FFN_{topk_ids[t, j]}(x[t])`` as
@@ -29,7 +29,7 @@ from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target
 
-__all__ = ["fused_moe_nvfp4", "launch_grids"]
+__all__ = ["fused_grid", "fused_moe_nvfp4", "launch_grids"]
 
 
 # ---- workspaces (cached per device, grown only outside graph capture) ----
@@ -67,16 +67,21 @@ def clear_workspaces() -> None:
 # ---- launch ----
 
 
-def launch_grids(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights):
-    """Static launch grids ((G1, NB1, SK1), (G2, cdiv(NB2, tiles2), SK2)) for ``T`` tokens."""
+def launch_grids(
+    T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights, family: str = "gluon"
+):
+    """Static launch grids ((G1, NB1, SK1 * ST), (G2, cdiv(NB2, tiles2), SK2 * ST)) for ``T``
+    tokens; ``ST`` = ``cfg.split_t`` on the Gluon family (the dot family has no pair-chunk
+    split: 1)."""
     P = T * shape.top_k
     slots = cfg.grid == "slots"
+    st = cfg.split_t if family == "gluon" else 1
     nb2 = w.w2.n_pad // cfg.block_n2
-    g1 = (P if slots else shape.E, w.w13.n_pad // cfg.block_n1, cfg.split_k1)
+    g1 = (P if slots else shape.E, w.w13.n_pad // cfg.block_n1, cfg.split_k1 * st)
     if cfg.gemm2 == "tokens":
         g2 = (T, nb2, 1)
     else:
-        g2 = (P if slots else max(shape.E, T), -(-nb2 // cfg.tiles2), cfg.split_k2)
+        g2 = (P if slots else max(shape.E, T), -(-nb2 // cfg.tiles2), cfg.split_k2 * st)
     return g1, g2
 
 
@@ -114,10 +119,11 @@ def fused_moe_nvfp4(
     w13, w2 = weights.w13, weights.w2
     E, I = shape.E, shape.I
     P = T * top_k
-    (g1, g2) = launch_grids(T, shape, config, weights)
+    # The interpreter runs only the tl.dot family: a Gluon config runs its tiles there.
+    family = "gluon" if config.kernels == "gluon" and not target_info.is_interpreter() else "dot"
+    (g1, g2) = launch_grids(T, shape, config, weights, family)
     kc1, kc2 = w13.k_pad // K_CHUNK, w2.k_pad // K_CHUNK
     cps1, cps2 = -(-kc1 // config.split_k1), -(-kc2 // config.split_k2)
-    interp = target_info.is_interpreter()
 
     inter = _workspace(dev, "inter", P * I, torch.bfloat16, zero=False)
     ws1 = _workspace(
@@ -138,8 +144,11 @@ def fused_moe_nvfp4(
     plist = _workspace(dev, "plist", E * P, torch.int32, zero=False)
     pcnt = _workspace(dev, "pcnt", E, torch.int32, zero=False)
 
-    # The interpreter runs only the tl.dot family: a Gluon config runs its tiles there.
-    family = "gluon" if config.kernels == "gluon" and not interp else "dot"
+    if family == "gluon" and config.launches == 1:
+        _launch_fused(hidden_states, weights, topk_ids, topk_weights, out, config, shape,
+                      inter, ws1, cnt1, plist, pcnt, g1)
+        corrupt_if_asked("decode", family, out)
+        return out
     gemm1, extra1 = _kernel(family, "gemm1", config.block_n1, config, config.warps1, config.stages1)
     role2 = "gemm2_tok" if config.gemm2 == "tokens" else "gemm2"
     gemm2, extra2 = _kernel(family, role2, config.block_n2, config, config.warps2, config.stages2)
@@ -237,8 +246,60 @@ def fused_moe_nvfp4(
         BT=config.block_t,
         **extra2,
     )
+    if family == "gluon" and config.combine == "kernel":  # (the token GEMM2 returned above)
+        from sglang_fp4ext.moe import _decode_gluon_kernels as G
+
+        G._combine[(T, -(-H // _COMBINE_BLOCK))](
+            ws2, topk_ids, out, E, H, w2.n_pad, out.stride(0), top_k, config.split_k2,
+            BLOCK=_COMBINE_BLOCK, num_warps=4,
+        )
     corrupt_if_asked("decode", family, out)
     return out
+
+
+_COMBINE_BLOCK = 1024
+_SM_COUNT: dict[int, int] = {}
+
+
+def fused_grid(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights, sms: int):
+    """Programs of the one-launch kernel: its work items (GEMM1 tiles + GEMM2 tiles), capped at
+    ``cfg.ctas_per_sm`` per SM."""
+    P = T * shape.top_k
+    items = P * (w.w13.n_pad // cfg.block_n1) * cfg.split_k1 + T * (w.w2.n_pad // cfg.block_n2)
+    return min(items, cfg.ctas_per_sm * sms)
+
+
+def _launch_fused(x, weights, topk_ids, topk_weights, out, config, shape, inter, ws1, cnt1,
+                  plist, pcnt, g1) -> None:
+    """The one-launch decode (``_decode_gluon_kernels._fused``)."""
+    from sglang_fp4ext.moe import _decode_gluon_kernels as G
+
+    dev = x.device
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    w13, w2 = weights.w13, weights.w2
+    T, H = x.shape
+    top_k = topk_ids.shape[1]
+    kc1, kc2 = w13.k_pad // K_CHUNK, w2.k_pad // K_CHUNK
+    # Left at zero by every call (the last program out clears them).
+    ready = _workspace(dev, "ready", shape.E, torch.int32, zero=True)
+    ctl = _workspace(dev, "ctl", 2, torch.int32, zero=True)
+    grid = (fused_grid(T, shape, config, weights, _SM_COUNT[idx]),)
+    lay1 = G.layouts(config.block_n1, config.block_t, config.warps1)
+    lay2 = G.layouts(config.block_n2, config.block_t, config.warps2)
+    G._fused[grid](
+        x, topk_ids, topk_weights, w13.q, w13.scale, w13.alpha, w2.q, w2.scale, w2.alpha,
+        inter, out, ws1, cnt1, plist, pcnt, ready, ctl,
+        T, T * top_k, shape.E, H, shape.I, w13.n_pad, w2.n_pad, x.stride(0), out.stride(0),
+        w13.q.stride(0), w13.q.stride(1), w13.scale.stride(0), w13.scale.stride(1),
+        w2.q.stride(0), w2.q.stride(1), w2.scale.stride(0), w2.scale.stride(1),
+        kc1, -(-kc1 // config.split_k1), kc2, top_k, config.split_k1, g1[1],
+        w2.n_pad // config.block_n2,
+        K_POW2=triton_next_pow2(top_k), BN1=config.block_n1, BN2=config.block_n2,
+        BT=config.block_t, BLOCK_P=config.block_p, WL1=lay1["WL"], WL2=lay2["WL"],
+        XL=lay1["XL"], ML=lay1["ML"], DEPTH=config.depth, num_warps=config.warps1,
+    )
 
 
 #: Each family's kernel of each role (module ``_decode_<family>_kernels``).
@@ -255,7 +316,12 @@ def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int,
         from sglang_fp4ext.moe import _decode_gluon_kernels as G
 
         lay = G.layouts(block_n, cfg.block_t, warps)
-        return getattr(G, _KERNELS[family][role]), dict(num_warps=warps, **lay)
+        extra = dict(num_warps=warps, DEPTH=cfg.depth, **lay)
+        if role != "gemm2_tok":
+            extra["SPLIT_T"] = cfg.split_t
+        if role == "gemm2":
+            extra["COMBINE"] = cfg.combine == "counter"
+        return getattr(G, _KERNELS[family][role]), extra
     from sglang_fp4ext.moe import _decode_dot_kernels as K
 
     interp = target_info.is_interpreter()

@@ -13,8 +13,9 @@ four per SM, keeping at least 2 K chunks per split (kernel-techniques §5, Littl
 in flight per SM). GEMM2 (K = I, one chunk per expert under TP) does the same with its K, then
 packs ``tiles2`` row tiles into a program while there are more than ~8 programs per SM, so the
 per-program setup and the combine bookkeeping are amortised. While experts see few pairs
-(``T * top_k / D <= 2.5``; H200 tuning picked it for GLM-5 TP8 up to T = 64) GEMM2 is
-token-centric instead (``gemm2="tokens"``).
+(``T * top_k / D <= 2``; H200 tuning picked it for GLM-5 TP8 up to T = 32) GEMM2 is
+token-centric instead (``gemm2="tokens"``), unless that gives fewer 32-row programs than SMs. On the Gluon family the pairs GEMM2 leaves its top-k
+sum to a third launch (``combine="kernel"``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ class KernelConfig(ConfigDict):
     only family the interpreter runs) or ``"gluon"`` (``_decode_gluon_kernels``: GEMM1 and the
     token-centric GEMM2 in Gluon, a ``"pairs"`` GEMM2 still from the dot family; ``stages*`` unused:
     the Gluon K loop prefetches one chunk in registers).
+    ``launches``: 2 (GEMM1, then GEMM2) or 1: one persistent Gluon kernel (``_fused``; slot grid,
+    token-centric GEMM2, ``warps1 == warps2``) of ``ctas_per_sm`` programs per SM whose GEMM2
+    tiles wait on per-expert GEMM1 completion counters. The dot family and the interpreter
+    always run two launches.
+    ``combine``: how the pairs GEMM2 sums a token's top-k: ``"counter"`` (the last partial to
+    arrive sums them in the GEMM2 kernel) or ``"kernel"`` (GEMM2 only writes partials; a third
+    launch sums them, same order and bits). The dot family always runs ``"counter"``; the
+    token-centric GEMM2 needs no combine and ignores it.
+    ``split_t``: Gluon only: each expert's pair chunks (``block_t`` pairs) are spread over this
+    many programs per row tile and K split, in GEMM1 and the pairs GEMM2, so an expert with many
+    pairs (a fused shared expert sees every token) does not run alone while the rest idle.
+    ``depth``: Gluon K loops keep this many weight chunks in flight beyond the one being decoded
+    (1-3; more bytes in flight per program where few programs run, more registers).
     """
 
     grid: str = "slots"
@@ -69,6 +83,11 @@ class KernelConfig(ConfigDict):
     tiles2: int = 1
     gemm2: str = "pairs"
     kernels: str = "dot"
+    launches: int = 2
+    ctas_per_sm: int = 4
+    depth: int = 1
+    combine: str = "counter"
+    split_t: int = 1
 
     def __post_init__(self):
         if self.kernels not in KERNEL_FAMILIES:
@@ -84,7 +103,27 @@ class KernelConfig(ConfigDict):
                 "KernelConfig.gemm2='tokens' walks whole experts per program: split_k2 and "
                 f"tiles2 must be 1, got {self.split_k2} and {self.tiles2}"
             )
+        if self.combine not in ("counter", "kernel"):
+            raise ValueError(
+                f"KernelConfig.combine must be 'counter' or 'kernel', got {self.combine!r}"
+            )
+        if self.depth not in (1, 2, 3):
+            raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
+        if self.launches not in (1, 2):
+            raise ValueError(f"KernelConfig.launches must be 1 or 2, got {self.launches!r}")
+        if self.launches == 1 and (self.grid, self.gemm2) != ("slots", "tokens"):
+            raise ValueError(
+                "KernelConfig.launches=1 runs the slot grid and the token-centric GEMM2: grid "
+                f"must be 'slots' and gemm2 'tokens', got {self.grid!r} and {self.gemm2!r}"
+            )
+        if self.launches == 1 and self.warps1 != self.warps2:
+            raise ValueError(
+                "KernelConfig.launches=1 runs both GEMMs in one kernel: warps1 must equal warps2, "
+                f"got {self.warps1} and {self.warps2}"
+            )
         for name in (
+            "split_t",
+            "ctas_per_sm",
             "block_t",
             "block_p",
             "block_n1",
@@ -151,7 +190,13 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
         tiles2 *= 2
     # Few pairs per expert: token-centric GEMM2 (no combine round trips; repeats of an expert
     # mostly hit L2); 32-row tiles while there would be fewer than 2 programs per SM.
-    gemm2 = "tokens" if rows_per_expert <= 2.5 else "pairs"
+    # A token program walks top_k experts x K chunks in a chain: with fewer 32-row programs
+    # than SMs that chain is the time (Qwen3-30B-A3B T = 1: 1.75x the pairs GEMM2).
+    nb2_32 = -(-shape.H // ROW_ALIGN) * ROW_ALIGN // 32
+    few = b * nb2_32 < target.num_sms
+    # 2 pairs per expert: with the third-launch combine the pairs GEMM2 was 1.15x faster from
+    # GLM-5 TP8 T = 64 (2.3 pairs per expert; decode_v2_step2/split_t_ab_h200.json).
+    gemm2 = "tokens" if rows_per_expert <= 2.0 and not few else "pairs"
     bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
     # Gluon where it runs; its GEMM1 streams an expert's many rows best as 128-row tiles of 4
     # warps (H200, GLM-5 EP8 at every T and TP8 T = 256: gluon_decode_ab_h200.json).
@@ -172,4 +217,8 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
         tiles2=1 if gemm2 == "tokens" else tiles2,
         gemm2=gemm2,
         kernels="gluon" if gluon else "dot",
+        # The in-kernel combine serialises each program on its arrival counters; a third launch
+        # summing the partials was 1.05-1.48x faster wherever the pairs GEMM2 ran (H200, GLM-5
+        # TP8 T = 64-256, EP8 T = 16-256: decode_v2_step2/combine_ab_h200.json).
+        combine="kernel" if gluon and gemm2 == "pairs" else "counter",
     )

@@ -99,6 +99,7 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
     make = [
         lambda: base,
         lambda: r(base, kernels=other),  # both families are timed
+        lambda: r(base, launches=3 - base.launches),  # one launch vs two (slot grid, tokens)
         flip,
         lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
         lambda: r(base, split_k1=split1(2 * sk1)),
