@@ -105,9 +105,13 @@ def _scale_bf16(c, COMPUTE_F32: tl.constexpr):
     """Scale codes (``layout.py``) -> the block scale times 2^100: bf16 bits ``c * 16 + bias``,
     one integer multiply-add, exact (<= 4 significant bits, exponent in range). Under the
     interpreter (``COMPUTE_F32``) the same bits shifted into an fp32."""
+    # if/else, not an early return: compiled, Triton visits the code after a static-if return
+    # too and rejects the two return types (the GPU probe of test_decode_kernels calls both).
     if COMPUTE_F32:
-        return ((c.to(tl.uint32) << 20) + (_SCALE_BIAS << 16)).to(tl.float32, bitcast=True)
-    return ((c.to(tl.uint16) << 4) + _SCALE_BIAS).to(tl.bfloat16, bitcast=True)
+        s = ((c.to(tl.uint32) << 20) + (_SCALE_BIAS << 16)).to(tl.float32, bitcast=True)
+    else:
+        s = ((c.to(tl.uint16) << 4) + _SCALE_BIAS).to(tl.bfloat16, bitcast=True)
+    return s
 
 
 @triton.jit
