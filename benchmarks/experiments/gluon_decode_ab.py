@@ -63,6 +63,15 @@ SHAPES = {
 }
 
 
+def _unique(cfgs: list[KernelConfig], drop: KernelConfig | None = None) -> list[KernelConfig]:
+    """``cfgs`` in order without repeats (and without ``drop``)."""
+    out = []
+    for c in cfgs:
+        if c not in out and c != drop:
+            out.append(c)
+    return out
+
+
 def candidates(v1: KernelConfig, kc1: int) -> list[KernelConfig]:
     """Gluon configs around ``v1`` (v1's tuned tiles): the same tiles, GEMM1 split-K / row tile /
     warps, GEMM2 form, tile, warps and row tiles per program."""
@@ -85,12 +94,7 @@ def candidates(v1: KernelConfig, kc1: int) -> list[KernelConfig]:
         for nt in (1, 2, 4):
             for bn, w in ((64, 2), (64, 4), (128, 4)):
                 out.append(dataclasses.replace(base, tiles2=nt, block_n2=bn, warps2=w))
-    seen, uniq = set(), []
-    for c in out:
-        if c not in seen:
-            seen.add(c)
-            uniq.append(c)
-    return uniq
+    return _unique(out)
 
 
 def one_launch_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
@@ -110,12 +114,7 @@ def one_launch_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
         for bn2 in (32, 64, 128):
             if bn2 >= 16 * w and bn2 != ol.block_n2:
                 out.append(dataclasses.replace(ol, block_n2=bn2))
-    seen, uniq = set(), []
-    for c in out:
-        if c not in seen:
-            seen.add(c)
-            uniq.append(c)
-    return uniq
+    return _unique(out)
 
 
 def depth_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
@@ -133,12 +132,7 @@ def depth_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
             out.append(r(b, block_n1=32, warps1=2, split_k1=2 * sk))
     if base.grid == "slots":  # the one-launch form, 2 chunks in flight
         out += [r(c, depth=2) for c in one_launch_candidates(base, kc1)[:2]]
-    seen, uniq = set(), []
-    for c in out:
-        if c not in seen and c != base:
-            seen.add(c)
-            uniq.append(c)
-    return uniq
+    return _unique(out, drop=base)
 
 
 def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
@@ -155,12 +149,7 @@ def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     for sk in (2, 4):
         if sk <= kc2:
             out.append(r(b, split_k2=sk))
-    seen, uniq = set(), []
-    for c in out:
-        if c not in seen and c != base:
-            seen.add(c)
-            uniq.append(c)
-    return uniq
+    return _unique(out, drop=base)
 
 
 def split_t_candidates(base: KernelConfig) -> list[KernelConfig]:
