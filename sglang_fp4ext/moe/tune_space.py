@@ -7,7 +7,8 @@ first :data:`QUICK_CANDIDATES`), in priority order:
 
 * decode (:func:`decode_candidates`), around ``decode_config.heuristic_config``: the heuristic; the
   other kernel family (Gluon <-> ``tl.dot``); the other GEMM2 form (``tokens`` <-> ``pairs``);
-  GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
+  the pairs GEMM2 with the other top-k combine and (from 2 pairs per expert) with ``split_t=4``;
+  one launch vs two; GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
   with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
   GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (the first
   :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
@@ -85,6 +86,11 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
             raise ValueError("split_k2 beyond the K chunks")
         return s
 
+    def hot(s):
+        if b * shape.top_k < 2 * shape.E:
+            raise ValueError("few pairs per expert: no expert loops over many pair chunks")
+        return s
+
     if base.gemm2 == "tokens":
         flip = lambda: r(base, gemm2="pairs", block_n2=64, split_k2=1, tiles2=1)  # noqa: E731
         g2a = lambda: r(base, block_n2=64 if base.block_n2 == 32 else 32)  # noqa: E731
@@ -99,8 +105,12 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
     make = [
         lambda: base,
         lambda: r(base, kernels=other),  # both families are timed
-        lambda: r(base, launches=3 - base.launches),  # one launch vs two (slot grid, tokens)
         flip,
+        # the pairs GEMM2's other top-k combine; its pair chunks over 4 programs (hot experts)
+        lambda: r(base if base.gemm2 == "pairs" else flip(),
+                  combine="counter" if base.combine == "kernel" else "kernel"),
+        lambda: r(base if base.gemm2 == "pairs" else flip(), split_t=hot(4)),
+        lambda: r(base, launches=3 - base.launches),  # one launch vs two (slot grid, tokens)
         lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
         lambda: r(base, split_k1=split1(2 * sk1)),
         lambda: r(base, split_k1=split1(sk1 // 2)),
