@@ -2,8 +2,11 @@
 
 Same work split, routing, workspaces and determinism as the ``tl.dot`` kernels in
 ``_decode_dot_kernels`` (read their docstring first): ``_gemm1`` = ``_moe_gemm1`` (GEMM1 + SiLU·mul,
-split-K through the fp32 workspace and arrival counters, the routing lists for GEMM2) and
-``_gemm2_tok`` = ``_moe_gemm2_tok`` (token-centric GEMM2 with the routing weight and top-k sum).
+split-K through the fp32 workspace and arrival counters, the routing lists for GEMM2),
+``_gemm2_tok`` = ``_moe_gemm2_tok`` (token-centric GEMM2 with the routing weight and top-k sum) and
+``_gemm2`` = ``_moe_gemm2`` (pairs GEMM2; with ``COMBINE`` off it only writes partials and
+``_combine`` sums them in a third launch). Beyond v1: ``SPLIT_T`` spreads an expert's pair chunks
+over programs, and ``_fused`` runs GEMM1 and the token GEMM2 in one persistent launch.
 What Gluon changes is where the bytes go:
 
 * **No shared memory.** Each thread loads its MMA A-fragment bytes straight from global memory

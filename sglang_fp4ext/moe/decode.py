@@ -1,4 +1,4 @@
-"""Public NVFP4 fused-MoE decode entry point: validate -> config -> workspaces -> 1 or 2 launches.
+"""Public NVFP4 fused-MoE decode entry point: validate -> config -> workspaces -> 1-3 launches.
 
 ``fused_moe_nvfp4(hidden_states, weights, topk_ids, topk_weights)`` returns the routed (and fused
 shared) experts' sum ``out[t] = sum_j topk_weights[t, j] * FFN_{topk_ids[t, j]}(x[t])`` as
