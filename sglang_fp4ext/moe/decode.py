@@ -67,12 +67,10 @@ def clear_workspaces() -> None:
 # ---- launch ----
 
 
-def launch_grids(
-    T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights, family: str = "gluon"
-):
+def launch_grids(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights, family: str):
     """Static launch grids ((G1, NB1, SK1 * ST), (G2, cdiv(NB2, tiles2), SK2 * ST)) for ``T``
-    tokens; ``ST`` = ``cfg.split_t`` on the Gluon family (the dot family has no pair-chunk
-    split: 1)."""
+    tokens on ``family`` ("gluon" or "dot", the one that runs: no default, a dot launch on a
+    Gluon grid would misread its K splits); ``ST`` = ``cfg.split_t`` on Gluon, 1 on dot."""
     P = T * shape.top_k
     slots = cfg.grid == "slots"
     st = cfg.split_t if family == "gluon" else 1
