@@ -21,6 +21,7 @@ __all__ = [
     "has_native_fp4_mma",
     "supports_triton_w4a16",
     "supports_gluon_decode",
+    "supports_wgmma_prefill",
     "arch_capability",
     "kernel_path",
     "SM120_SMEM_PER_BLOCK",
@@ -103,6 +104,12 @@ def supports_gluon_decode(cap: Capability | None) -> bool:
     """The Gluon decode kernels (``mma.sync`` bf16, ``fma.rn.bf16x2``) need SM80 or newer; the
     interpreter runs only the ``tl.dot`` family."""
     return cap is not None and cap >= (8, 0) and not is_interpreter()
+
+
+def supports_wgmma_prefill(cap: Capability | None) -> bool:
+    """The Gluon prefill kernels (``warpgroup_mma``, Hopper's asynchronous warpgroup MMA) exist on
+    SM90 only; the interpreter runs only the ``tl.dot`` family."""
+    return cap is not None and cap[0] == 9 and not is_interpreter()
 
 
 def arch_capability(arch: str) -> Capability:

@@ -37,3 +37,29 @@ def inputs(name: str, T: int, g: torch.Generator):
         ids, tw, _ = uniform_routing(T, GLM5_EP8, device="cuda", generator=g)
     x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
     return x, ids.contiguous(), tw.contiguous()
+
+
+#: Routings the uniform draw never makes (``adversarial``).
+ADVERSARIAL = ("same_experts", "zipf", "duplicates", "out_of_range", "all_dropped")
+#: Shapes without a tuned table (the heuristic runs): DeepSeek-R1 TP8 and Qwen3-30B-A3B on one
+#: GPU, ``(E, H, I)``.
+OTHER_SHAPES = {"dsr1_tp8": (256, 7168, 256), "qwen3_30b": (128, 2048, 768)}
+
+
+def adversarial(kind: str, T: int, E: int, k: int, g: torch.Generator):
+    """Routings the uniform draw never makes (ids int32 (T, k))."""
+    if kind == "same_experts":  # every token on the same k experts
+        ids = torch.randperm(E, device="cuda", generator=g)[:k].repeat(T, 1)
+    elif kind == "zipf":  # Zipf(1.2) expert popularity, k draws per token (repeats allowed)
+        p = 1.0 / torch.arange(1, E + 1, device="cuda", dtype=torch.float64) ** 1.2
+        ids = torch.multinomial(p.expand(T, E).contiguous(), k, replacement=True, generator=g)
+    elif kind == "duplicates":  # the same expert twice within a token
+        ids = torch.randint(0, E, (T, k), device="cuda", generator=g)
+        ids[:, 1] = ids[:, 0]
+    elif kind == "out_of_range":  # ids >= E (and -1) mixed with valid ones: contribute nothing
+        ids = torch.randint(-1, 2 * E, (T, k), device="cuda", generator=g)
+    elif kind == "all_dropped":
+        ids = torch.full((T, k), -1, device="cuda")
+    else:
+        raise ValueError(kind)
+    return ids.to(torch.int32).contiguous()

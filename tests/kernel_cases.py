@@ -37,6 +37,15 @@ def small_weights(E: int, H: int, I: int, seed: int):
     return _WEIGHTS[key]
 
 
+def triton36_site() -> str | None:
+    """A Triton 3.6 site dir (the H200's version) for AOT compiles: ``$FP4EXT_TRITON36`` or
+    ``.ci/triton36`` (``.ci/run`` installs it); None when neither exists."""
+    for p in (os.environ.get("FP4EXT_TRITON36"), str(ROOT / ".ci" / "triton36")):
+        if p and (Path(p) / "triton" / "__init__.py").exists():
+            return p
+    return None
+
+
 def compile_per_arch(
     script: str, requests: dict[int, list], timeout: float, extra_path: str | None = None
 ) -> dict[int, list]:

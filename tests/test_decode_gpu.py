@@ -176,35 +176,16 @@ def test_deterministic_across_runs(name, T, kernels, seed):
         assert torch.equal(again.view(torch.int16), first.view(torch.int16))
 
 
-def _adversarial(kind: str, T: int, E: int, k: int, g: torch.Generator):
-    """Routings the uniform draw never makes (ids int32 (T, k))."""
-    if kind == "same_experts":  # every token on the same k experts
-        ids = torch.randperm(E, device="cuda", generator=g)[:k].repeat(T, 1)
-    elif kind == "zipf":  # Zipf(1.2) expert popularity, k draws per token (repeats allowed)
-        p = 1.0 / torch.arange(1, E + 1, device="cuda", dtype=torch.float64) ** 1.2
-        ids = torch.multinomial(p.expand(T, E).contiguous(), k, replacement=True, generator=g)
-    elif kind == "duplicates":  # the same expert twice within a token
-        ids = torch.randint(0, E, (T, k), device="cuda", generator=g)
-        ids[:, 1] = ids[:, 0]
-    elif kind == "out_of_range":  # ids >= E (and -1) mixed with valid ones: contribute nothing
-        ids = torch.randint(-1, 2 * E, (T, k), device="cuda", generator=g)
-    elif kind == "all_dropped":
-        ids = torch.full((T, k), -1, device="cuda")
-    else:
-        raise ValueError(kind)
-    return ids.to(torch.int32).contiguous()
-
-
 @pytest.mark.parametrize("kernels", FAMILIES)
 @pytest.mark.parametrize(
-    "kind", ["same_experts", "zipf", "duplicates", "out_of_range", "all_dropped"]
+    "kind", glm5_cases.ADVERSARIAL
 )
 @pytest.mark.parametrize("name,T", [("tp8_shared", 5), ("tp8_shared", 96), ("ep8", 33)])
 def test_adversarial_routings(name, T, kind, kernels, seed):
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
-    ids = _adversarial(kind, T, pw.num_experts, ids.shape[1], g)
+    ids = glm5_cases.adversarial(kind, T, pw.num_experts, ids.shape[1], g)
     cfg = _as(config_for(T, pw.shape(ids.shape[1])), kernels)
     out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
     fused_moe_nvfp4(x, pw, ids, tw, out=out, config=cfg)
@@ -217,8 +198,7 @@ def test_adversarial_routings(name, T, kind, kernels, seed):
     print(f"{name} T={T} {kind} {kernels}: {st}")
 
 
-# Shapes without a tuned table: DeepSeek-R1 TP8 and Qwen3-30B-A3B on one GPU (the heuristic runs).
-_OTHER = {"dsr1_tp8": (256, 7168, 256), "qwen3_30b": (128, 2048, 768)}
+_OTHER = glm5_cases.OTHER_SHAPES
 
 
 @pytest.mark.parametrize("kernels", FAMILIES)

@@ -15,8 +15,6 @@ kernels makes the compile itself fail if a layout change would move data between
 
 import dataclasses
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +22,7 @@ from sglang_fp4ext.moe import config as C
 from sglang_fp4ext.moe.decode_config import heuristic_config
 from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
-from tests.kernel_cases import ROOT, compile_per_arch
+from tests.kernel_cases import compile_per_arch, triton36_site
 
 _SCRIPT = r"""
 import json, sys
@@ -136,20 +134,13 @@ def _variants():
     return out
 
 
-def _triton36_site() -> str | None:
-    for p in (os.environ.get("FP4EXT_TRITON36"), str(ROOT / ".ci" / "triton36")):
-        if p and (Path(p) / "triton" / "__init__.py").exists():
-            return p
-    return None
-
-
 @pytest.fixture(scope="module")
 def compiled():
     variants = _variants()
     some = [next(v for v in variants if v["kernel"] == i) for i in (1, 2, 3, 4, 5)]
     todo = {80: some, 90: variants, 100: some, 120: variants}
     res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
-    site = _triton36_site()
+    site = triton36_site()
     if site:
         res["3.6"] = compile_per_arch(_SCRIPT, {90: variants, 120: some}, 900, site)
     return todo, res

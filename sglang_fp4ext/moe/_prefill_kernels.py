@@ -132,6 +132,21 @@ def _tile_of(counts_ptr, m, NBINS: tl.constexpr, BM: tl.constexpr):
     return e, r0 + local, tl.minimum(c_e - local, BM)
 
 
+# ---- activations in MMA K order (the wgmma family's GEMM1 input) ----
+
+
+@triton.jit
+def _permute_k(x_ptr, y_ptr, T, K, stride_x, BT: tl.constexpr):
+    """y (T, K) bf16 contiguous = x with each 128-wide K block in ``layout.mma_k_order``: position
+    ``s = 16b + 8c1 + 2q + c0`` takes element ``32q + 4b + 2c1 + c0``. Grid (cdiv(T, BT), K / 128)."""
+    t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
+    s = tl.arange(0, 128)
+    src = tl.program_id(1) * 128 + 32 * ((s // 2) % 4) + 4 * (s // 16) + 2 * ((s // 8) % 2) + s % 2
+    m = t[:, None] < T
+    v = tl.load(x_ptr + t[:, None] * stride_x + src[None, :], mask=m)
+    tl.store(y_ptr + t[:, None] * K + tl.program_id(1) * 128 + s[None, :], v, mask=m)
+
+
 # ---- grouped W4A16 GEMM ----
 
 

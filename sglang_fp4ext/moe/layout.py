@@ -67,6 +67,8 @@ __all__ = [
     "e4m3_to_scale_code",
     "scale_code_to_e4m3",
     "scale_code_values",
+    "mma_k_order",
+    "to_mma_k_order",
 ]
 
 #: Elements of K per chunk: 128 packed bytes and 16 block-scale codes per row.
@@ -169,6 +171,26 @@ def scale_code_values(c: torch.Tensor) -> torch.Tensor:
     bits = (c.to(torch.int32) * 16 + SCALE_CODE_BF16_BIAS) << 16
     v = bits.view(torch.float32) * 2.0**-100
     return torch.where(c == 0, torch.zeros_like(v), v)
+
+
+def mma_k_order() -> torch.Tensor:
+    """(128,) int64: the K order of the Gluon kernels' ``mma`` operands within each 128-wide K
+    block. Position ``s = 16b + 8c1 + 2q + c0`` (k-step ``b`` of 8, k-slot ``8c1 + 2q + c0`` of
+    an m16n8k16 fragment) holds element ``32q + 4b + 2c1 + c0``: thread ``q`` of a fragment then
+    reads 32 contiguous code bytes of a row (``_decode_gluon_kernels``). Activations that reach an
+    ``mma`` through shared memory are stored in this order (``to_mma_k_order``)."""
+    s = torch.arange(128)
+    b, c1, q, c0 = s // 16, (s // 8) % 2, (s // 2) % 4, s % 2
+    return 32 * q + 4 * b + 2 * c1 + c0
+
+
+def to_mma_k_order(x: torch.Tensor) -> torch.Tensor:
+    """Torch twin of ``_prefill_kernels._permute_k``: ``(..., K)`` with K a multiple of 128 ->
+    the same values with each 128-wide block in :func:`mma_k_order`."""
+    K = x.shape[-1]
+    _check(K % 128 == 0, f"to_mma_k_order: K must be a multiple of 128, got {K}")
+    idx = (torch.arange(0, K, 128)[:, None] + mma_k_order()[None, :]).reshape(-1).to(x.device)
+    return x.index_select(-1, idx)
 
 
 def _round_up(x: int, m: int) -> int:

@@ -44,8 +44,9 @@ import torch
 
 from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.config import prefill_config_for
+from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
 from sglang_fp4ext.moe.layout import K_CHUNK
-from sglang_fp4ext.moe.prefill_config import PrefillConfig
+from sglang_fp4ext.moe.prefill_config import PrefillConfig, wgmma_supports_shape
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.shape import current_target
 
@@ -59,6 +60,8 @@ __all__ = [
 
 # Combine kernel tile: a memory-bound pass, 16-byte bf16 vectors along H.
 _COMBINE_BT, _COMBINE_BH = 8, 256
+# Rows per program of the K-order permutation (wgmma family).
+_PERMUTE_BT = 8
 # Rows of the block histogram the single scan program handles per step.
 _SCAN_ROWS = 16
 # Tests set this: fill the float workspaces with NaN so a read of an unwritten row shows up.
@@ -100,7 +103,8 @@ def _validate(x, weights, topk_ids, topk_weights, out, config):
 
 @dataclass(frozen=True, eq=False)
 class _Launch:
-    """One kernel launch: ``_prefill_kernels.<kernel>[grid](*args, **constexprs, ...)``."""
+    """One kernel launch: ``_prefill_kernels.<kernel>[grid](*args, **constexprs, ...)``, or with
+    ``gluon`` ``_prefill_gluon_kernels.<kernel>`` (its layouts among the constexprs)."""
 
     kernel: str
     grid: tuple
@@ -108,9 +112,16 @@ class _Launch:
     constexprs: dict
     num_warps: int
     num_stages: int
+    gluon: bool = False
 
     def run(self):
-        from sglang_fp4ext.moe import _prefill_kernels as K  # triton imported only when launching
+        # triton (and Gluon) imported only when launching
+        if self.gluon:
+            from sglang_fp4ext.moe import _prefill_gluon_kernels as G
+
+            getattr(G, self.kernel)[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps)
+            return
+        from sglang_fp4ext.moe import _prefill_kernels as K
 
         getattr(K, self.kernel)[self.grid](
             *self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
@@ -158,10 +169,13 @@ def _plan(
     config: PrefillConfig,
     compute_f32: bool,
 ) -> list[_Launch]:
-    """Workspaces (allocated here, on ``x.device``) and the 6 launches of one call, ``T >= 1``.
+    """Workspaces (allocated here, on ``x.device``) and the 6 launches of one call, ``T >= 1``
+    (7 for the wgmma family, ``_plan_wgmma``).
 
     Also used by the AOT test with ``meta`` tensors, so it compiles exactly what a call launches.
     """
+    if config.kernels == "wgmma" and not compute_f32:
+        return _plan_wgmma(x, weights, topk_ids, topk_weights, out, config)
     T, H = x.shape
     top_k = topk_ids.shape[1]
     w13, w2 = weights.w13, weights.w2
@@ -253,6 +267,95 @@ def _plan(
     return launches
 
 
+def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, config: PrefillConfig):
+    """The wgmma family's 7 launches: grouping (3), ``x`` into MMA K order, the two Gluon GEMMs
+    (``inter`` stays in MMA K order between them), the ordered combine."""
+    from sglang_fp4ext.moe import _prefill_gluon_kernels as G
+
+    T, H = x.shape
+    top_k = topk_ids.shape[1]
+    w13, w2 = weights.w13, weights.w2
+    E, I = weights.num_experts, weights.intermediate_size
+    if not wgmma_supports_shape(H, I):
+        raise ValueError(
+            f"fused_moe_nvfp4_prefill: PrefillConfig(kernels='wgmma') needs H and I multiples of "
+            f"{K_CHUNK}, got H={H}, I={I}; use kernels='dot'"
+        )
+    P = T * top_k
+    dev = x.device
+    nbins = num_bins(E)
+    launches, sorted_pair, counts, _ = _group_plan(topk_ids.reshape(-1), E, config.block_p)
+    xk = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    inter = torch.empty(P, I, dtype=torch.bfloat16, device=dev)
+    partial = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
+    if _POISON_WORKSPACES:
+        inter.fill_(float("nan"))
+        partial.fill_(float("nan"))
+    launches.append(
+        _Launch(
+            "_permute_k",
+            (-(-T // _PERMUTE_BT), H // 128),
+            (x, xk, T, H, x.stride(0)),
+            dict(BT=_PERMUTE_BT),
+            4,
+            1,
+        )
+    )
+    m_tiles = max_m_tiles(P, E, config.block_m)
+    for i, (w, src, dst, K, nout, ng) in enumerate(
+        ((w13, xk, inter, H, I, 1), (w2, inter, partial, I, H, config.group_n2)), start=1
+    ):
+        bn, warps = getattr(config, f"block_n{i}"), getattr(config, f"warps{i}")
+        launches.append(
+            _Launch(
+                f"_wgmma_gemm{i}",
+                (-(-(w.n_pad // bn) // ng), m_tiles),
+                (
+                    src,
+                    sorted_pair,
+                    counts,
+                    topk_weights,
+                    w.q,
+                    w.scale,
+                    w.alpha,
+                    dst,
+                    K,
+                    nout,
+                    w.n_pad,
+                    top_k,
+                    src.stride(0),
+                    dst.stride(0),
+                    w.q.stride(0),
+                    w.q.stride(1),
+                    w.scale.stride(0),
+                    w.scale.stride(1),
+                ),
+                dict(
+                    NBINS=nbins,
+                    BM=config.block_m,
+                    BN=bn,
+                    NS=getattr(config, f"stages{i}"),
+                    **(dict(NG=ng) if i == 2 else {}),
+                    **G.layouts(bn, config.block_m, warps),
+                ),
+                warps,
+                1,
+                gluon=True,
+            )
+        )
+    launches.append(
+        _Launch(
+            "_prefill_combine",
+            (-(-T // _COMBINE_BT), -(-H // _COMBINE_BH)),
+            (partial, topk_ids, out, T, H, E, top_k, partial.stride(0), out.stride(0)),
+            dict(BT=_COMBINE_BT, BH=_COMBINE_BH, ATOMIC=False, COMPUTE_F32=False),
+            4,
+            1,
+        )
+    )
+    return launches
+
+
 # ---- public entry points ----
 
 
@@ -318,8 +421,15 @@ def fused_moe_nvfp4_prefill(
     if config is None:
         target = current_target(dev) if dev.type == "cuda" else current_target()
         config = prefill_config_for(T, weights.shape(topk_ids.shape[1]), target)
-    for launch in _plan(
-        hidden_states, weights, topk_ids, topk_weights, out, config, target_info.is_interpreter()
-    ):
+    interp = target_info.is_interpreter()
+    if config.kernels == "wgmma" and not interp and dev.type == "cuda":
+        cap = target_info.device_capability(dev)
+        if not target_info.supports_wgmma_prefill(cap):
+            raise ValueError(
+                f"fused_moe_nvfp4_prefill: PrefillConfig(kernels='wgmma') runs on sm_90 only "
+                f"(warpgroup_mma), this GPU is sm_{cap[0]}{cap[1]}; use kernels='dot'"
+            )
+    for launch in _plan(hidden_states, weights, topk_ids, topk_weights, out, config, interp):
         launch.run()
+    corrupt_if_asked("prefill", "wgmma" if config.kernels == "wgmma" and not interp else "dot", out)
     return out

@@ -1,0 +1,315 @@
+"""Gluon kernels of the NVFP4 W4A16 prefill path on Hopper, v2 (``@gluon.jit`` code and layouts).
+
+Same grouping, M tiles, workspaces and ordered combine as the ``tl.dot`` kernels in
+``_prefill_kernels`` (read their docstring first): ``_wgmma_gemm1`` replaces
+``_prefill_gemm1`` (GEMM1 + SiLU·mul) and ``_wgmma_gemm2`` ``_prefill_gemm2`` (routing weight,
+one bf16 partial row per pair slot); both run ``_grouped_wgmma``. What changes is how the decode and the tensor cores share the
+warps: v1's ``tl.dot`` waits for each ``wgmma`` before it decodes the next weights, so the FP4
+decode and the MMA serialise on the same warps (README diagnosis: 0.19-0.22 issued per
+scheduler-cycle, tensor pipe 38%). Here the loop is software-pipelined by hand:
+
+* **Register A, asynchronous MMA.** The decoded weights are ``wgmma``'s register operand (the
+  weight rows are its M side, the tile's tokens its N side, so 16-token tiles waste nothing), and
+  ``wgmma`` runs asynchronously: chunk ``c + 1`` is loaded and decoded while chunk ``c``'s MMAs
+  run. The decode is the v2 decode kernels' (``_decode_gluon_kernels``): each thread loads
+  32 contiguous code bytes per row and the change from the load layout to the MMA operand
+  layout is a register renaming (``convert_layout(..., assert_trivial=True)``).
+* **Activations through swizzled shared memory.** ``cp.async`` copies each tile row's 16-byte
+  pieces into a ``NS``-stage ring in the 128-byte swizzled layout ``wgmma`` reads without bank
+  conflicts. The MMA's K order is the decode's (``layout.mma_k_order``), so the activations must
+  be stored in that order: GEMM1 reads ``x`` through a permuted copy (``_prefill_kernels.
+  _permute_k``, one pass over ``T x H``) and writes ``inter`` already permuted for GEMM2.
+* One CTA barrier per 256-deep chunk orders the ring: every thread's copies of chunk ``c`` have
+  landed and every warpgroup's MMAs of chunk ``c - 1`` are done before chunk ``c``'s MMAs start
+  and before chunk ``c - 1``'s buffer is refilled.
+
+K (``H`` for GEMM1, ``I`` for GEMM2) must be a multiple of 256 (``prefill_config`` checks); the
+grid is ``(Np / BN, m_tiles)`` as in v1. Gluon kernels do not run under the Triton interpreter;
+the CPU tier compiles them ahead of time and the GPU tier checks them against the torch twin.
+"""
+
+import functools
+
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+from sglang_fp4ext.moe._decode_gluon_kernels import (
+    _TWO_P26,
+    _add,
+    _byte_order,
+    _mma_k_order,
+    _phys_row,
+    _scale_pair,
+    weight_layout,
+)
+from sglang_fp4ext.moe._decode_dot_kernels import FP4X4_TO_BF16_PTX
+from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
+
+
+@functools.cache
+def layouts(BN: int, BM: int, W: int) -> dict:
+    """The constexpr layout arguments of ``_wgmma_gemm1`` / ``_wgmma_gemm2``: ``BN`` weight rows (``16 W``), ``BM``
+    tokens, ``W`` warps (one or two warpgroups stacked along the weight rows)."""
+    return dict(
+        WL=weight_layout(BN, W),
+        ML=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM, 16]),
+        AL=gl.BlockedLayout([1, 8], [2, 16], [W, 1], [1, 0]),
+        XS=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2),
+        CL=gl.BlockedLayout([1], [32], [W], [0]),
+    )
+
+
+@gluon.jit
+def _tile_of(counts_ptr, m, NBINS: gl.constexpr, BM: gl.constexpr, CL: gl.constexpr):
+    """``_prefill_kernels._tile_of``: (expert, first sorted row, rows) of M tile ``m``."""
+    bins = gl.arange(0, NBINS, layout=CL)
+    c = gl.load(counts_ptr + bins)
+    nt = (c + BM - 1) // BM
+    tend = gl.associative_scan(nt, 0, _add)
+    e = gl.sum((tend <= m).to(gl.int32), 0)  # tile ends are non-decreasing
+    sel = bins == e
+    c_e = gl.sum(gl.where(sel, c, 0), 0)
+    t0 = gl.sum(gl.where(sel, tend - nt, 0), 0)
+    r0 = gl.sum(gl.where(sel, gl.associative_scan(c, 0, _add) - c, 0), 0)
+    local = (m - t0) * BM
+    return e, r0 + local, gl.minimum(c_e - local, BM)
+
+
+@gluon.jit
+def _k_slot(u):
+    """Position in ``layout.mma_k_order`` of element ``u`` of a 128-wide K block."""
+    return (u // 128) * 128 + ((u // 4) % 8) * 16 + ((u // 2) % 2) * 8 + ((u // 32) % 4) * 2 + u % 2
+
+
+@gluon.jit
+def _load_codes(qe, se, qoff, soff, kc, s_chunk_stride):
+    sp = se + kc * s_chunk_stride + soff
+    return gl.load(qe + qoff + kc * 32), gl.load(sp), gl.load(sp + 8)
+
+
+@gluon.jit
+def _decode(b, slo, shi, BN: gl.constexpr, ML: gl.constexpr):
+    """Code words [BN, 8, 4] and scale codes [BN, 8] of one chunk -> the low and high halves'
+    weights times 2^-26, [BN, 128] bf16 each, as ``wgmma``'s register operand."""
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
+    sl = gl.expand_dims(_scale_pair(slo), 2)
+    sh = gl.expand_dims(_scale_pair(shi), 2)
+    lo01, lo23, hi01, hi23 = gl.inline_asm_elementwise(
+        FP4X4_TO_BF16_PTX,
+        "=r,=r,=r,=r,r,r,r,r,r",
+        args=[b, sl, sl, sh, sh],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+        is_pure=True,
+        pack=1,
+    )
+    a_lo = gl.convert_layout(_mma_k_order(_byte_order(lo01, lo23, BN), BN), A_OP, assert_trivial=True)
+    a_hi = gl.convert_layout(_mma_k_order(_byte_order(hi01, hi23, BN), BN), A_OP, assert_trivial=True)
+    return a_lo, a_hi
+
+
+@gluon.jit
+def _copy_chunk(xs, buf, xp, kc):
+    """Issue the ``cp.async`` copies of chunk ``kc``'s two 128-wide halves into ring slot ``buf``."""
+    cp.async_copy_global_to_shared(xs.index(2 * buf), xp + kc * 256)
+    cp.async_copy_global_to_shared(xs.index(2 * buf + 1), xp + kc * 256 + 128)
+    cp.commit_group()
+
+
+@gluon.jit
+def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr,
+                 K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
+                 s_e_stride, s_chunk_stride,
+                 NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
+                 WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
+                 CL: gl.constexpr):
+    """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)``."""
+    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
+    if nrows <= 0:
+        return
+    _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
+                   NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
+                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, WL, ML, AL, XS)
+
+
+@gluon.jit
+def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr,
+                 K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
+                 s_e_stride, s_chunk_stride,
+                 NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
+                 NG: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
+                 XS: gl.constexpr, CL: gl.constexpr):
+    """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
+    ``(cdiv(Np2 / BN, NG), m_tiles)``."""
+    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
+    if nrows <= 0:
+        return
+    _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
+                   NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
+                   s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, WL, ML, AL, XS)
+
+
+@gluon.jit
+def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+                   K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
+                   s_e_stride, s_chunk_stride,
+                   GATED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
+                   NG: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
+                   XS: gl.constexpr):
+    """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
+    ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring).
+
+    Chunk ``it + 1``'s codes load and chunk ``it`` decodes while chunk ``it - 1``'s MMAs run
+    (``it`` counts chunks over the program's row blocks, so the next block's first codes are
+    in flight during a block's epilogue). The epilogue itself does not overlap the MMAs (one
+    accumulator): at one chunk per block (GEMM2 at I = 256) that is the main loss, measured. The
+    activation ring re-reads a tile's chunks from L2 for every row block.
+
+    ``x``: activations in MMA K order, (T, K) bf16 for GEMM1 (rows by token) or (P, K) for GEMM2
+    (rows by sorted row). ``GATED`` (GEMM1): ``dst`` = inter (P, I) bf16 in MMA K order,
+    ``NOUT`` = I. Else (GEMM2): ``dst`` = partials (P, H) bf16 by pair slot times the routing
+    weight, ``NOUT`` = H.
+    """
+    nb0 = gl.program_id(0) * NG
+    e64 = e.to(gl.int64)
+    KC = K // 256
+    NIT = gl.minimum(NG, NP // BN - nb0) * KC
+
+    # Activation rows of the tile; rows past its end re-read its last row (results dropped):
+    # sorted slots past the valid pairs are not written by the grouping.
+    ia = gl.arange(0, BM, layout=gl.SliceLayout(1, AL))
+    ra = row0 + gl.minimum(ia, nrows - 1)
+    if GATED:
+        xrow = (gl.load(sorted_ptr + ra) // TOP_K).to(gl.int64) * stride_x
+    else:
+        xrow = ra.to(gl.int64) * stride_x
+    ka = gl.arange(0, 128, layout=gl.SliceLayout(0, AL))
+    xp = x_ptr + gl.expand_dims(xrow, 1) + gl.expand_dims(ka, 0)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, BM, 128], XS)
+    for i in gl.static_range(NS - 1):
+        _copy_chunk(xs, i, xp, gl.minimum(i, NIT - 1) % KC)  # past the end: re-read the last
+
+    # Code-word and scale offsets of row block 0 (MMA rows -> weight rows, as in decode).
+    SL: gl.constexpr = gl.SliceLayout(2, WL)
+    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
+    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
+    prow = _phys_row(r1)
+    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
+    qoff = gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0)
+    qoff = gl.expand_dims(qoff, 2) + gl.expand_dims(gl.expand_dims(i1, 0), 0)
+    qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
+    se = s_ptr + e64 * s_e_stride
+    QB = BN * (q_row_stride // 4)  # code words per row block
+
+
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
+    p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)
+    p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
+    b, slo, shi = _load_codes(qe + nb0 * QB, se + nb0 * BN * 16, qoff, soff, 0, s_chunk_stride)
+    acc = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, ML))
+    if NG == 1:  # no block loop: the K loop alone (fewer live registers: 214 vs 255 + spills)
+        acc, p_lo, p_hi, b, slo, shi = _row_block(
+            acc, p_lo, p_hi, b, slo, shi, xs, xp, qe, se, qoff, soff, QB, nb0, 0, KC, NIT,
+            s_chunk_stride, BN, NS, ML)
+        y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
+        _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NOUT, NP,
+                  stride_dst, GATED, BN, BM, ML)
+    else:
+        for g in range(NIT // KC):
+            acc, p_lo, p_hi, b, slo, shi = _row_block(
+                acc, p_lo, p_hi, b, slo, shi, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
+                s_chunk_stride, BN, NS, ML)
+            y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
+            _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
+                      NP, stride_dst, GATED, BN, BM, ML)
+            p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)  # done: not live into the next block
+            p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
+    cp.wait_group(0)
+
+
+@gluon.jit
+def _row_block(acc, p_lo, p_hi, b, slo, shi, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
+               s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, ML: gl.constexpr):
+    """The K loop of row block ``nb0 + g``: issues its MMAs (the last ones still in flight on
+    return) with the next chunk's codes ``b, slo, shi`` loaded (flat index ``it = g KC + kc``)."""
+    for kc in range(KC):
+        it = g * KC + kc
+        itn = gl.minimum(it + 1, NIT - 1)
+        bn_ = nb0 + itn // KC
+        b_n, slo_n, shi_n = _load_codes(qe + bn_ * QB, se + bn_ * BN * 16, qoff, soff, itn % KC,
+                                        s_chunk_stride)
+        a_lo, a_hi = _decode(b, slo, shi, BN, ML)  # overlaps the previous chunk's MMAs
+        # p_lo/p_hi (the previous chunk's operands) stay live until its MMAs are done.
+        acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
+        cp.wait_group(NS - 2)
+        barrier()  # all copies of this chunk landed; every warpgroup's previous MMAs done
+        fence_async_shared()
+        buf = it % NS
+        # A block's first MMA ignores the accumulator (no register writes between MMAs).
+        acc = warpgroup_mma(a_lo, xs.index(2 * buf).permute((1, 0)), acc, use_acc=kc > 0,
+                            is_async=True)
+        acc = warpgroup_mma(a_hi, xs.index(2 * buf + 1).permute((1, 0)), acc, is_async=True)
+        _copy_chunk(xs, (it + NS - 1) % NS, xp, gl.minimum(it + NS - 1, NIT - 1) % KC)
+        p_lo, p_hi = a_lo, a_hi
+        b, slo, shi = b_n, slo_n, shi_n
+    return acc, p_lo, p_hi, b, slo, shi
+
+
+@gluon.jit
+def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT, NP,
+              stride_dst, GATED: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
+              ML: gl.constexpr):
+    """Stores row block ``nb``'s finished accumulator (GEMM1: SiLU·mul; GEMM2: weighted)."""
+    # Per-column index tensors are built here: kept live across the K loop they would hold
+    # BM / 4 registers each per thread.
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
+    cols = gl.arange(0, BM, layout=gl.SliceLayout(0, ML))
+    cmask = cols < nrows
+    rc = row0 + gl.minimum(cols, nrows - 1)
+    alpha = gl.load(a_ptr + e64 * NP + nb * BN + _phys_row(rows)) * _TWO_P26
+    y = y * gl.expand_dims(alpha, 1)
+    if GATED:
+        _store_gated(y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN, BM)
+    else:
+        pair = gl.load(sorted_ptr + rc)
+        tw = gl.load(tw_ptr + pair).to(gl.float32)
+        _store_weighted(y * gl.expand_dims(tw, 0), dst_ptr, rows, pair, cmask, nb, NOUT,
+                        stride_dst, BN, BM)
+
+
+@gluon.jit
+def _store_gated(y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN: gl.constexpr,
+                 BM: gl.constexpr):
+    """SiLU·mul of row block ``nb`` -> inter[rc, k_slot(j)] bf16. MMA rows ``8h + g`` hold weight
+    rows ``2g + h``: gate (h = 0) and up (h = 1) of intermediate column ``j`` in one thread."""
+    j = nb * (BN // 2) + (rows // 16) * 8 + rows % 8
+    ptr = dst_ptr + gl.expand_dims(rc.to(gl.int64) * stride_dst, 0) + gl.expand_dims(_k_slot(j), 1)
+    ok = gl.expand_dims((j < NOUT) & (rows % 16 < 8), 1) & gl.expand_dims(cmask, 0)
+    g, u = gl.split(gl.permute(gl.reshape(y, [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
+    pg, pu = gl.split(gl.permute(gl.reshape(ptr, [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
+    og, ou = gl.split(gl.permute(gl.reshape(ok, [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
+    gl.store(pg, (g / (1.0 + gl.exp(-g)) * u).to(gl.bfloat16), mask=og)
+
+
+@gluon.jit
+def _store_weighted(y, dst_ptr, rows, pair, cmask, nb, NOUT, stride_dst, BN: gl.constexpr,
+                    BM: gl.constexpr):
+    """Row block ``nb`` -> partials[pair, h] bf16. MMA rows ``g`` and ``g + 8`` of each 16 are
+    weight rows ``2g`` and ``2g + 1`` (one thread): stored as one 4-byte bf16 pair."""
+    h = nb * BN + _phys_row(rows)
+    lo, hi = gl.split(gl.permute(gl.reshape(y, [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
+    hh, _ = gl.split(gl.permute(gl.reshape(gl.expand_dims(h, 1) + gl.expand_dims(pair * 0, 0),
+                                           [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
+    pp, _ = gl.split(gl.permute(gl.reshape(gl.expand_dims(rows * 0, 1) + gl.expand_dims(pair, 0),
+                                           [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
+    mm, _ = gl.split(gl.permute(gl.reshape(gl.expand_dims(h < NOUT, 1) & gl.expand_dims(cmask, 0),
+                                           [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
+    word = lo.to(gl.bfloat16).to(gl.uint16, bitcast=True).to(gl.uint32) | (
+        hi.to(gl.bfloat16).to(gl.uint16, bitcast=True).to(gl.uint32) << 16)
+    wp = dst_ptr.to(gl.pointer_type(gl.uint32)) + (pp.to(gl.int64) * stride_dst + hh) // 2
+    gl.store(wp, word, mask=mm)
