@@ -5,10 +5,14 @@ against ``group_by_expert_torch`` bit for bit; the whole layer against ``fused_m
 at small shapes with skewed routing, empty experts, every token on one expert, ``-1`` ids (and a
 token with none), top_k = 9 with the fused shared expert, T not a multiple of ``block_m``, padded
 H and I, both K steps, GEMM2 row blocks grouped per program (with a partial last group), several grouping blocks, the atomic combine, int64 ids / bf16 weights;
-determinism, config rules and validation; AOT compilation of every launch the heuristic makes at
-GLM-5 shapes for sm_80/90/100/120, with tensor-core MMA and sm_120 shared memory <= 101,376 B.
-GPU tier: GLM-5 TP8 (fused shared expert) and EP8 shapes for T in {512, ..., 8192}, CUDA-graph
-capture/replay and run-to-run determinism.
+determinism, config rules and validation; the wgmma family's K-order pass against its twin;
+AOT compilation of every launch the heuristic makes at GLM-5 shapes for sm_80/90/100/120, with
+tensor-core MMA and sm_120 shared memory <= 101,376 B, and on sm_90 the wgmma family (Gluon,
+which the interpreter cannot run) with Triton 3.8 and 3.6: register-A ``wgmma``, 16-byte
+``cp.async``, the proxy fence, no ptxas serialisation, GEMM1 without spills.
+GPU tier, both GEMM families (``dot``, ``wgmma``): GLM-5 TP8 (fused shared expert) and EP8 shapes
+for T in {512, ..., 8192}, adversarial routings, two untabled shapes, CUDA-graph capture/replay
+and run-to-run determinism.
 
 Tolerance vs the fp32 reference: the kernels round three times to bf16 -- the SiLU·mul
 intermediate, each weighted GEMM2 row (ordered combine) and the output -- each <= 2^-9 relative
@@ -38,7 +42,7 @@ from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from sglang_fp4ext.testing.compare import assert_close
 from tests import glm5_cases
-from tests.kernel_cases import DEV, compile_per_arch, small_weights
+from tests.kernel_cases import DEV, compile_per_arch, small_weights, triton36_site
 
 MAX_REL, RMS_REL = 1e-2, 5e-3
 
@@ -289,7 +293,66 @@ def test_config_rules_and_round_trip():
         PrefillConfig.from_dict({"block_t": 16})
 
 
-def test_heuristic_is_deterministic_and_never_atomic():
+_WG = dict(kernels="wgmma", block_k1=256, block_k2=256)
+
+
+def test_wgmma_config_rules():
+    cfg = PrefillConfig(block_m=64, stages1=3, group_n2=8, **_WG)
+    assert eval(repr(cfg)) == cfg and PrefillConfig.from_dict(cfg.to_dict()) == cfg
+    for bad, what in (
+        (dict(block_n1=64, warps1=4), "block_n1 must be 128 on 8 warps"),
+        (dict(warps2=4), "block_n2 must be 128 on 8 warps"),
+        (dict(block_k1=128), "block_k1 must be 256"),
+        (dict(stages2=5), "stages2 must be in"),
+        (dict(block_m=128, stages1=4), "within 232448"),
+        (dict(block_m=256), "block_m must be <= 128"),
+        (dict(combine="atomic"), "only the ordered combine"),
+        (dict(kernels="gluon"), "kernels must be one of"),
+    ):
+        with pytest.raises(ValueError, match=what):
+            PrefillConfig(**(_WG | bad))
+
+
+def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
+    """Shapes the wgmma kernels cannot step through get a clear error naming H and I; on the CPU
+    (interpreter) a wgmma config runs the tl.dot kernels."""
+    w, pw = _weights(4, 384, 256)  # H = 384: not a multiple of 256
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 384, generator=g).to(torch.bfloat16).to(DEV)
+    ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
+    cfg = PrefillConfig(block_m=16, block_p=16, **_WG)
+    from sglang_fp4ext.moe.prefill import _plan
+
+    with pytest.raises(ValueError, match="H and I multiples of 256, got H=384, I=256"):
+        _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
+    if DEV == "cpu":  # interpreter: the same config through the tl.dot kernels, vs the twin
+        out = fused_moe_nvfp4_prefill(x, pw, ids, tw, config=cfg)
+        assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
+
+
+def test_permute_k_matches_its_twin(seed):
+    """``_permute_k`` (the wgmma GEMM1's input pass) against ``layout.to_mma_k_order``, on a
+    strided input, NaN-poisoned output, T not a multiple of the program's rows."""
+    from sglang_fp4ext.moe import _prefill_kernels as K
+    from sglang_fp4ext.moe.layout import mma_k_order, to_mma_k_order
+
+    assert sorted(mma_k_order().tolist()) == list(range(128))  # a permutation
+    assert mma_k_order()[:10].tolist() == [0, 1, 32, 33, 64, 65, 96, 97, 2, 3]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(13, 640, generator=g).to(torch.bfloat16).to(DEV)[:, :512]
+    y = torch.full((13, 512), float("nan"), dtype=torch.bfloat16, device=DEV)
+    K._permute_k[(2, 4)](x, y, 13, 512, x.stride(0), BT=8)
+    assert torch.equal(y, to_mma_k_order(x))
+    inv = mma_k_order().argsort().to(DEV)
+    assert torch.equal(y[:, 128:256][:, inv], x[:, 128:256])  # position s holds element order[s]
+
+
+def test_heuristic_is_deterministic_and_never_atomic(monkeypatch):
+    """The tl.dot family's rules (the interpreter's family; sm_90 takes the wgmma family only
+    outside it, ``test_wgmma_heuristic``)."""
+    from sglang_fp4ext import target_info
+
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: True)
     for shape in (
         MoEShape(257, 6144, 256, 9),
         MoEShape(32, 6144, 2048, 8),
@@ -314,10 +377,27 @@ def test_heuristic_is_deterministic_and_never_atomic():
     assert prefill_heuristic_config(4096, glm5, Target("sm_120", None, 188)).block_m == 128
 
 
+def test_wgmma_heuristic(monkeypatch):
+    """Outside the interpreter sm_90 gets the wgmma family where H and I are multiples of 256
+    (``prefill_config._wgmma_config``); other GPUs and shapes keep tl.dot."""
+    from sglang_fp4ext import target_info
+
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
+    h200, rtx = Target("sm_90", None, 132), Target("sm_120", None, 188)
+    tp8, ep8 = MoEShape(256, 6144, 256, 8), MoEShape(32, 6144, 2048, 8)
+    got = {T: prefill_heuristic_config(T, tp8, h200) for T in (512, 1024, 4096, 8192)}
+    assert all(c.kernels == "wgmma" and c.group_n2 == 8 for c in got.values())
+    assert {T: c.block_m for T, c in got.items()} == {512: 32, 1024: 64, 4096: 64, 8192: 64}
+    assert got[4096].stages1 == 3 and got[512].stages1 == 2
+    assert prefill_heuristic_config(1024, ep8, h200).group_n2 == 4
+    assert prefill_heuristic_config(4096, tp8, rtx).kernels == "dot"
+    assert prefill_heuristic_config(4096, MoEShape(8, 384, 256, 2), h200).kernels == "dot"
+
+
 # ---- AOT compilation (no GPU) ----
 
 _AOT_SCRIPT = r"""
-import json, sys
+import json, os, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -366,19 +446,40 @@ for (E, H, I, k), T, arch, sms, cfg in req:
     cfg = eval(cfg) if cfg else prefill_heuristic_config(T, shape, target)
     x, o = meta(torch.bfloat16, T, H), meta(torch.bfloat16, T, H)
     for L in _plan(x, w, meta(torch.int32, T, k), meta(torch.float32, T, k), o, cfg, False):
-        fn = getattr(K, L.kernel)
+        if L.gluon:
+            from triton.experimental.gluon._runtime import GluonASTSource
+            from sglang_fp4ext.moe import _prefill_gluon_kernels as G
+            fn, Source = getattr(G, L.kernel), GluonASTSource
+        else:
+            fn, Source = getattr(K, L.kernel), ASTSource
         sig, consts, attrs = specialise(fn, L)
-        key = repr((L.kernel, sorted(sig.items()), sorted(consts.items()), sorted(attrs),
-                    L.num_warps, L.num_stages))
+        key = repr((L.kernel, sorted(sig.items()), sorted(map(repr, consts.items())),
+                    sorted(attrs), L.num_warps, L.num_stages))
         if key in seen:
             continue
         seen.add(key)
-        c = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
+        c = triton.compile(Source(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
                            options=dict(num_warps=L.num_warps, num_stages=L.num_stages))
         ptx = c.asm["ptx"]
         mma = [m for m in ("tcgen05.mma", "wgmma", "mma.sync") if m in ptx]
-        out.append(dict(kernel=L.kernel, shape=[E, H, I, k], T=T, config=repr(cfg),
-                        shared=c.metadata.shared, mma=mma, warps=L.num_warps, stages=L.num_stages))
+        r = dict(kernel=L.kernel, shape=[E, H, I, k], T=T, config=repr(cfg), triton=triton.__version__,
+                 shared=c.metadata.shared, mma=mma, warps=L.num_warps, stages=L.num_stages)
+        if L.gluon:  # the design: register-A wgmma, cp.async ring, proxy fence, inline decode
+            BM = L.constexprs["BM"]
+            r["wgmma_reg_a"] = ptx.count(f"wgmma.mma_async.sync.aligned.m64n{BM}k16.f32.bf16.bf16 {{") > 0
+            r["wgmma_reg_a"] &= "}, {%r" in ptx  # A operand: 4 registers, not a descriptor
+            r["cp_async16"] = "], 0x10, 0x10;" in ptx and "cp.async.cg.shared.global [" in ptx
+            r["fence"] = "fence.proxy.async" in ptx
+            r["decode"] = "fma.rn.bf16x2" in ptx
+            ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+                f.write(ptx)
+                f.flush()
+                info = subprocess.run([ptxas, "-v", f"-arch=sm_{cc}a", f.name, "-o", os.devnull],
+                                      capture_output=True, text=True).stderr
+            r["spills"] = [l.strip() for l in info.splitlines() if "spill" in l]
+            r["serialized"] = "serialized" in info or "warpgroup.wait is injected" in info
+        out.append(r)
 print(json.dumps(out))
 """
 
@@ -415,21 +516,21 @@ def compiled():
     return compile_per_arch(_AOT_SCRIPT, {cc: _requests(cc) for cc in _ARCHS}, timeout=1200)
 
 
+_DOT = {"_group_count", "_group_scan", "_group_scatter", "_prefill_gemm1", "_prefill_gemm2",
+        "_prefill_combine"}
+_WGMMA = {"_permute_k", "_wgmma_gemm1", "_wgmma_gemm2"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cc", [80, 90, 100, 120])
 def test_aot_every_launch_compiles_with_tensor_cores(compiled, cc):
+    """Every launch compiles; sm_90 runs the wgmma family (heuristic and H200 table) and still
+    compiles the tl.dot family (the atomic-combine config and its GEMMs)."""
     res = compiled[cc]
     kernels = {r["kernel"] for r in res}
-    assert kernels == {
-        "_group_count",
-        "_group_scan",
-        "_group_scatter",
-        "_prefill_gemm1",
-        "_prefill_gemm2",
-        "_prefill_combine",
-    }
+    assert kernels == (_DOT | _WGMMA if cc == 90 else _DOT)
     for r in res:
-        if r["kernel"].startswith("_prefill_gemm"):
+        if r["kernel"].startswith(("_prefill_gemm", "_wgmma_gemm")):
             assert r["mma"], f"sm_{cc}: no tensor-core MMA in the PTX of {r}"
     if cc == 90:  # every launch fits the H200's opt-in shared memory per block
         assert max(r["shared"] for r in res) <= 232_448
@@ -444,25 +545,80 @@ def test_aot_sm120_shared_memory_fits(compiled):
     assert worst["shared"] <= SM120_SMEM_PER_BLOCK, worst
 
 
+def _check_wgmma_design(rows, where):
+    gl = [r for r in rows if r["kernel"].startswith("_wgmma_gemm")]
+    assert {r["kernel"] for r in gl} == {"_wgmma_gemm1", "_wgmma_gemm2"}, where
+    for r in gl:
+        assert r["wgmma_reg_a"], f"{where}: no register-A wgmma m64n{{BM}}k16 bf16: {r}"
+        assert r["cp_async16"] and r["fence"] and r["decode"], f"{where}: design missing: {r}"
+        assert r["shared"] <= 232_448, f"{where}: over the H200's shared memory: {r}"
+        # ptxas serialising the wgmmas (registers touched while in flight) undoes the pipeline.
+        assert not r["serialized"], f"{where}: wgmma serialised by ptxas: {r}"
+        if r["kernel"] == "_wgmma_gemm1":  # the K loop alone: no spills (measured 214 registers)
+            assert not any("spill stores" in l and not l.startswith("0 bytes") for l in r["spills"]), r
+
+
+@pytest.mark.slow
+def test_aot_wgmma_family_compiles_to_the_design(compiled):
+    """sm_90: register-A ``wgmma`` (decoded weights never touch shared memory), 16-byte
+    ``cp.async`` activations, the async-proxy fence, the inline FP4 decode; not serialised."""
+    _check_wgmma_design(compiled[90], "sm_90, Triton 3.8")
+    for r in compiled[90]:
+        if r["kernel"] == "_wgmma_gemm2" and r["spills"]:
+            print("GEMM2", r["config"], r["spills"])
+
+
+@pytest.mark.slow
+def test_aot_wgmma_family_compiles_with_triton_36():
+    """The H200 runs Triton 3.6: the same launches compile there to the same design."""
+    site = triton36_site()
+    if not site:
+        pytest.skip("no Triton 3.6 site dir (.ci/triton36 or $FP4EXT_TRITON36): .ci/run installs one")
+    arch, sms = _ARCHS[90]
+    req = [[s, 1 << b, arch, sms, None] for s in _GLM5 for b in range(9, 14)]
+    rows = compile_per_arch(_AOT_SCRIPT, {90: req}, 1200, site)[90]
+    assert rows and all(r["triton"].startswith("3.6") for r in rows)
+    _check_wgmma_design(rows, "sm_90, Triton 3.6")
+
+
 # ---- GPU tier: GLM-5 shapes, graph capture, determinism ----
+# Every GPU test runs both GEMM families: ``dot`` (v1, the tl.dot kernels) and ``wgmma`` (v2,
+# the Gluon kernels, sm_90 only). Each family's config is the one a call would use (shipped table
+# or heuristic) when it is of that family, else the heuristic's config of that family.
+
+PREFILL_FAMILIES = ["dot", "wgmma"]
+
+
+def _cfg(pw, ids, kernels):
+    from sglang_fp4ext.moe.config import prefill_config_for
+    from sglang_fp4ext.moe.shape import current_target
+
+    T, shape = ids.shape[0], pw.shape(ids.shape[1])
+    cfg = prefill_config_for(T, shape)
+    return cfg if cfg.kernels == kernels else prefill_heuristic_config(
+        T, shape, current_target(), kernels)
+
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernels", PREFILL_FAMILIES)
 @pytest.mark.parametrize("name", ["tp8_shared", "ep8"])
 @pytest.mark.parametrize("T", [512, 1024, 2048, 4096, 8192])
-def test_glm5_vs_reference(name, T, seed):
+def test_glm5_vs_reference(name, T, kernels, seed):
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
     out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")
-    fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out)
+    cfg = _cfg(pw, ids, kernels)
+    assert cfg.kernels == kernels
+    fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
     st = assert_close(
         out,
         fused_moe_nvfp4_torch(x, w, ids, tw),
         max_rel=MAX_REL,
         rms_rel=RMS_REL,
-        what=f"{name} T={T}",
+        what=f"{name} T={T} {kernels}",
     )
-    print(f"{name} T={T}: {st}")
+    print(f"{name} T={T} {kernels}: {st}")
 
 
 @pytest.mark.gpu
@@ -471,7 +627,7 @@ def test_glm5_atomic_combine_vs_reference(name, T, seed):
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
-    cfg = prefill_heuristic_config(T, pw.shape(ids.shape[1]), Target("sm_90", None, 132))
+    cfg = prefill_heuristic_config(T, pw.shape(ids.shape[1]), Target("sm_90", None, 132), "dot")
     out = fused_moe_nvfp4_prefill(
         x, pw, ids, tw, config=PrefillConfig(**(cfg.to_dict() | {"combine": "atomic"}))
     )
@@ -479,8 +635,9 @@ def test_glm5_atomic_combine_vs_reference(name, T, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernels", PREFILL_FAMILIES)
 @pytest.mark.parametrize("name,T", [("tp8_shared", 512), ("ep8", 2048)])
-def test_graph_replay_matches_eager_bit_for_bit(name, T, seed):
+def test_graph_replay_matches_eager_bit_for_bit(name, T, kernels, seed):
     """Capture once; replays with new inputs copied into the static buffers (routing changes, so
     every expert's tile count changes) equal eager calls bit for bit."""
     _, pw = glm5_cases.weights(name)
@@ -489,31 +646,77 @@ def test_graph_replay_matches_eager_bit_for_bit(name, T, seed):
     inputs = [glm5_cases.inputs(name, T, g) for _ in range(n)]
     inputs[3][1][: T // 2] = -1  # half the tokens without a local expert
     inputs[5][1][:, 0] = 7  # one expert gets every token
+    cfg = _cfg(pw, inputs[0][1], kernels)
     sx, sids, stw = (t.clone() for t in inputs[0])
     sout = torch.empty(T, 6144, dtype=torch.bfloat16, device="cuda")
-    fused_moe_nvfp4_prefill(sx, pw, sids, stw, out=sout)  # warm-up: compile
+    fused_moe_nvfp4_prefill(sx, pw, sids, stw, out=sout, config=cfg)  # warm-up: compile
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fused_moe_nvfp4_prefill(sx, pw, sids, stw, out=sout)
+        fused_moe_nvfp4_prefill(sx, pw, sids, stw, out=sout, config=cfg)
     for i, (x, ids, tw) in enumerate(inputs):
         sx.copy_(x)
         sids.copy_(ids)
         stw.copy_(tw)
         sout.fill_(float("nan"))
         graph.replay()
-        eager = fused_moe_nvfp4_prefill(x, pw, ids, tw)
+        eager = fused_moe_nvfp4_prefill(x, pw, ids, tw, config=cfg)
         assert torch.equal(eager.view(torch.int16), sout.view(torch.int16)), f"replay {i} differs"
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernels", PREFILL_FAMILIES)
 @pytest.mark.parametrize("name,T", [("tp8_shared", 2048), ("ep8", 4096)])
-def test_deterministic_across_runs(name, T, seed):
+def test_deterministic_across_runs(name, T, kernels, seed):
     _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
-    first = fused_moe_nvfp4_prefill(x, pw, ids, tw)
+    cfg = _cfg(pw, ids, kernels)
+    first = fused_moe_nvfp4_prefill(x, pw, ids, tw, config=cfg)
     for _ in range(10):
         assert torch.equal(
-            fused_moe_nvfp4_prefill(x, pw, ids, tw).view(torch.int16), first.view(torch.int16)
+            fused_moe_nvfp4_prefill(x, pw, ids, tw, config=cfg).view(torch.int16),
+            first.view(torch.int16),
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", PREFILL_FAMILIES)
+@pytest.mark.parametrize("kind", glm5_cases.ADVERSARIAL)
+@pytest.mark.parametrize("name,T", [("tp8_shared", 600), ("ep8", 1100)])
+def test_adversarial_routings(name, T, kind, kernels, seed):
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    ids = glm5_cases.adversarial(kind, T, pw.num_experts, ids.shape[1], g)
+    out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
+    fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=_cfg(pw, ids, kernels))
+    if kind == "all_dropped":
+        assert torch.equal(out, torch.zeros_like(out))
+        return
+    # The twin takes ids in [-1, E) only; an id >= E contributes nothing, as -1 does.
+    ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
+    st = assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} {kind}")
+    print(f"{name} T={T} {kind} {kernels}: {st}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", PREFILL_FAMILIES)
+@pytest.mark.parametrize("shape_name", sorted(glm5_cases.OTHER_SHAPES))
+@pytest.mark.parametrize("T", [512, 3000])
+def test_other_shapes_vs_reference(shape_name, T, kernels, seed):
+    from sglang_fp4ext.bench import random_packed_weights
+    from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+
+    E, H, I = glm5_cases.OTHER_SHAPES[shape_name]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = random_packed_weights(E, H, I, device="cuda", generator=g)
+    pw = PreparedMoEWeights.from_moe_weights(w)
+    ids = torch.rand(T, E, device="cuda", generator=g).topk(8, dim=1).indices.to(torch.int32)
+    tw = torch.rand(T, 8, device="cuda", generator=g)
+    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+    out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fused_moe_nvfp4_prefill(x, pw, ids.contiguous(), tw, out=out, config=_cfg(pw, ids, kernels))
+    st = assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
+                      what=f"{shape_name} T={T} {kernels}")
+    print(f"{shape_name} T={T} {kernels}: {st}")

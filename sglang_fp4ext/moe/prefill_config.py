@@ -11,11 +11,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 from sglang_fp4ext.moe.shape import ConfigDict, MoEShape, Target
 from sglang_fp4ext.roofline import expected_distinct_experts
 
-__all__ = ["PrefillConfig", "prefill_heuristic_config"]
+__all__ = [
+    "PREFILL_KERNEL_FAMILIES",
+    "PrefillConfig",
+    "prefill_heuristic_config",
+    "wgmma_supports_shape",
+]
+
+#: Prefill GEMM families: "dot" (Triton ``tl.dot``, v1) and "wgmma" (Gluon, Hopper, v2).
+PREFILL_KERNEL_FAMILIES = ("dot", "wgmma")
+#: Opt-in shared memory per block on sm_90 (227 KiB): the wgmma family's activation ring.
+WGMMA_SMEM_LIMIT = 232_448
+
+
+def wgmma_supports_shape(H: int, I: int) -> bool:
+    """The wgmma kernels step K one 256-wide layout chunk at a time and read K unpadded."""
+    return H % K_CHUNK == 0 and I % K_CHUNK == 0
 
 
 def _pow2(x) -> bool:
@@ -34,7 +50,12 @@ class PrefillConfig(ConfigDict):
     intermediate columns). ``block_k*``: K per main-loop step, 256 (one layout chunk) or 128 (half
     a chunk). ``warps*``/``stages*``: Triton ``num_warps``/``num_stages``. Suffix 1 = GEMM1, 2 =
     GEMM2. ``block_p``: pair slots per grouping program (sorted in registers). ``combine``:
-    ``"ordered"`` (deterministic) or ``"atomic"`` (fp32 atomics, opt-in).
+    ``"ordered"`` (deterministic) or ``"atomic"`` (fp32 atomics, opt-in). ``kernels``: the GEMMs'
+    family, ``"dot"`` (``_prefill_kernels``, v1, every GPU and the interpreter) or ``"wgmma"``
+    (``_prefill_gluon_kernels``, sm_90 only: ``block_n*`` 128 weight rows on 8 warps,
+    ``block_k*`` 256, ``stages*`` the activation ring's depth 2-4,
+    ``block_m`` <= 128, the ordered combine; H and I multiples of 256). Under the interpreter a
+    ``"wgmma"`` config runs the ``"dot"`` kernels.
     """
 
     block_m: int = 128
@@ -49,10 +70,11 @@ class PrefillConfig(ConfigDict):
     group_n2: int = 1
     block_p: int = 1024
     combine: str = "ordered"
+    kernels: str = "dot"
 
     def __post_init__(self):
         for f in fields(self):
-            if f.name != "combine" and not isinstance(getattr(self, f.name), int):
+            if f.name not in ("combine", "kernels") and not isinstance(getattr(self, f.name), int):
                 raise ValueError(
                     f"PrefillConfig.{f.name} must be an int, got {getattr(self, f.name)!r}"
                 )
@@ -96,6 +118,43 @@ class PrefillConfig(ConfigDict):
             raise ValueError(
                 f"PrefillConfig.combine must be 'ordered' or 'atomic', got {self.combine!r}"
             )
+        if self.kernels not in PREFILL_KERNEL_FAMILIES:
+            raise ValueError(
+                f"PrefillConfig.kernels must be one of {PREFILL_KERNEL_FAMILIES}, got {self.kernels!r}"
+            )
+        if self.kernels == "wgmma":
+            self._check_wgmma()
+
+    def _check_wgmma(self):
+        if self.block_m > 128:
+            raise ValueError(
+                f"PrefillConfig(kernels='wgmma'): block_m must be <= 128 (the accumulator lives in "
+                f"registers), got {self.block_m}"
+            )
+        for i in (1, 2):
+            bn, w, bk = getattr(self, f"block_n{i}"), getattr(self, f"warps{i}"), getattr(self, f"block_k{i}")
+            ns = getattr(self, f"stages{i}")
+            if bn != 128 or w != 8:
+                # One warpgroup (64 rows, 4 warps) gave wrong results on the H200 (Triton 3.6):
+                # prefill_v2_step1/wgmma_ab_1.json, unexplained; two warpgroups were right in
+                # every case measured.
+                raise ValueError(
+                    f"PrefillConfig(kernels='wgmma'): block_n{i} must be 128 on 8 warps (two "
+                    f"warpgroups of 64 weight rows), got block_n{i}={bn}, warps{i}={w}"
+                )
+            if bk != K_CHUNK:
+                raise ValueError(
+                    f"PrefillConfig(kernels='wgmma'): block_k{i} must be {K_CHUNK} (a layout chunk "
+                    f"per step), got {bk}"
+                )
+            if not 2 <= ns <= 4 or 2 * ns * self.block_m * 128 * 2 > WGMMA_SMEM_LIMIT:
+                raise ValueError(
+                    f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
+                    f"(2 x stages x block_m x 256 B = {2 * ns * self.block_m * 256} B) within "
+                    f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, block_m={self.block_m}"
+                )
+        if self.combine != "ordered":
+            raise ValueError("PrefillConfig(kernels='wgmma') has only the ordered combine")
 
 def _datacenter_mma(arch: str) -> bool:
     """sm_90 / sm_10x: warpgroup (wgmma) or tcgen05 MMA with an operand in shared memory and
@@ -106,8 +165,46 @@ def _datacenter_mma(arch: str) -> bool:
     return cc.isdigit() and int(cc) // 10 in (9, 10)
 
 
-def prefill_heuristic_config(T: int, shape: MoEShape, target: Target) -> PrefillConfig:
-    """Deterministic default for ``T`` tokens (any shape); never the atomic combine.
+def _wgmma_config(block_m: int, shape: MoEShape, block_p: int) -> PrefillConfig:
+    """The wgmma family's default (sm_90), from the same-run A/B on the H200
+    (``benchmarks/results/prefill_v2_step1/``: GLM-5 TP8, TP8 with the fused shared expert, EP8
+    and DeepSeek-R1 TP8, T = 512..8192, 2026-12-01):
+
+    * ``block_m``: the v1 rule's tile (``block_m`` argument) capped at 64. The register-A MMA
+      puts the tokens on the N side, so a 64-token tile wastes little, while 128-row tiles left
+      half the experts with a second, mostly empty tile (TP8 T = 4096, ~128 rows per expert:
+      1,701 us at 64 vs 1,815 at 128; T = 8192: 2,997 vs 2,985). The v1 rule counts every pair
+      as local, so on an EP rank it overestimates the rows 8x; EP8 T = 8192 (~256 real rows) is
+      the one case measured where 128 wins (2,107 vs 2,341 us): the H200 table has it.
+    * GEMM1: 3 ring stages at ``block_m`` = 64 (TP8 T = 4096: 759 vs 794 us), 2 otherwise.
+    * GEMM2: 2 stages; 8 row blocks per program at ``I`` <= 512 (one chunk per block: the
+      blocks share the program's pipeline; TP8 T = 512: 213 vs 246 us at 4), 4 above (EP8,
+      I = 2048: T = 1024 180 vs 218 us at 8).
+    """
+    bm = min(block_m, 64)
+    return PrefillConfig(
+        block_m=bm,
+        block_n1=128,
+        block_k1=K_CHUNK,
+        warps1=8,
+        stages1=3 if bm == 64 else 2,
+        block_n2=128,
+        block_k2=K_CHUNK,
+        warps2=8,
+        stages2=2,
+        group_n2=8 if shape.I <= 512 else 4,
+        block_p=block_p,
+        kernels="wgmma",
+    )
+
+
+def prefill_heuristic_config(
+    T: int, shape: MoEShape, target: Target, kernels: str | None = None
+) -> PrefillConfig:
+    """Deterministic default for ``T`` tokens (any shape); never the atomic combine. On sm_90
+    with H and I multiples of 256 (outside the interpreter), the wgmma family
+    (``_wgmma_config``); the rules below are the ``tl.dot`` family's. ``kernels`` forces a
+    family's rules (``"dot"`` or ``"wgmma"``: A/B runs, tests, the tuner).
 
     Measured on the H200 (``benchmarks/results/prefill_sweep_h200.json``: GLM-5 TP8, TP8 with the
     fused shared expert and EP8, T = 512..8192, each GEMM's variants timed per kernel):
@@ -133,6 +230,14 @@ def prefill_heuristic_config(T: int, shape: MoEShape, target: Target) -> Prefill
     big = _datacenter_mma(target.arch)
     block_m = min(256 if big else 128, max(16, _next_pow2(math.ceil(P / D))))
     block_p = min(1024, max(64, _next_pow2(P)))
+    if kernels is None:
+        wgmma = target_info.supports_wgmma_prefill(target_info.arch_capability(target.arch))
+        kernels = "wgmma" if wgmma and wgmma_supports_shape(shape.H, shape.I) else "dot"
+    if kernels not in PREFILL_KERNEL_FAMILIES:
+        raise ValueError(f"prefill_heuristic_config: kernels must be one of "
+                         f"{PREFILL_KERNEL_FAMILIES} or None, got {kernels!r}")
+    if kernels == "wgmma":
+        return _wgmma_config(block_m, shape, block_p)
     if not big:
         g1 = dict(block_n1=64, block_k1=128, warps1=8, stages1=3)
         g2 = dict(block_n2=64, stages2=3)
