@@ -5,7 +5,8 @@ fault injection (one output tile corrupted after the kernels ran, ``moe/fault_in
 caught by the check; the dispatcher then serves the torch twin and says so. The verdict is kept
 on disk next to the tuned tables and a later process (here: the in-process cache cleared) does
 not check again. GPU tier: every config the shipped H200 table names passes its check on this
-GPU, and a broken Gluon family falls back to the ``tl.dot`` kernels of the same tiles.
+GPU, and a broken Gluon decode family or wgmma prefill family falls back to the ``tl.dot``
+kernels of the same tiles.
 """
 
 import logging
@@ -13,6 +14,7 @@ import logging
 import pytest
 import torch
 
+from sglang_fp4ext import target_info
 from sglang_fp4ext.bench import random_packed_weights
 from sglang_fp4ext.moe import dispatch, selfcheck
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
@@ -142,3 +144,25 @@ def test_broken_gluon_falls_back_to_dot(fresh, monkeypatch, seed):
     got = selfcheck.usable_entry(TableEntry("decode", cfg), 8, dev)
     assert got is not None and got.config.kernels == "dot", got
     assert dataclasses.replace(got.config, kernels="gluon") == cfg
+
+
+@pytest.mark.gpu
+def test_broken_wgmma_prefill_falls_back_to_dot(fresh, monkeypatch, seed):
+    """A wrong wgmma prefill kernel (fault injected) is caught; the same tiles on tl.dot serve."""
+    import dataclasses
+
+    from sglang_fp4ext.moe.config import TableEntry
+    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
+    from sglang_fp4ext.moe.shape import MoEShape, current_target
+
+    dev = torch.device("cuda")
+    if not target_info.supports_wgmma_prefill(target_info.device_capability(dev)):
+        pytest.skip("the wgmma prefill family runs on sm_90 only")
+    monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "prefill:wgmma")
+    s = selfcheck.CHECK_SHAPE
+    shape = MoEShape(s["E"], s["H"], s["I"], 8)
+    cfg = prefill_heuristic_config(512, shape, current_target(dev), "wgmma")
+    got = selfcheck.usable_entry(TableEntry("prefill", cfg), 8, dev)
+    assert got is not None and got.config.kernels == "dot", got
+    assert dataclasses.replace(got.config, kernels="wgmma", block_k2=256) == cfg
+

@@ -200,6 +200,24 @@ def test_search_space_is_deterministic_valid_and_small(shape, target):
         TS.search_space(64, TP8, H200, decode_max=16, prefill_min=128)
 
 
+def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
+    """Outside the interpreter the H200's prefill heuristic is the wgmma family: the tuner times
+    it, the tl.dot family's heuristic and the wgmma knobs (all valid configs)."""
+    from sglang_fp4ext import target_info
+    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
+
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
+    for shape in (TP8, TP8_FUSED, EP8):
+        for b in (512, 4096):
+            cands = TS.prefill_candidates(b, shape, H200)
+            assert cands[0] == prefill_heuristic_config(b, shape, H200)
+            assert cands[0].kernels == "wgmma"
+            assert cands[1] == prefill_heuristic_config(b, shape, H200, "dot")
+            assert {c.kernels for c in cands} == {"wgmma", "dot"} and len(cands) >= 6
+            assert len({c.block_m for c in cands if c.kernels == "wgmma"}) >= 3
+    assert {c.kernels for c in TS.prefill_candidates(4096, TP8, PRO6000)} == {"dot"}
+
+
 def test_switch_point():
     assert TU.switch_point({1: "decode", 2: "prefill", 4: "decode", 8: "prefill"}) == 8
     assert TU.switch_point({1: "decode", 2: "prefill", 4: "prefill"}) == 2

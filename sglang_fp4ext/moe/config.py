@@ -51,9 +51,13 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from sglang_fp4ext import envs
+from sglang_fp4ext import envs, target_info
 from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
-from sglang_fp4ext.moe.prefill_config import PrefillConfig, prefill_heuristic_config
+from sglang_fp4ext.moe.prefill_config import (
+    PrefillConfig,
+    prefill_heuristic_config,
+    wgmma_supports_shape,
+)
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target, token_bucket
 
 __all__ = [
@@ -96,6 +100,11 @@ CONFIG_DIR_ENV = envs.CONFIG_DIR.name
 #: bucket 512 for GLM-5 TP8 (1,145 vs 1,171 us at 512) and from 1024 for EP8 (decode 867 vs
 #: prefill 1,189 us at 512). 1024 costs TP8 2% at 512, where 512 would cost EP8 37%.
 PREFILL_MIN_TOKENS = 1024
+#: Where the wgmma prefill family runs (sm_90, H and I multiples of 256): it wins from bucket 512
+#: for GLM-5 TP8 (452 vs decode 524 us), EP8 (363 vs 912) and the untabled DeepSeek-R1 TP8 (514
+#: with the heuristic's config vs 601), same run, H200
+#: (``benchmarks/results/prefill_v2_step1/wgmma_ab_final_h200.json``).
+WGMMA_PREFILL_MIN_TOKENS = 512
 
 _SHAPE_KEY_FIELDS = ("E", "H", "I", "top_k")
 
@@ -319,8 +328,16 @@ def override_config(cfg):
 
 
 def heuristic_path(T: int, shape: MoEShape, target: Target) -> str:
-    """``"prefill"`` from bucket :data:`PREFILL_MIN_TOKENS` up, else ``"decode"``."""
-    return "prefill" if token_bucket(T) >= PREFILL_MIN_TOKENS else "decode"
+    """``"prefill"`` from bucket :data:`PREFILL_MIN_TOKENS` up (:data:`WGMMA_PREFILL_MIN_TOKENS`
+    where the heuristic picks the wgmma prefill family), else ``"decode"``."""
+    wgmma = (
+        shape is not None
+        and target is not None
+        and target_info.supports_wgmma_prefill(target_info.arch_capability(target.arch))
+        and wgmma_supports_shape(shape.H, shape.I)
+    )
+    start = WGMMA_PREFILL_MIN_TOKENS if wgmma else PREFILL_MIN_TOKENS
+    return "prefill" if token_bucket(T) >= start else "decode"
 
 
 def table_entry(T: int, shape: MoEShape, target: Target) -> TableEntry | None:

@@ -12,7 +12,8 @@ it unchecked and says so once.
 Verdicts are cached per process and on disk, ``<config dir>/selfcheck.json`` next to the tuned
 tables (``SGLANG_FP4EXT_CONFIG_DIR``), so later processes skip the check. On a mismatch one error
 names the GPU, Triton version, path, config and error figures, and the entry is not used: a Gluon
-decode config falls back to the same tiles on the ``tl.dot`` family, and when nothing is left the
+decode config (or a wgmma prefill config) falls back to the same tiles on the ``tl.dot`` family,
+and when nothing is left the
 call runs the torch twin on the kernel layout (correct and slow; logged loudly).
 
 ``SGLANG_FP4EXT_SELFCHECK``: ``on`` (default on a GPU), ``off`` (default under the Triton
@@ -217,6 +218,8 @@ def _fallbacks(entry: TableEntry) -> list[TableEntry]:
     out = [entry]
     if entry.path == "decode" and getattr(cfg, "kernels", "dot") != "dot":
         out.append(TableEntry("decode", dataclasses.replace(cfg, kernels="dot")))
+    if entry.path == "prefill" and cfg.kernels == "wgmma":  # same tiles on tl.dot (128-deep GEMM2)
+        out.append(TableEntry("prefill", dataclasses.replace(cfg, kernels="dot", block_k2=128)))
     return out
 
 

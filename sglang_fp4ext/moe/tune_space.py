@@ -18,6 +18,9 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   former at ``block_m`` /2; 4 and 16 GEMM2 row blocks per program, and 64-row GEMM2 tiles on 4
   warps with 16; the narrow GEMM1 at ``block_m`` /4 and /8 (under expert parallelism a local
   expert sees ~EP times fewer rows than the per-rank shape suggests); 64-row tiles for both GEMMs.
+  Where the heuristic picks the wgmma family (sm_90): the heuristic; the ``tl.dot`` family's
+  heuristic; ``block_m`` /2, x2 and /4; the other GEMM1 ring depth (2 <-> 3); 4 <-> 8 GEMM2
+  row blocks per program; 3 GEMM2 stages.
   The atomic combine is never a candidate (it is not deterministic run to run).
 """
 
@@ -139,6 +142,24 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
         if not 16 <= v <= 256:
             raise ValueError("block_m outside [16, 256]")
         return v
+
+    if base.kernels == "wgmma":
+        # sm_90: the v2 family around its heuristic, the v1 family's heuristic, and the knobs
+        # that moved the time in the H200 A/B (prefill_config._wgmma_config's docstring).
+        def st1(v):
+            return dict(block_m=m(v), stages1=3 if v == 64 else 2)
+
+        make = [
+            lambda: base,
+            lambda: prefill_heuristic_config(b, shape, target, "dot"),
+            lambda: r(base, **st1(bm // 2)),
+            lambda: r(base, **st1(2 * bm)),
+            lambda: r(base, **st1(bm // 4)),  # expert parallelism: fewer rows per local expert
+            lambda: r(base, stages1=5 - base.stages1),
+            lambda: r(base, group_n2=12 - base.group_n2),
+            lambda: r(base, stages2=3),
+        ]
+        return _unique_valid(make, min(limit, MAX_CANDIDATES))
 
     # GEMM1 variants that won somewhere in the H200 sweep (prefill_heuristic_config's docstring).
     narrow = dict(block_n1=64, block_k1=256, warps1=4, stages1=2)
