@@ -12,6 +12,7 @@ __all__ = [
     "CONFIG_DIR",
     "SELFCHECK",
     "FAULT_INJECT",
+    "PREFILL_ACTIVATIONS",
     "ALL",
 ]
 
@@ -62,4 +63,12 @@ FAULT_INJECT = EnvVar(
     "after it ran, to show the self-check catching a broken kernel. Never set it when serving.",
 )
 
-ALL = (SGLANG_VERSION_OVERRIDE, LOG_LEVEL, CONFIG_DIR, SELFCHECK, FAULT_INJECT)
+PREFILL_ACTIVATIONS = EnvVar(
+    "SGLANG_FP4EXT_PREFILL_ACTIVATIONS",
+    "auto",
+    "Activation format of the prefill path: auto (default: NVFP4 with the checkpoint's static "
+    "input scales, W4A4 on the FP4 tensor cores, on sm_100 / sm_120; bf16 elsewhere) or bf16 "
+    "(W4A16 everywhere: FP4 weights decoded, bf16 activations). The decode path is always W4A16.",
+)
+
+ALL = (SGLANG_VERSION_OVERRIDE, LOG_LEVEL, CONFIG_DIR, SELFCHECK, FAULT_INJECT, PREFILL_ACTIVATIONS)

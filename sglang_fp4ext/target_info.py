@@ -22,6 +22,7 @@ __all__ = [
     "supports_triton_w4a16",
     "supports_gluon_decode",
     "supports_wgmma_prefill",
+    "supports_w4a4_prefill",
     "arch_capability",
     "kernel_path",
     "SM120_SMEM_PER_BLOCK",
@@ -112,6 +113,12 @@ def supports_wgmma_prefill(cap: Capability | None) -> bool:
     return cap is not None and cap[0] == 9 and not is_interpreter()
 
 
+def supports_w4a4_prefill(cap: Capability | None) -> bool:
+    """The W4A4 prefill kernels (``tl.dot_scaled`` on e2m1 with e4m3 scales) compile to the
+    block-scaled FP4 MMA on SM100 and SM12x; the interpreter runs them with fp32 operands."""
+    return is_interpreter() or has_native_fp4_mma(cap)
+
+
 def arch_capability(arch: str) -> Capability:
     """``"sm_90"`` / ``"sm_120"`` -> (9, 0) / (12, 0)."""
     digits = arch.removeprefix("sm_").rstrip("a")
@@ -124,5 +131,16 @@ def kernel_path(cap: Capability | None) -> str:
         return "torch reference (no CUDA GPU)"
     if not supports_triton_w4a16(cap):
         return f"unsupported (sm_{cap[0]}{cap[1]} < sm_80): torch reference"
+    from sglang_fp4ext import envs
+
     arch = f"sm_{cap[0]}{cap[1]}"
-    return f"Triton W4A16 decode kernels ({arch}, FP4 decoded in registers, bf16 mma)"
+    decode = f"decode W4A16 ({arch}: Gluon, FP4 decoded in registers, bf16 mma)"
+    bf16 = (envs.PREFILL_ACTIVATIONS.get() or "auto").strip().lower() == "bf16"
+    if has_native_fp4_mma(cap) and not bf16:
+        prefill = ("prefill W4A4 (NVFP4 activations with the static input scales, block-scaled "
+                   "FP4 MMA; W4A16 with SGLANG_FP4EXT_PREFILL_ACTIVATIONS=bf16)")
+    elif supports_wgmma_prefill(cap):
+        prefill = "prefill W4A16 (Gluon wgmma)"
+    else:
+        prefill = "prefill W4A16 (Triton tl.dot)"
+    return f"{decode}; {prefill}"

@@ -330,6 +330,83 @@ def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
         assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
 
 
+# ---- W4A4 family (Blackwell; the interpreter runs it with fp32 operands) ----
+
+_W4 = dict(kernels="w4a4", block_k1=256, block_k2=256)
+
+
+def test_w4a4_activation_quantizer_is_bit_exact(seed):
+    """``_quant_act`` against ``nvfp4.format.quantize_activation_nvfp4``: the same code bytes and
+    e4m3 scale bytes, incl. zeros, tiny blocks (subnormal scales) and saturation past the
+    calibrated range."""
+    from sglang_fp4ext.moe import _prefill_w4a4_kernels as W
+    from sglang_fp4ext.nvfp4.format import quantize_activation_nvfp4
+
+    g = torch.Generator().manual_seed(seed)
+    T, H = 11, 512
+    x = torch.randn(T, H, generator=g) * torch.logspace(-4, 1, T)[:, None]
+    x[0, :16] = 0.0  # an all-zero block: scale 1
+    x[1, 16:32] *= 1e-6  # scales below 2^-9: clamped
+    x[2, :256] *= 100.0  # past the calibrated amax: saturates
+    x = x.to(torch.bfloat16)
+    gs = (x[3:].float().abs().amax() / (6 * 448)).reshape(1)
+    q = torch.full((T, H // 2), 0x77, dtype=torch.uint8)
+    sc = torch.full((T, H // 16), 0x7F, dtype=torch.uint8)
+    x, gs, q, sc = (t.to(DEV) for t in (x, gs, q, sc))
+    W._quant_act[(-(-T // 8), H // 256)](x, q, sc, gs, T, H, x.stride(0), BT=8)
+    want_q, want_s = quantize_activation_nvfp4(x, gs.reshape(()))
+    assert torch.equal(sc, want_s.view(torch.uint8)), (sc != want_s.view(torch.uint8)).sum()
+    assert torch.equal(q, want_q), (q != want_q).sum()
+
+
+@pytest.mark.parametrize(
+    "E,H,I,T,k,cfg,routing",
+    [
+        (8, 512, 256, 37, 4, PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
+         dict(skew=1.5, drop=0.2)),
+        (9, 256, 512, 29, 9, PrefillConfig(block_m=32, block_n1=32, block_n2=128, block_p=64, **_W4),
+         dict(shared=True, live=[0, 2, 3, 7])),
+    ],
+    ids=["skewed_drops", "shared_k9_empty_experts"],
+)
+def test_w4a4_matches_its_twin(E, H, I, T, k, cfg, routing, seed):
+    """The W4A4 layer against the W4A4 twin (``quantize_activations=True`` with the layer-max
+    input scales the kernels use): the same quantized operands, so only the bf16 roundings of the
+    partials and the output differ (W4A16 tolerance). Against the W4A16 twin the FP4 activations
+    differ by ~16% rms at these shapes: compare like with like."""
+    from sglang_fp4ext.moe.prepared import w4a4_twin_weights
+
+    g = torch.Generator().manual_seed(seed)
+    w, pw = _weights(E, H, I)
+    ids, tw = _routing(T, E, k, g, **routing)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    x, ids, tw = x.to(DEV), ids.to(DEV), tw.to(DEV)
+    out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device=DEV)
+    fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
+    ref = fused_moe_nvfp4_torch(x, w4a4_twin_weights(w), ids, tw, quantize_activations=True)
+    print(assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what="w4a4"))
+
+
+def test_w4a4_needs_input_scales_and_k_multiples_of_256():
+    import dataclasses
+
+    _, pw = _weights(4, 512, 256)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 512, generator=g).to(torch.bfloat16).to(DEV)
+    ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
+    cfg = PrefillConfig(block_m=16, block_p=16, **_W4)
+    bare = dataclasses.replace(pw, w13_input_scale=None, w2_input_scale=None)
+    with pytest.raises(ValueError, match="static input scales, and these weights carry none"):
+        fused_moe_nvfp4_prefill(x, bare, ids, tw, config=cfg)
+    _, pw384 = _weights(4, 384, 256)
+    with pytest.raises(ValueError, match="H and I multiples of 256, got H=384"):
+        fused_moe_nvfp4_prefill(x[:, :384].contiguous(), pw384, ids, tw, config=cfg)
+    for bad, what in ((dict(block_k2=128), "block_k1 and block_k2 must be 256"),
+                      (dict(combine="atomic"), "only the ordered combine")):
+        with pytest.raises(ValueError, match=what):
+            PrefillConfig(**(_W4 | bad))
+
+
 def test_permute_k_matches_its_twin(seed):
     """``_permute_k`` (the wgmma GEMM1's input pass) against ``layout.to_mma_k_order``, on a
     strided input, NaN-poisoned output, T not a multiple of the program's rows."""
@@ -378,8 +455,9 @@ def test_heuristic_is_deterministic_and_never_atomic(monkeypatch):
 
 
 def test_wgmma_heuristic(monkeypatch):
-    """Outside the interpreter sm_90 gets the wgmma family where H and I are multiples of 256
-    (``prefill_config._wgmma_config``); other GPUs and shapes keep tl.dot."""
+    """Outside the interpreter sm_90 gets the wgmma family and sm_100 / sm_120 the W4A4 family
+    where H and I are multiples of 256 (``prefill_config.default_prefill_family``); other GPUs
+    and shapes keep tl.dot."""
     from sglang_fp4ext import target_info
 
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
@@ -390,8 +468,19 @@ def test_wgmma_heuristic(monkeypatch):
     assert {T: c.block_m for T, c in got.items()} == {512: 32, 1024: 64, 4096: 64, 8192: 64}
     assert got[4096].stages1 == 3 and got[512].stages1 == 2
     assert prefill_heuristic_config(1024, ep8, h200).group_n2 == 4
-    assert prefill_heuristic_config(4096, tp8, rtx).kernels == "dot"
     assert prefill_heuristic_config(4096, MoEShape(8, 384, 256, 2), h200).kernels == "dot"
+    # Blackwell: W4A4 (128 rows on 8 warps on sm_100 for tcgen05, 64 on 4 on sm_120); bf16
+    # activations on request.
+    b200 = Target("sm_100", None, 148)
+    assert prefill_heuristic_config(4096, tp8, rtx).kernels == "w4a4"
+    assert (prefill_heuristic_config(4096, tp8, rtx).block_n1, prefill_heuristic_config(
+        4096, tp8, b200).block_n1) == (64, 128)
+    monkeypatch.setenv("SGLANG_FP4EXT_PREFILL_ACTIVATIONS", "bf16")
+    assert prefill_heuristic_config(4096, tp8, rtx).kernels == "dot"
+    assert prefill_heuristic_config(4096, tp8, h200).kernels == "wgmma"
+    monkeypatch.setenv("SGLANG_FP4EXT_PREFILL_ACTIVATIONS", "fp8")
+    with pytest.raises(ValueError, match="expected 'auto' or 'bf16'"):
+        prefill_heuristic_config(4096, tp8, rtx)
 
 
 # ---- AOT compilation (no GPU) ----
@@ -440,8 +529,9 @@ def specialise(fn, launch):
 
 seen, out = set(), []
 for (E, H, I, k), T, arch, sms, cfg in req:
-    w = PreparedMoEWeights(matrix(E, 2 * I, H), matrix(E, H, I))
     meta = lambda dt, *s: torch.empty(*s, dtype=dt, device="meta")
+    w = PreparedMoEWeights(matrix(E, 2 * I, H), matrix(E, H, I), meta(torch.float32, 1),
+                           meta(torch.float32, 1))
     shape, target = MoEShape(E, H, I, k), Target(arch, None, sms)
     cfg = eval(cfg) if cfg else prefill_heuristic_config(T, shape, target)
     x, o = meta(torch.bfloat16, T, H), meta(torch.bfloat16, T, H)
@@ -450,6 +540,9 @@ for (E, H, I, k), T, arch, sms, cfg in req:
             from triton.experimental.gluon._runtime import GluonASTSource
             from sglang_fp4ext.moe import _prefill_gluon_kernels as G
             fn, Source = getattr(G, L.kernel), GluonASTSource
+        elif L.module == "w4a4":
+            from sglang_fp4ext.moe import _prefill_w4a4_kernels as W
+            fn, Source = getattr(W, L.kernel), ASTSource
         else:
             fn, Source = getattr(K, L.kernel), ASTSource
         sig, consts, attrs = specialise(fn, L)
@@ -462,6 +555,7 @@ for (E, H, I, k), T, arch, sms, cfg in req:
                            options=dict(num_warps=L.num_warps, num_stages=L.num_stages))
         ptx = c.asm["ptx"]
         mma = [m for m in ("tcgen05.mma", "wgmma", "mma.sync") if m in ptx]
+        mma += ["mxf4nvf4"] if "kind::mxf4nvf4" in ptx else []
         r = dict(kernel=L.kernel, shape=[E, H, I, k], T=T, config=repr(cfg), triton=triton.__version__,
                  shared=c.metadata.shared, mma=mma, warps=L.num_warps, stages=L.num_stages)
         if L.gluon:  # the design: register-A wgmma, cp.async ring, proxy fence, inline decode
@@ -519,6 +613,7 @@ def compiled():
 _DOT = {"_group_count", "_group_scan", "_group_scatter", "_prefill_gemm1", "_prefill_gemm2",
         "_prefill_combine"}
 _WGMMA = {"_permute_k", "_wgmma_gemm1", "_wgmma_gemm2"}
+_W4A4 = {"_quant_act", "_w4a4_gemm1", "_w4a4_gemm2"}
 
 
 @pytest.mark.slow
@@ -528,10 +623,12 @@ def test_aot_every_launch_compiles_with_tensor_cores(compiled, cc):
     compiles the tl.dot family (the atomic-combine config and its GEMMs)."""
     res = compiled[cc]
     kernels = {r["kernel"] for r in res}
-    assert kernels == (_DOT | _WGMMA if cc == 90 else _DOT)
+    assert kernels == _DOT | {90: _WGMMA, 100: _W4A4, 120: _W4A4}.get(cc, set())
     for r in res:
-        if r["kernel"].startswith(("_prefill_gemm", "_wgmma_gemm")):
+        if r["kernel"].startswith(("_prefill_gemm", "_wgmma_gemm", "_w4a4_gemm")):
             assert r["mma"], f"sm_{cc}: no tensor-core MMA in the PTX of {r}"
+        if r["kernel"].startswith("_w4a4_gemm"):  # the block-scaled FP4 MMA, not an emulation
+            assert "mxf4nvf4" in r["mma"], f"sm_{cc}: tl.dot_scaled not native: {r}"
     if cc == 90:  # every launch fits the H200's opt-in shared memory per block
         assert max(r["shared"] for r in res) <= 232_448
     for r in sorted(res, key=lambda r: -r["shared"])[:4]:
@@ -570,15 +667,24 @@ def test_aot_wgmma_family_compiles_to_the_design(compiled):
 
 @pytest.mark.slow
 def test_aot_wgmma_family_compiles_with_triton_36():
-    """The H200 runs Triton 3.6: the same launches compile there to the same design."""
+    """The H200 runs Triton 3.6: the same launches compile there to the same design; so do the
+    W4A4 family's (native block-scaled FP4 MMA on sm_100 and sm_120, sm_120's shared memory)."""
     site = triton36_site()
     if not site:
         pytest.skip("no Triton 3.6 site dir (.ci/triton36 or $FP4EXT_TRITON36): .ci/run installs one")
     arch, sms = _ARCHS[90]
     req = [[s, 1 << b, arch, sms, None] for s in _GLM5 for b in range(9, 14)]
-    rows = compile_per_arch(_AOT_SCRIPT, {90: req}, 1200, site)[90]
-    assert rows and all(r["triton"].startswith("3.6") for r in rows)
-    _check_wgmma_design(rows, "sm_90, Triton 3.6")
+    todo = {90: req}
+    for cc in (100, 120):  # the W4A4 family's heuristic configs
+        arch, sms = _ARCHS[cc]
+        todo[cc] = [[s, T, arch, sms, None] for s in _GLM5 for T in (1024, 4096)]
+    res = compile_per_arch(_AOT_SCRIPT, todo, 1200, site)
+    assert all(r["triton"].startswith("3.6") for rows in res.values() for r in rows)
+    _check_wgmma_design(res[90], "sm_90, Triton 3.6")
+    for cc in (100, 120):
+        w4 = [r for r in res[cc] if r["kernel"].startswith("_w4a4_gemm")]
+        assert w4 and all("mxf4nvf4" in r["mma"] for r in w4), (cc, w4)
+    assert max(r["shared"] for r in res[120]) <= SM120_SMEM_PER_BLOCK
 
 
 # ---- GPU tier: GLM-5 shapes, graph capture, determinism ----

@@ -1,4 +1,9 @@
-"""NVFP4 W4A16 fused-MoE prefill path: validate -> config -> workspaces -> 6 launches.
+"""NVFP4 fused-MoE prefill path: validate -> config -> workspaces -> 6 or 7 launches.
+
+Three GEMM families, chosen by ``PrefillConfig.kernels``: ``dot`` (W4A16, ``tl.dot``, the launches
+below), ``wgmma`` (W4A16, Gluon, sm_90: ``_plan_wgmma``) and ``w4a4`` (NVFP4 activations,
+``tl.dot_scaled``, sm_100 / sm_120: ``_plan_w4a4``). They share the grouping and the ordered
+combine.
 
 ``fused_moe_nvfp4_prefill(hidden_states, weights, topk_ids, topk_weights)`` computes the same
 ``(T, H)`` bf16 partial sum as the decode entry point ``decode.fused_moe_nvfp4`` and reads the
@@ -38,6 +43,7 @@ order.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -60,8 +66,9 @@ __all__ = [
 
 # Combine kernel tile: a memory-bound pass, 16-byte bf16 vectors along H.
 _COMBINE_BT, _COMBINE_BH = 8, 256
-# Rows per program of the K-order permutation (wgmma family).
+# Rows per program of the K-order permutation (wgmma family) and of the activation quantizer (w4a4).
 _PERMUTE_BT = 8
+_QUANT_BT = 8
 # Rows of the block histogram the single scan program handles per step.
 _SCAN_ROWS = 16
 # Tests set this: fill the float workspaces with NaN so a read of an unwritten row shows up.
@@ -113,9 +120,17 @@ class _Launch:
     num_warps: int
     num_stages: int
     gluon: bool = False
+    module: str = "dot"  # Triton kernels: "dot" (_prefill_kernels) or "w4a4" (_prefill_w4a4_kernels)
 
     def run(self):
         # triton (and Gluon) imported only when launching
+        if self.module == "w4a4":
+            from sglang_fp4ext.moe import _prefill_w4a4_kernels as W
+
+            getattr(W, self.kernel)[self.grid](
+                *self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
+            )
+            return
         if self.gluon:
             from sglang_fp4ext.moe import _prefill_gluon_kernels as G
 
@@ -176,6 +191,8 @@ def _plan(
     """
     if config.kernels == "wgmma" and not compute_f32:
         return _plan_wgmma(x, weights, topk_ids, topk_weights, out, config)
+    if config.kernels == "w4a4":
+        return _plan_w4a4(x, weights, topk_ids, topk_weights, out, config, compute_f32)
     T, H = x.shape
     top_k = topk_ids.shape[1]
     w13, w2 = weights.w13, weights.w2
@@ -356,6 +373,84 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     return launches
 
 
+def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, config: PrefillConfig,
+               compute_f32: bool):
+    """The W4A4 family's 7 launches (``_prefill_w4a4_kernels``): grouping (3), ``x`` to NVFP4,
+    GEMM1 (+ SiLU·mul, to NVFP4), GEMM2, the ordered combine."""
+    T, H = x.shape
+    top_k = topk_ids.shape[1]
+    w13, w2 = weights.w13, weights.w2
+    E, I = weights.num_experts, weights.intermediate_size
+    if not wgmma_supports_shape(H, I):
+        raise ValueError(
+            f"fused_moe_nvfp4_prefill: PrefillConfig(kernels='w4a4') needs H and I multiples of "
+            f"{K_CHUNK}, got H={H}, I={I}; use kernels='dot'"
+        )
+    if not weights.has_input_scales:
+        raise ValueError(
+            "fused_moe_nvfp4_prefill: PrefillConfig(kernels='w4a4') quantizes the activations with "
+            "the checkpoint's static input scales, and these weights carry none "
+            "(PreparedMoEWeights.w13_input_scale / w2_input_scale)"
+        )
+    P = T * top_k
+    dev = x.device
+    nbins = num_bins(E)
+    launches, sorted_pair, counts, _ = _group_plan(topk_ids.reshape(-1), E, config.block_p)
+    xq = torch.empty(T, H // 2, dtype=torch.uint8, device=dev)
+    xs = torch.empty(T, H // 16, dtype=torch.uint8, device=dev)
+    iq = torch.empty(P, I // 2, dtype=torch.uint8, device=dev)
+    is_ = torch.empty(P, I // 16, dtype=torch.uint8, device=dev)
+    partial = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
+    if _POISON_WORKSPACES:
+        partial.fill_(float("nan"))
+        iq.fill_(0x77)  # +6 codes
+        is_.fill_(0x7F)  # e4m3 NaN
+    gs1, gs2 = weights.w13_input_scale, weights.w2_input_scale
+    m_tiles = max_m_tiles(P, E, config.block_m)
+    common = dict(NBINS=nbins, BM=config.block_m, COMPUTE_F32=compute_f32)
+    launches.append(
+        _Launch("_quant_act", (-(-T // _QUANT_BT), H // K_CHUNK), (x, xq, xs, gs1, T, H, x.stride(0)),
+                dict(BT=_QUANT_BT), 4, 1, module="w4a4")
+    )
+    launches.append(
+        _Launch(
+            "_w4a4_gemm1",
+            (w13.n_pad // config.block_n1, m_tiles),
+            (xq, xs, sorted_pair, counts, w13.q, w13.scale, w13.alpha, gs1, gs2, iq, is_, I,
+             w13.n_pad, H // K_CHUNK, top_k, w13.q.stride(0), w13.q.stride(1),
+             w13.scale.stride(0), w13.scale.stride(1)),
+            dict(common, BN=config.block_n1),
+            config.warps1,
+            config.stages1,
+            module="w4a4",
+        )
+    )
+    launches.append(
+        _Launch(
+            "_w4a4_gemm2",
+            (w2.n_pad // config.block_n2, m_tiles),
+            (iq, is_, sorted_pair, counts, topk_weights, w2.q, w2.scale, w2.alpha, gs2, partial, H,
+             w2.n_pad, I // K_CHUNK, w2.q.stride(0), w2.q.stride(1), w2.scale.stride(0),
+             w2.scale.stride(1), partial.stride(0)),
+            dict(common, BN=config.block_n2),
+            config.warps2,
+            config.stages2,
+            module="w4a4",
+        )
+    )
+    launches.append(
+        _Launch(
+            "_prefill_combine",
+            (-(-T // _COMBINE_BT), -(-H // _COMBINE_BH)),
+            (partial, topk_ids, out, T, H, E, top_k, partial.stride(0), out.stride(0)),
+            dict(BT=_COMBINE_BT, BH=_COMBINE_BH, ATOMIC=False, COMPUTE_F32=compute_f32),
+            4,
+            1,
+        )
+    )
+    return launches
+
+
 # ---- public entry points ----
 
 
@@ -421,7 +516,16 @@ def fused_moe_nvfp4_prefill(
     if config is None:
         target = current_target(dev) if dev.type == "cuda" else current_target()
         config = prefill_config_for(T, weights.shape(topk_ids.shape[1]), target)
+        if config.kernels == "w4a4" and not weights.has_input_scales:  # a W4A16 checkpoint
+            config = dataclasses.replace(config, kernels="dot", block_k2=128)
     interp = target_info.is_interpreter()
+    if config.kernels == "w4a4" and not interp and dev.type == "cuda":
+        cap = target_info.device_capability(dev)
+        if not target_info.supports_w4a4_prefill(cap):
+            raise ValueError(
+                f"fused_moe_nvfp4_prefill: PrefillConfig(kernels='w4a4') needs the block-scaled FP4 "
+                f"MMA (sm_100 / sm_120), this GPU is sm_{cap[0]}{cap[1]}; use kernels='dot'"
+            )
     if config.kernels == "wgmma" and not interp and dev.type == "cuda":
         cap = target_info.device_capability(dev)
         if not target_info.supports_wgmma_prefill(cap):
@@ -431,5 +535,6 @@ def fused_moe_nvfp4_prefill(
             )
     for launch in _plan(hidden_states, weights, topk_ids, topk_weights, out, config, interp):
         launch.run()
-    corrupt_if_asked("prefill", "wgmma" if config.kernels == "wgmma" and not interp else "dot", out)
+    family = config.kernels if config.kernels == "w4a4" or not interp else "dot"
+    corrupt_if_asked("prefill", family, out)
     return out

@@ -19,12 +19,14 @@ from sglang_fp4ext.roofline import expected_distinct_experts
 __all__ = [
     "PREFILL_KERNEL_FAMILIES",
     "PrefillConfig",
+    "default_prefill_family",
     "prefill_heuristic_config",
     "wgmma_supports_shape",
 ]
 
-#: Prefill GEMM families: "dot" (Triton ``tl.dot``, v1) and "wgmma" (Gluon, Hopper, v2).
-PREFILL_KERNEL_FAMILIES = ("dot", "wgmma")
+#: Prefill GEMM families: "dot" (Triton ``tl.dot``, v1), "wgmma" (Gluon, Hopper, v2) and
+#: "w4a4" (Triton ``tl.dot_scaled``, NVFP4 activations, Blackwell).
+PREFILL_KERNEL_FAMILIES = ("dot", "wgmma", "w4a4")
 #: Opt-in shared memory per block on sm_90 (227 KiB): the wgmma family's activation ring.
 WGMMA_SMEM_LIMIT = 232_448
 
@@ -54,8 +56,10 @@ class PrefillConfig(ConfigDict):
     family, ``"dot"`` (``_prefill_kernels``, v1, every GPU and the interpreter) or ``"wgmma"``
     (``_prefill_gluon_kernels``, sm_90 only: ``block_n*`` 128 weight rows on 8 warps,
     ``block_k*`` 256, ``stages*`` the activation ring's depth 2-4,
-    ``block_m`` <= 128, the ordered combine; H and I multiples of 256). Under the interpreter a
-    ``"wgmma"`` config runs the ``"dot"`` kernels.
+    ``block_m`` <= 128, the ordered combine; H and I multiples of 256) or ``"w4a4"``
+    (``_prefill_w4a4_kernels``, sm_100/sm_120 and the interpreter: NVFP4 activations with the
+    static input scales, ``block_k*`` 256, the ordered combine, ``group_n2`` unused; H and I
+    multiples of 256). Under the interpreter a ``"wgmma"`` config runs the ``"dot"`` kernels.
     """
 
     block_m: int = 128
@@ -124,6 +128,14 @@ class PrefillConfig(ConfigDict):
             )
         if self.kernels == "wgmma":
             self._check_wgmma()
+        if self.kernels == "w4a4":
+            if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
+                raise ValueError(
+                    f"PrefillConfig(kernels='w4a4'): block_k1 and block_k2 must be {K_CHUNK} (a "
+                    f"layout chunk per step), got {self.block_k1}, {self.block_k2}"
+                )
+            if self.combine != "ordered":
+                raise ValueError("PrefillConfig(kernels='w4a4') has only the ordered combine")
 
     def _check_wgmma(self):
         if self.block_m > 128:
@@ -198,13 +210,58 @@ def _wgmma_config(block_m: int, shape: MoEShape, block_p: int) -> PrefillConfig:
     )
 
 
+def default_prefill_family(shape: MoEShape, target: Target) -> str:
+    """The prefill family a call uses by default: ``"w4a4"`` where the GPU has the block-scaled
+    FP4 MMA (and ``SGLANG_FP4EXT_PREFILL_ACTIVATIONS`` is not ``bf16``), ``"wgmma"`` on sm_90,
+    else ``"dot"``; the two v2 families need H and I multiples of 256."""
+    from sglang_fp4ext import envs
+
+    cap = target_info.arch_capability(target.arch)
+    if not wgmma_supports_shape(shape.H, shape.I) or target_info.is_interpreter():
+        return "dot"
+    acts = (envs.PREFILL_ACTIVATIONS.get() or "auto").strip().lower()
+    if acts not in ("auto", "bf16"):
+        raise ValueError(
+            f"{envs.PREFILL_ACTIVATIONS.name}={acts!r}: expected 'auto' or 'bf16'"
+        )
+    if acts == "auto" and target_info.has_native_fp4_mma(cap):
+        return "w4a4"
+    if target_info.supports_wgmma_prefill(cap):
+        return "wgmma"
+    return "dot"
+
+
+def _w4a4_config(block_m: int, target: Target, block_p: int) -> PrefillConfig:
+    """The W4A4 family's default (sm_100 / sm_120; on paper: no such GPU here). ``block_m``: the
+    v1 rule's tile capped at 128. 128 weight rows on 8 warps on sm_100 (``tcgen05``'s block-scaled
+    FP4 MMA needs an M of 128: with 64 rows Triton 3.8 falls back to bf16 MMAs and 3.6 fails to
+    compile, measured by AOT); 64 rows on 4 warps elsewhere (``mma.sync`` m16n8k64 from
+    registers; 99 KB of shared memory on sm_120)."""
+    big = _datacenter_mma(target.arch)
+    bn, w = (128, 8) if big else (64, 4)
+    return PrefillConfig(
+        block_m=min(block_m, 128),
+        block_n1=bn,
+        block_k1=K_CHUNK,
+        warps1=w,
+        stages1=2,
+        block_n2=bn,
+        block_k2=K_CHUNK,
+        warps2=w,
+        stages2=2,
+        group_n2=1,
+        block_p=block_p,
+        kernels="w4a4",
+    )
+
+
 def prefill_heuristic_config(
     T: int, shape: MoEShape, target: Target, kernels: str | None = None
 ) -> PrefillConfig:
-    """Deterministic default for ``T`` tokens (any shape); never the atomic combine. On sm_90
-    with H and I multiples of 256 (outside the interpreter), the wgmma family
-    (``_wgmma_config``); the rules below are the ``tl.dot`` family's. ``kernels`` forces a
-    family's rules (``"dot"`` or ``"wgmma"``: A/B runs, tests, the tuner).
+    """Deterministic default for ``T`` tokens (any shape); never the atomic combine. The family
+    is :func:`default_prefill_family`'s (wgmma on sm_90: ``_wgmma_config``; w4a4 on sm_100 /
+    sm_120: ``_w4a4_config``); the rules below are the ``tl.dot`` family's. ``kernels`` forces a
+    family's rules (A/B runs, tests, the tuner).
 
     Measured on the H200 (``benchmarks/results/prefill_sweep_h200.json``: GLM-5 TP8, TP8 with the
     fused shared expert and EP8, T = 512..8192, each GEMM's variants timed per kernel):
@@ -231,13 +288,14 @@ def prefill_heuristic_config(
     block_m = min(256 if big else 128, max(16, _next_pow2(math.ceil(P / D))))
     block_p = min(1024, max(64, _next_pow2(P)))
     if kernels is None:
-        wgmma = target_info.supports_wgmma_prefill(target_info.arch_capability(target.arch))
-        kernels = "wgmma" if wgmma and wgmma_supports_shape(shape.H, shape.I) else "dot"
+        kernels = default_prefill_family(shape, target)
     if kernels not in PREFILL_KERNEL_FAMILIES:
         raise ValueError(f"prefill_heuristic_config: kernels must be one of "
                          f"{PREFILL_KERNEL_FAMILIES} or None, got {kernels!r}")
     if kernels == "wgmma":
         return _wgmma_config(block_m, shape, block_p)
+    if kernels == "w4a4":
+        return _w4a4_config(block_m, target, block_p)
     if not big:
         g1 = dict(block_n1=64, block_k1=128, warps1=8, stages1=3)
         g2 = dict(block_n2=64, stages2=3)

@@ -16,7 +16,7 @@ from sglang_fp4ext.moe.layout import KernelMatrix, prepare_w2, prepare_w13
 from sglang_fp4ext.moe.shape import MoEShape
 from sglang_fp4ext.moe.weights import MoEWeights
 
-__all__ = ["PreparedMoEWeights", "validate_moe_inputs"]
+__all__ = ["PreparedMoEWeights", "validate_moe_inputs", "w4a4_twin_weights"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,13 +25,27 @@ class PreparedMoEWeights:
 
     w13: KernelMatrix  # (E, 2I) gate/up rows interleaved, K = H
     w2: KernelMatrix  # (E, H), K = I
+    # Static activation scales of the W4A4 path, (1,) fp32 on the device (None: W4A16 only):
+    # the max over the layer's experts, one quantization of each GEMM input per token, as
+    # SGLang's NVFP4 MoE backends do (its twin: ``w4a4_twin_weights``).
+    w13_input_scale: torch.Tensor | None = None
+    w2_input_scale: torch.Tensor | None = None
 
     @classmethod
     def from_moe_weights(cls, w: MoEWeights) -> "PreparedMoEWeights":
+        def one(s):
+            return None if s is None else s.float().amax().reshape(1).contiguous()
+
         return cls(
             prepare_w13(w.w13, w.w13_scale, w.w13_scale_2),
             prepare_w2(w.w2, w.w2_scale, w.w2_scale_2),
+            one(w.w13_input_scale),
+            one(w.w2_input_scale),
         )
+
+    @property
+    def has_input_scales(self) -> bool:
+        return self.w13_input_scale is not None and self.w2_input_scale is not None
 
     @property
     def num_experts(self) -> int:
@@ -57,7 +71,25 @@ class PreparedMoEWeights:
         return self.w13.nbytes_per_expert() + self.w2.nbytes_per_expert()
 
     def to(self, device) -> "PreparedMoEWeights":
-        return PreparedMoEWeights(self.w13.to(device), self.w2.to(device))
+        def mv(s):
+            return None if s is None else s.to(device)
+
+        return PreparedMoEWeights(self.w13.to(device), self.w2.to(device),
+                                  mv(self.w13_input_scale), mv(self.w2_input_scale))
+
+
+def w4a4_twin_weights(w: MoEWeights) -> MoEWeights:
+    """``w`` with every expert's input scales set to the layer max: what the W4A4 kernels
+    quantize with (``PreparedMoEWeights.from_moe_weights``), for ``fused_moe_nvfp4_torch(...,
+    quantize_activations=True)``."""
+    import dataclasses
+
+    E = w.w13.shape[0]
+    return dataclasses.replace(
+        w,
+        w13_input_scale=w.w13_input_scale.float().amax().expand(E).contiguous(),
+        w2_input_scale=w.w2_input_scale.float().amax().expand(E).contiguous(),
+    )
 
 
 def validate_moe_inputs(op: str, x, weights, topk_ids, topk_weights, out) -> None:
