@@ -98,13 +98,27 @@ def _check_supported(method, layer) -> None:
             )
 
 
+def _input_scales(layer, E: int) -> dict:
+    """``w13_input_scale`` / ``w2_input_scale`` for ``MoEWeights``: the max over every expert
+    SGLang loaded (it loads all ``Eg`` experts' scales on every rank, ``[Eg, 2]`` / ``[Eg]``), as
+    its CUTLASS NVFP4 path takes one scalar per GEMM; none when the layer has no such params."""
+    a, b = getattr(layer, "w13_input_scale", None), getattr(layer, "w2_input_scale", None)
+    if a is None or b is None:
+        return {}
+    return dict(
+        w13_input_scale=a.data.float().amax().expand(E).contiguous(),
+        w2_input_scale=b.data.float().amax().expand(E).contiguous(),
+    )
+
+
 def process_weights(method, layer) -> None:
     """Build fp4ext's weights for ``layer`` from SGLang's loaded NVFP4 parameters.
 
     SGLang loads ModelOpt tensors into ``w13_weight (E, 2I, H/2)`` (rows gate then up: fp4ext's
     ``load_up_proj_weight_first`` is False), ``w13_weight_scale (E, 2I, H/16)`` row-major e4m3,
     ``w13_weight_scale_2 (E, 2)`` (gate, up), ``w2_*`` likewise; E = local experts (plus a fused
-    shared expert), so EP needs no slicing. The static input scales are unused (W4A16).
+    shared expert), so EP needs no slicing. The static input scales (``_input_scales``) serve
+    the W4A4 prefill path only.
     """
     _check_supported(method, layer)
     if getattr(layer, "inference_moe_w13_interleaved", False) and not getattr(
@@ -123,6 +137,7 @@ def process_weights(method, layer) -> None:
         w2=layer.w2_weight.data,
         w2_scale=layer.w2_weight_scale.data,
         w2_scale_2=layer.w2_weight_scale_2.data.float().reshape(-1),
+        **_input_scales(layer, layer.w13_weight.data.shape[0]),
     )
     device = weights.device
     path = expert_path(device)

@@ -166,3 +166,24 @@ def test_broken_wgmma_prefill_falls_back_to_dot(fresh, monkeypatch, seed):
     assert got is not None and got.config.kernels == "dot", got
     assert dataclasses.replace(got.config, kernels="wgmma", block_k2=256) == cfg
 
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the interpreter runs the W4A4 kernels")
+def test_w4a4_is_checked_against_the_w4a4_twin_and_falls_back_to_w4a16(fresh, monkeypatch):
+    """The W4A4 prefill family (interpreter: fp32 operands) is checked like with like, against
+    the twin with NVFP4 activations: a correct kernel passes (its FP4 activations differ from the
+    W4A16 twin by ~16% rms, which would fail); a broken one falls back to the same tiles on the
+    W4A16 tl.dot kernels."""
+    from sglang_fp4ext.moe.config import TableEntry
+    from sglang_fp4ext.moe.prefill_config import PrefillConfig
+
+    dev = torch.device("cpu")
+    cfg = PrefillConfig(block_m=32, block_n1=64, block_n2=64, block_k1=256, block_k2=256,
+                        block_p=1024, kernels="w4a4")
+    entry = TableEntry("prefill", cfg)
+    v = selfcheck._verdict(entry, 4, dev)
+    assert v.ok and v.rms_rel < 5e-3, v
+    selfcheck.clear(disk=True)  # forget the good verdict (a new process on a fresh machine)
+    monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "prefill:w4a4")
+    got = selfcheck.usable_entry(entry, 4, dev)
+    assert got == TableEntry("prefill", selfcheck.w4a16_twin_config(cfg)), got
+

@@ -84,6 +84,10 @@ st = error_stats(out.float(), ref)
 print(json.dumps({{"loaded": loaded, "max_rel": st.max_rel, "rms_rel": st.rms_rel,
                    "out_dtype": str(out.dtype), "shape": list(out.shape),
                    "path": layer._fp4ext_quant_info.path,
+                   "input_scales": [float(layer._fp4ext_quant_info.weights.w13_input_scale.max()),
+                                    float(layer._fp4ext_quant_info.weights.w2_input_scale.max())],
+                   "input_scales_want": [float(w.w13_input_scale.max()),
+                                         float(w.w2_input_scale.max())],
                    "swizzled_freed": layer.w13_blockscale_swizzled is None,
                    "local_experts": int(layer.w13_weight.shape[0]),
                    "local_inter": int(layer.w2_weight.shape[2]) * 2,
@@ -110,6 +114,8 @@ def test_fused_moe_layer_matches_reference(tmp_path, seed, shared):
     assert r["loaded"] == (E + shared) * 12  # 3 projections x 4 tensors per expert
     assert r["path"] == "reference"  # no GPU here: the announced torch path
     assert r["swizzled_freed"] is True
+    # The static input scales reach fp4ext (the W4A4 prefill path): the max over the experts.
+    assert r["input_scales"] == r["input_scales_want"], r
     assert r["out_dtype"] == "torch.bfloat16" and r["shape"] == [T, H]
     if shared:
         assert all(row[-1] == E for row in r["ids"])

@@ -215,7 +215,7 @@ def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
             assert cands[1] == prefill_heuristic_config(b, shape, H200, "dot")
             assert {c.kernels for c in cands} == {"wgmma", "dot"} and len(cands) >= 6
             assert len({c.block_m for c in cands if c.kernels == "wgmma"}) >= 3
-    assert {c.kernels for c in TS.prefill_candidates(4096, TP8, PRO6000)} == {"dot"}
+    assert {c.kernels for c in TS.prefill_candidates(4096, TP8, PRO6000)} == {"w4a4", "dot"}
 
 
 def test_switch_point():

@@ -48,7 +48,8 @@ def fused_moe(
     out: torch.Tensor | None = None,
     target: Target | None = None,
 ) -> torch.Tensor:
-    """NVFP4 W4A16 MoE on the path the tables choose. Arguments as ``fused_moe_nvfp4``:
+    """NVFP4 MoE on the path the tables choose (W4A4 prefill where the table or heuristic says
+    so and the weights carry static input scales; W4A16 otherwise). Arguments as ``fused_moe_nvfp4``:
     hidden_states (T, H) bf16; weights ``PreparedMoEWeights``; topk_ids (T, top_k) int32/int64
     in [-1, E); topk_weights (T, top_k); out: optional (T, H) bf16. Returns ``out``."""
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
@@ -57,6 +58,9 @@ def fused_moe(
             f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}"
         )
     entry = choose(hidden_states.shape[0], weights, topk_ids.shape[1], target)
+    w4a4 = entry.path == "prefill" and entry.config.kernels == "w4a4"
+    if w4a4 and not getattr(weights, "has_input_scales", False):  # a W4A16 checkpoint
+        entry = TableEntry("prefill", selfcheck.w4a16_twin_config(entry.config))
     entry = selfcheck.usable_entry(entry, topk_ids.shape[1], hidden_states.device)
     if entry is None:  # nothing verified on this GPU: the torch twin, loudly (selfcheck.py)
         CALLS["reference"] += 1

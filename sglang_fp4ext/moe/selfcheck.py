@@ -49,6 +49,7 @@ __all__ = [
     "disk_path",
     "clear",
     "reference_on_prepared",
+    "w4a16_twin_config",
 ]
 
 logger = logging.getLogger("sglang_fp4ext")
@@ -167,15 +168,26 @@ def _run_check(entry: TableEntry, top_k: int, device: torch.device) -> Verdict:
     g = torch.Generator(device=device).manual_seed(20261201)
     try:
         w = random_packed_weights(E, H, I, device=device, generator=g)
-        pw = PreparedMoEWeights.from_moe_weights(w)
         ids = torch.rand(T, E, device=device, generator=g).topk(top_k, dim=1).indices
         ids = ids.to(torch.int32)
         ids[0, -1] = -1  # a dropped slot, as EP sends
         tw = torch.rand(T, top_k, device=device, generator=g)
         x = torch.randn(T, H, device=device, generator=g).to(torch.bfloat16)
+        w4a4 = entry.path == "prefill" and entry.config.kernels == "w4a4"
+        if w4a4:  # static activation scales, calibrated on this input as ModelOpt does
+            from sglang_fp4ext.bench.peers import calibrate_input_scales
+
+            w.w13_input_scale, w.w2_input_scale = calibrate_input_scales(w, x)
+        pw = PreparedMoEWeights.from_moe_weights(w)
         out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device=device)
         _launch(entry, x, pw, ids.contiguous(), tw, out)
-        st = error_stats(out, fused_moe_nvfp4_torch(x, w, ids, tw))
+        if w4a4:  # like with like: the twin with NVFP4 activations
+            from sglang_fp4ext.moe.prepared import w4a4_twin_weights
+
+            ref = fused_moe_nvfp4_torch(x, w4a4_twin_weights(w), ids, tw, quantize_activations=True)
+        else:
+            ref = fused_moe_nvfp4_torch(x, w, ids, tw)
+        st = error_stats(out, ref)
     except Exception as exc:  # noqa: BLE001 - a kernel that does not compile or run fails
         return Verdict(False, error=f"{type(exc).__name__}: {str(exc)[:300]}",
                        seconds=time.perf_counter() - t0)
@@ -218,9 +230,14 @@ def _fallbacks(entry: TableEntry) -> list[TableEntry]:
     out = [entry]
     if entry.path == "decode" and getattr(cfg, "kernels", "dot") != "dot":
         out.append(TableEntry("decode", dataclasses.replace(cfg, kernels="dot")))
-    if entry.path == "prefill" and cfg.kernels == "wgmma":  # same tiles on tl.dot (128-deep GEMM2)
-        out.append(TableEntry("prefill", dataclasses.replace(cfg, kernels="dot", block_k2=128)))
+    if entry.path == "prefill" and cfg.kernels in ("wgmma", "w4a4"):
+        out.append(TableEntry("prefill", w4a16_twin_config(cfg)))
     return out
+
+
+def w4a16_twin_config(cfg):
+    """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps)."""
+    return dataclasses.replace(cfg, kernels="dot", block_k2=128)
 
 
 _DECIDED: dict = {}  # (entry, top_k, device, mode) -> the entry to run: the per-call fast path

@@ -20,7 +20,9 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   expert sees ~EP times fewer rows than the per-rank shape suggests); 64-row tiles for both GEMMs.
   Where the heuristic picks the wgmma family (sm_90): the heuristic; the ``tl.dot`` family's
   heuristic; ``block_m`` /2, x2 and /4; the other GEMM1 ring depth (2 <-> 3); 4 <-> 8 GEMM2
-  row blocks per program; 3 GEMM2 stages.
+  row blocks per program; 3 GEMM2 stages. Where it picks the W4A4 family (sm_100 / sm_120): the
+  heuristic; the ``tl.dot`` W4A16 heuristic; ``block_m`` /2, x2, /4; 3 stages; twice the GEMM1
+  rows on twice the warps.
   The atomic combine is never a candidate (it is not deterministic run to run).
 """
 
@@ -143,6 +145,19 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             raise ValueError("block_m outside [16, 256]")
         return v
 
+    if base.kernels == "w4a4":
+        # sm_100 / sm_120: the W4A4 family around its heuristic (never measured: no such GPU
+        # here), then the W4A16 tl.dot family's heuristic for the same bucket.
+        make = [
+            lambda: base,
+            lambda: prefill_heuristic_config(b, shape, target, "dot"),
+            lambda: r(base, block_m=m(bm // 2)),
+            lambda: r(base, block_m=m(2 * bm)),
+            lambda: r(base, block_m=m(bm // 4)),
+            lambda: r(base, stages1=3, stages2=3),
+            lambda: r(base, block_n1=2 * base.block_n1, warps1=2 * base.warps1),
+        ]
+        return _unique_valid(make, min(limit, MAX_CANDIDATES))
     if base.kernels == "wgmma":
         # sm_90: the v2 family around its heuristic, the v1 family's heuristic, and the knobs
         # that moved the time in the H200 A/B (prefill_config._wgmma_config's docstring).
