@@ -271,17 +271,29 @@ def _plan(
             config.stages2,
         )
     )
-    launches.append(
-        _Launch(
-            "_prefill_combine",
-            (-(-T // _COMBINE_BT), -(-H // _COMBINE_BH)),
-            (partial, topk_ids, out, T, H, E, top_k, partial.stride(0), out.stride(0)),
-            dict(BT=_COMBINE_BT, BH=_COMBINE_BH, ATOMIC=atomic, COMPUTE_F32=compute_f32),
-            4,
-            1,
-        )
-    )
+    launches.append(_combine_launch(partial, topk_ids, out, E, atomic, compute_f32))
     return launches
+
+
+def _combine_launch(partial, topk_ids, out, E: int, atomic: bool, compute_f32: bool) -> _Launch:
+    """The last launch of every family: the top-k combine of the partials into ``out``."""
+    T, H = out.shape
+    return _Launch(
+        "_prefill_combine",
+        (-(-T // _COMBINE_BT), -(-H // _COMBINE_BH)),
+        (partial, topk_ids, out, T, H, E, topk_ids.shape[1], partial.stride(0), out.stride(0)),
+        dict(BT=_COMBINE_BT, BH=_COMBINE_BH, ATOMIC=atomic, COMPUTE_F32=compute_f32),
+        4,
+        1,
+    )
+
+
+def _check_k_chunks(family: str, H: int, I: int) -> None:
+    if not wgmma_supports_shape(H, I):
+        raise ValueError(
+            f"fused_moe_nvfp4_prefill: PrefillConfig(kernels={family!r}) needs H and I multiples "
+            f"of {K_CHUNK}, got H={H}, I={I}; use kernels='dot'"
+        )
 
 
 def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, config: PrefillConfig):
@@ -293,11 +305,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     top_k = topk_ids.shape[1]
     w13, w2 = weights.w13, weights.w2
     E, I = weights.num_experts, weights.intermediate_size
-    if not wgmma_supports_shape(H, I):
-        raise ValueError(
-            f"fused_moe_nvfp4_prefill: PrefillConfig(kernels='wgmma') needs H and I multiples of "
-            f"{K_CHUNK}, got H={H}, I={I}; use kernels='dot'"
-        )
+    _check_k_chunks("wgmma", H, I)
     P = T * top_k
     dev = x.device
     nbins = num_bins(E)
@@ -360,16 +368,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                 gluon=True,
             )
         )
-    launches.append(
-        _Launch(
-            "_prefill_combine",
-            (-(-T // _COMBINE_BT), -(-H // _COMBINE_BH)),
-            (partial, topk_ids, out, T, H, E, top_k, partial.stride(0), out.stride(0)),
-            dict(BT=_COMBINE_BT, BH=_COMBINE_BH, ATOMIC=False, COMPUTE_F32=False),
-            4,
-            1,
-        )
-    )
+    launches.append(_combine_launch(partial, topk_ids, out, E, False, False))
     return launches
 
 
@@ -381,11 +380,7 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
     top_k = topk_ids.shape[1]
     w13, w2 = weights.w13, weights.w2
     E, I = weights.num_experts, weights.intermediate_size
-    if not wgmma_supports_shape(H, I):
-        raise ValueError(
-            f"fused_moe_nvfp4_prefill: PrefillConfig(kernels='w4a4') needs H and I multiples of "
-            f"{K_CHUNK}, got H={H}, I={I}; use kernels='dot'"
-        )
+    _check_k_chunks("w4a4", H, I)
     if not weights.has_input_scales:
         raise ValueError(
             "fused_moe_nvfp4_prefill: PrefillConfig(kernels='w4a4') quantizes the activations with "
@@ -438,16 +433,7 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
             module="w4a4",
         )
     )
-    launches.append(
-        _Launch(
-            "_prefill_combine",
-            (-(-T // _COMBINE_BT), -(-H // _COMBINE_BH)),
-            (partial, topk_ids, out, T, H, E, top_k, partial.stride(0), out.stride(0)),
-            dict(BT=_COMBINE_BT, BH=_COMBINE_BH, ATOMIC=False, COMPUTE_F32=compute_f32),
-            4,
-            1,
-        )
-    )
+    launches.append(_combine_launch(partial, topk_ids, out, E, False, compute_f32))
     return launches
 
 
