@@ -174,7 +174,7 @@ def test_w4a4_is_checked_against_the_w4a4_twin_and_falls_back_to_w4a16(fresh, mo
     W4A16 twin by ~16% rms, which would fail); a broken one falls back to the same tiles on the
     W4A16 tl.dot kernels."""
     from sglang_fp4ext.moe.config import TableEntry
-    from sglang_fp4ext.moe.prefill_config import PrefillConfig
+    from sglang_fp4ext.moe.prefill_config import PrefillConfig, w4a16_twin_config
 
     dev = torch.device("cpu")
     cfg = PrefillConfig(block_m=32, block_n1=64, block_n2=64, block_k1=256, block_k2=256,
@@ -185,5 +185,5 @@ def test_w4a4_is_checked_against_the_w4a4_twin_and_falls_back_to_w4a16(fresh, mo
     selfcheck.clear(disk=True)  # forget the good verdict (a new process on a fresh machine)
     monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "prefill:w4a4")
     got = selfcheck.usable_entry(entry, 4, dev)
-    assert got == TableEntry("prefill", selfcheck.w4a16_twin_config(cfg)), got
+    assert got == TableEntry("prefill", w4a16_twin_config(cfg)), got
 

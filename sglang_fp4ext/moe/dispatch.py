@@ -23,6 +23,7 @@ import torch
 
 from sglang_fp4ext.moe import selfcheck
 from sglang_fp4ext.moe.config import TableEntry, select
+from sglang_fp4ext.moe.prefill_config import w4a16_twin_config
 from sglang_fp4ext.moe.shape import Target, current_target
 
 __all__ = ["CALLS", "choose", "fused_moe"]
@@ -60,7 +61,7 @@ def fused_moe(
     entry = choose(hidden_states.shape[0], weights, topk_ids.shape[1], target)
     w4a4 = entry.path == "prefill" and entry.config.kernels == "w4a4"
     if w4a4 and not getattr(weights, "has_input_scales", False):  # a W4A16 checkpoint
-        entry = TableEntry("prefill", selfcheck.w4a16_twin_config(entry.config))
+        entry = TableEntry("prefill", w4a16_twin_config(entry.config))
     entry = selfcheck.usable_entry(entry, topk_ids.shape[1], hidden_states.device)
     if entry is None:  # nothing verified on this GPU: the torch twin, loudly (selfcheck.py)
         CALLS["reference"] += 1

@@ -43,7 +43,6 @@ order.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +51,7 @@ from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.config import prefill_config_for
 from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
 from sglang_fp4ext.moe.layout import K_CHUNK
-from sglang_fp4ext.moe.prefill_config import PrefillConfig, wgmma_supports_shape
+from sglang_fp4ext.moe.prefill_config import PrefillConfig, w4a16_twin_config, wgmma_supports_shape
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.shape import current_target
 
@@ -437,6 +436,13 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
     return launches
 
 
+#: The GPUs each v2 family compiles for (``tl.dot`` runs everywhere): predicate, in words.
+_FAMILY_GPUS = {
+    "wgmma": (target_info.supports_wgmma_prefill, "sm_90 (warpgroup_mma)"),
+    "w4a4": (target_info.supports_w4a4_prefill, "the block-scaled FP4 MMA (sm_100 / sm_120)"),
+}
+
+
 # ---- public entry points ----
 
 
@@ -503,21 +509,15 @@ def fused_moe_nvfp4_prefill(
         target = current_target(dev) if dev.type == "cuda" else current_target()
         config = prefill_config_for(T, weights.shape(topk_ids.shape[1]), target)
         if config.kernels == "w4a4" and not weights.has_input_scales:  # a W4A16 checkpoint
-            config = dataclasses.replace(config, kernels="dot", block_k2=128)
+            config = w4a16_twin_config(config)
     interp = target_info.is_interpreter()
-    if config.kernels == "w4a4" and not interp and dev.type == "cuda":
+    if config.kernels in _FAMILY_GPUS and not interp and dev.type == "cuda":
+        supports, needs = _FAMILY_GPUS[config.kernels]
         cap = target_info.device_capability(dev)
-        if not target_info.supports_w4a4_prefill(cap):
+        if not supports(cap):
             raise ValueError(
-                f"fused_moe_nvfp4_prefill: PrefillConfig(kernels='w4a4') needs the block-scaled FP4 "
-                f"MMA (sm_100 / sm_120), this GPU is sm_{cap[0]}{cap[1]}; use kernels='dot'"
-            )
-    if config.kernels == "wgmma" and not interp and dev.type == "cuda":
-        cap = target_info.device_capability(dev)
-        if not target_info.supports_wgmma_prefill(cap):
-            raise ValueError(
-                f"fused_moe_nvfp4_prefill: PrefillConfig(kernels='wgmma') runs on sm_90 only "
-                f"(warpgroup_mma), this GPU is sm_{cap[0]}{cap[1]}; use kernels='dot'"
+                f"fused_moe_nvfp4_prefill: PrefillConfig(kernels={config.kernels!r}) needs {needs}, "
+                f"this GPU is sm_{cap[0]}{cap[1]}; use kernels='dot'"
             )
     for launch in _plan(hidden_states, weights, topk_ids, topk_weights, out, config, interp):
         launch.run()

@@ -9,7 +9,7 @@ gives the measurements behind it). Which path serves a token count and the tuned
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
@@ -21,6 +21,7 @@ __all__ = [
     "PrefillConfig",
     "default_prefill_family",
     "prefill_heuristic_config",
+    "w4a16_twin_config",
     "wgmma_supports_shape",
 ]
 
@@ -29,6 +30,12 @@ __all__ = [
 PREFILL_KERNEL_FAMILIES = ("dot", "wgmma", "w4a4")
 #: Opt-in shared memory per block on sm_90 (227 KiB): the wgmma family's activation ring.
 WGMMA_SMEM_LIMIT = 232_448
+
+
+def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
+    """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
+    self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
+    return replace(cfg, kernels="dot", block_k2=128)
 
 
 def wgmma_supports_shape(H: int, I: int) -> bool:

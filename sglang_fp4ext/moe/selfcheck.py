@@ -37,6 +37,7 @@ import torch
 
 from sglang_fp4ext import envs, target_info
 from sglang_fp4ext.moe.config import TableEntry
+from sglang_fp4ext.moe.prefill_config import w4a16_twin_config
 
 __all__ = [
     "CHECK_SHAPE",
@@ -49,7 +50,6 @@ __all__ = [
     "disk_path",
     "clear",
     "reference_on_prepared",
-    "w4a16_twin_config",
 ]
 
 logger = logging.getLogger("sglang_fp4ext")
@@ -234,10 +234,6 @@ def _fallbacks(entry: TableEntry) -> list[TableEntry]:
         out.append(TableEntry("prefill", w4a16_twin_config(cfg)))
     return out
 
-
-def w4a16_twin_config(cfg):
-    """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps)."""
-    return dataclasses.replace(cfg, kernels="dot", block_k2=128)
 
 
 _DECIDED: dict = {}  # (entry, top_k, device, mode) -> the entry to run: the per-call fast path
