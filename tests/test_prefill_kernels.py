@@ -387,6 +387,21 @@ def test_w4a4_matches_its_twin(E, H, I, T, k, cfg, routing, seed):
     print(assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what="w4a4"))
 
 
+def test_w4a4_is_served_only_with_input_scales_and_consent(monkeypatch):
+    """A W4A4 choice (table or heuristic) runs as W4A16 on weights without static input scales
+    and when the user asks for bf16 activations; other families are served as chosen."""
+    from sglang_fp4ext.moe.prefill_config import served_prefill_config, w4a16_twin_config
+
+    cfg = PrefillConfig(block_m=64, **_W4)
+    assert served_prefill_config(cfg, True) is cfg
+    assert served_prefill_config(cfg, False) == w4a16_twin_config(cfg)
+    assert w4a16_twin_config(cfg).kernels == "dot" and w4a16_twin_config(cfg).block_m == 64
+    monkeypatch.setenv("SGLANG_FP4EXT_PREFILL_ACTIVATIONS", "bf16")
+    assert served_prefill_config(cfg, True) == w4a16_twin_config(cfg)
+    dot = PrefillConfig(block_m=64)
+    assert served_prefill_config(dot, False) is dot
+
+
 def test_w4a4_needs_input_scales_and_k_multiples_of_256():
     import dataclasses
 

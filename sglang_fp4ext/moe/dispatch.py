@@ -23,7 +23,7 @@ import torch
 
 from sglang_fp4ext.moe import selfcheck
 from sglang_fp4ext.moe.config import TableEntry, select
-from sglang_fp4ext.moe.prefill_config import w4a16_twin_config
+from sglang_fp4ext.moe.prefill_config import served_prefill_config
 from sglang_fp4ext.moe.shape import Target, current_target
 
 __all__ = ["CALLS", "choose", "fused_moe"]
@@ -59,9 +59,9 @@ def fused_moe(
             f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}"
         )
     entry = choose(hidden_states.shape[0], weights, topk_ids.shape[1], target)
-    w4a4 = entry.path == "prefill" and entry.config.kernels == "w4a4"
-    if w4a4 and not getattr(weights, "has_input_scales", False):  # a W4A16 checkpoint
-        entry = TableEntry("prefill", w4a16_twin_config(entry.config))
+    if entry.path == "prefill":  # W4A4 needs input scales and the user's consent (bf16 opt-out)
+        cfg = served_prefill_config(entry.config, getattr(weights, "has_input_scales", False))
+        entry = TableEntry("prefill", cfg) if cfg is not entry.config else entry
     entry = selfcheck.usable_entry(entry, topk_ids.shape[1], hidden_states.device)
     if entry is None:  # nothing verified on this GPU: the torch twin, loudly (selfcheck.py)
         CALLS["reference"] += 1

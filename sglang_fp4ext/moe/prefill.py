@@ -43,6 +43,7 @@ order.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +52,11 @@ from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.config import prefill_config_for
 from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
 from sglang_fp4ext.moe.layout import K_CHUNK
-from sglang_fp4ext.moe.prefill_config import PrefillConfig, w4a16_twin_config, wgmma_supports_shape
+from sglang_fp4ext.moe.prefill_config import (
+    PrefillConfig,
+    served_prefill_config,
+    wgmma_supports_shape,
+)
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.shape import current_target
 
@@ -443,6 +448,18 @@ _FAMILY_GPUS = {
 }
 
 
+@functools.cache
+def _check_family_gpu(family: str, device_index: int) -> None:
+    """Raise if ``family`` cannot run on this GPU (asked once per family and device)."""
+    supports, needs = _FAMILY_GPUS[family]
+    cap = target_info.device_capability(None if device_index < 0 else device_index)
+    if not supports(cap):
+        raise ValueError(
+            f"fused_moe_nvfp4_prefill: PrefillConfig(kernels={family!r}) needs {needs}, this GPU "
+            f"is sm_{cap[0]}{cap[1]}; use kernels='dot'"
+        )
+
+
 # ---- public entry points ----
 
 
@@ -508,17 +525,10 @@ def fused_moe_nvfp4_prefill(
     if config is None:
         target = current_target(dev) if dev.type == "cuda" else current_target()
         config = prefill_config_for(T, weights.shape(topk_ids.shape[1]), target)
-        if config.kernels == "w4a4" and not weights.has_input_scales:  # a W4A16 checkpoint
-            config = w4a16_twin_config(config)
+        config = served_prefill_config(config, weights.has_input_scales)
     interp = target_info.is_interpreter()
     if config.kernels in _FAMILY_GPUS and not interp and dev.type == "cuda":
-        supports, needs = _FAMILY_GPUS[config.kernels]
-        cap = target_info.device_capability(dev)
-        if not supports(cap):
-            raise ValueError(
-                f"fused_moe_nvfp4_prefill: PrefillConfig(kernels={config.kernels!r}) needs {needs}, "
-                f"this GPU is sm_{cap[0]}{cap[1]}; use kernels='dot'"
-            )
+        _check_family_gpu(config.kernels, dev.index if dev.index is not None else -1)
     for launch in _plan(hidden_states, weights, topk_ids, topk_weights, out, config, interp):
         launch.run()
     family = config.kernels if config.kernels == "w4a4" or not interp else "dot"

@@ -20,7 +20,9 @@ __all__ = [
     "PREFILL_KERNEL_FAMILIES",
     "PrefillConfig",
     "default_prefill_family",
+    "prefill_activations",
     "prefill_heuristic_config",
+    "served_prefill_config",
     "w4a16_twin_config",
     "wgmma_supports_shape",
 ]
@@ -36,6 +38,25 @@ def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
     return replace(cfg, kernels="dot", block_k2=128)
+
+
+def prefill_activations() -> str:
+    """``SGLANG_FP4EXT_PREFILL_ACTIVATIONS``, checked: ``"auto"`` or ``"bf16"``."""
+    from sglang_fp4ext import envs
+
+    acts = (envs.PREFILL_ACTIVATIONS.get() or "auto").strip().lower()
+    if acts not in ("auto", "bf16"):
+        raise ValueError(f"{envs.PREFILL_ACTIVATIONS.name}={acts!r}: expected 'auto' or 'bf16'")
+    return acts
+
+
+def served_prefill_config(cfg: "PrefillConfig", has_input_scales: bool) -> "PrefillConfig":
+    """The config a prefill call runs for ``cfg`` (a table entry or heuristic choice): a W4A4
+    config runs as W4A16 (``w4a16_twin_config``) on weights without static input scales or
+    when the user asked for bf16 activations."""
+    if cfg.kernels == "w4a4" and (not has_input_scales or prefill_activations() == "bf16"):
+        return w4a16_twin_config(cfg)
+    return cfg
 
 
 def wgmma_supports_shape(H: int, I: int) -> bool:
@@ -221,17 +242,10 @@ def default_prefill_family(shape: MoEShape, target: Target) -> str:
     """The prefill family a call uses by default: ``"w4a4"`` where the GPU has the block-scaled
     FP4 MMA (and ``SGLANG_FP4EXT_PREFILL_ACTIVATIONS`` is not ``bf16``), ``"wgmma"`` on sm_90,
     else ``"dot"``; the two v2 families need H and I multiples of 256."""
-    from sglang_fp4ext import envs
-
     cap = target_info.arch_capability(target.arch)
     if not wgmma_supports_shape(shape.H, shape.I) or target_info.is_interpreter():
         return "dot"
-    acts = (envs.PREFILL_ACTIVATIONS.get() or "auto").strip().lower()
-    if acts not in ("auto", "bf16"):
-        raise ValueError(
-            f"{envs.PREFILL_ACTIVATIONS.name}={acts!r}: expected 'auto' or 'bf16'"
-        )
-    if acts == "auto" and target_info.has_native_fp4_mma(cap):
+    if prefill_activations() == "auto" and target_info.has_native_fp4_mma(cap):
         return "w4a4"
     if target_info.supports_wgmma_prefill(cap):
         return "wgmma"
