@@ -45,6 +45,7 @@ from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.hardware import dense_peak
 
 __all__ = [
+    "ComputeProjection",
     "Efficiency",
     "Projection",
     "achieved_Bps",
@@ -54,6 +55,7 @@ __all__ = [
     "bandwidth_fraction",
     "bytes_floor",
     "compute_efficiency",
+    "compute_projection",
     "distinct_experts",
     "distinct_experts_tensor",
     "expected_busiest_rank_experts",
@@ -335,3 +337,70 @@ def projection(
         target_floor_us=time_floor_us(nbytes, target_bw),
         assumptions=tuple(assumptions),
     )
+
+
+@dataclass(frozen=True)
+class ComputeProjection:
+    """A compute-bound time **projected** for ``target`` (prefill), not measured there."""
+
+    target: str
+    precision: str
+    projected_us: float
+    efficiency: float  # fraction of the bf16 matmul rate measured here that the kernels reached
+    target_rate_tflops: float  # the MMA rate assumed on the target
+    assumptions: tuple[str, ...]
+    projection: bool = True
+
+    def __post_init__(self):
+        if self.projection is not True:
+            raise ValueError("a ComputeProjection is always labelled projection=True")
+
+    def label(self) -> str:
+        return (
+            f"PROJECTION (not measured) for {self.target}, {self.precision.upper()} MMA: "
+            f"{self.projected_us:.1f} us at {self.target_rate_tflops:.0f} TFLOP/s ("
+            + "; ".join(self.assumptions)
+            + ")"
+        )
+
+
+def compute_projection(
+    flops: float,
+    measured_us: float,
+    measured_matmul_tflops: float,
+    target_spec: GPUSpec,
+    precision: str,
+    *,
+    source_spec: GPUSpec | None = None,
+) -> ComputeProjection:
+    """Project a compute-bound time (prefill) onto ``target_spec``'s dense ``precision`` peak.
+
+    The kernels are assumed to reach the same fraction of the target's achievable MMA rate as
+    they reached here of the bf16 matmul measured in the same run; "achievable" is the dense
+    peak times this GPU's measured/spec bf16 ratio when ``source_spec`` is given (else the full
+    dense peak, said to be optimistic). Bandwidth, L2 and SM count are not modelled: take the
+    larger of this and :func:`projection`.
+    """
+    if measured_us <= 0 or measured_matmul_tflops <= 0 or flops <= 0:
+        raise ValueError("need flops > 0, measured_us > 0, measured_matmul_tflops > 0")
+    peak = dense_peak(target_spec, precision)
+    if peak is None:
+        raise ValueError(f"{target_spec.name} has no dense {precision} peak")
+    eff = flops / (measured_us * 1e-6) / 1e12 / measured_matmul_tflops
+    assumptions = [
+        f"{eff:.0%} of the MMA rate, the fraction of the bf16 matmul the kernels reached here"
+    ]
+    src_peak = None if source_spec is None else dense_peak(source_spec, "bf16")
+    if src_peak:
+        achievable = measured_matmul_tflops / src_peak
+        assumptions.append(
+            f"the target's MMA reaches {achievable:.0%} of its dense peak, as bf16 did on "
+            f"{source_spec.name} here"
+        )
+    else:
+        achievable = 1.0
+        assumptions.append("the target's MMA at its full dense peak (optimistic)")
+    rate = eff * peak * achievable
+    return ComputeProjection(target_spec.name, precision, flops / (rate * 1e12) * 1e6, eff, rate,
+                             tuple(assumptions))
+

@@ -149,6 +149,34 @@ def test_projection_hand_computed():
     assert any("optimistic" in a for a in q["assumptions"])
 
 
+def test_prefill_projection_hand_computed():
+    """A prefill row measured on the H200 (1,667 us for F FLOPs at a measured 794 TFLOP/s bf16
+    matmul, spec 989) -> RTX PRO 6000 WS (dense bf16 504, FP4 2015 TFLOPS): the same fraction of
+    the achievable MMA rate gives us x 989 / peak, i.e. 3,271 us W4A16 and 818 us W4A4 (served:
+    the target has FP4 tensor cores), each no faster than the target's bytes floor."""
+    shape = model_shapes.preset("glm5-tp8")
+    h200, pro = hardware.spec_by_key("h200"), hardware.spec_by_key("rtx-pro-6000-ws")
+    F = 3 * 2 * 4096 * 8 * 6144 * 256
+    rows = [{"T": 4096, "us": 1667.0, "bytes_floor": 7.8e8, "path": "prefill", "flops": F},
+            {"T": 1, "us": 26.0, "bytes_floor": 1.1e8, "path": "decode", "flops": 1e9}]
+    p = figures.project_rows(rows, shape, 4.0e12, pro, h200, 794.0)
+    r, d = p["rows"]
+    assert r["prefill_w4a16_us"] == pytest.approx(1667.0 * 989 / 504, rel=1e-9)
+    assert r["prefill_w4a4_us"] == pytest.approx(1667.0 * 989 / 2015, rel=1e-9)
+    assert r["prefill_format"] == "w4a4" and r["projected_layer_us"] == r["prefill_w4a4_us"]
+    assert r["prefill_w4a4_us"] > r["target_floor_us"]
+    assert "PROJECTION (not measured)" in r["label"] and "FP4 MMA" in r["label"]
+    assert "prefill_format" not in d  # decode rows: bandwidth projection only
+    # A tiny byte-light measurement cannot project below the target's bytes floor.
+    fast = figures.project_rows([dict(rows[0], us=10.0)], shape, 4.0e12, pro, h200, 794.0)
+    q = fast["rows"][0]
+    assert q["prefill_w4a4_us"] == pytest.approx(q["target_floor_us"], rel=1e-12)
+    # H200 as the target: no FP4 tensor cores, W4A16 served.
+    h = figures.project_rows(rows[:1], shape, 4.0e12, h200, h200, 794.0)["rows"][0]
+    assert h["prefill_format"] == "w4a16" and h["prefill_w4a4_us"] is None
+    assert h["prefill_w4a16_us"] == pytest.approx(1667.0, rel=1e-9)
+
+
 def test_projection_random_cases(seed):
     rng = random.Random(seed)
     specs = [s for s in hardware.all_specs()]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_fp4ext import roofline
+from sglang_fp4ext import hardware, roofline
 from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.model_shapes import ModelShape
 
@@ -54,11 +54,16 @@ def project_rows(
     measured_bw_Bps: float,
     target: GPUSpec,
     source: GPUSpec | None,
+    matmul_tflops: float | None = None,
 ) -> dict:
     """Per-token MoE time on ``target`` from times measured here (``roofline.projection``).
 
     Per row: the layer time is projected; a decode step runs ``shape.n_moe_layers`` such layers,
     so ``projected_step_us = layer x n_moe_layers`` and ``projected_us_per_token = step / T``.
+    Prefill rows (``path == "prefill"``, with ``matmul_tflops`` measured here) are compute-bound
+    too: ``roofline.compute_projection`` onto the target's dense bf16 peak (W4A16) and, where it
+    has one, its dense FP4 peak (W4A4, what fp4ext runs there), each no faster than the target's
+    bytes floor; the layer time is the one of the format fp4ext runs on the target.
     """
     out = []
     assumptions: tuple[str, ...] = ()
@@ -67,16 +72,31 @@ def project_rows(
             r["us"], r["bytes_floor"], measured_bw_Bps, target, source_spec=source
         )
         assumptions = p.assumptions
-        step = p.projected_us * shape.n_moe_layers
+        layer, label, extra = p.projected_us, p.label(), {}
+        if r.get("path") == "prefill" and matmul_tflops and r.get("flops"):
+            for fmt, prec in (("w4a16", "bf16"), ("w4a4", "fp4")):
+                if hardware.dense_peak(target, prec) is None:
+                    extra[f"prefill_{fmt}_us"] = None
+                    continue
+                c = roofline.compute_projection(r["flops"], r["us"], matmul_tflops, target, prec,
+                                                source_spec=source)
+                extra[f"prefill_{fmt}_us"] = max(c.projected_us, p.target_floor_us)
+                extra[f"prefill_{fmt}_label"] = c.label()
+            fmt = "w4a4" if extra.get("prefill_w4a4_us") else "w4a16"
+            if extra.get(f"prefill_{fmt}_us"):
+                layer, label = extra[f"prefill_{fmt}_us"], extra[f"prefill_{fmt}_label"]
+                extra["prefill_format"] = fmt
+        step = layer * shape.n_moe_layers
         out.append(
             {
                 "T": r["T"],
                 "measured_us": r["us"],
-                "projected_layer_us": p.projected_us,
+                "projected_layer_us": layer,
                 "projected_step_us": step,
                 "projected_us_per_token": step / r["T"],
                 "target_floor_us": p.target_floor_us,
-                "label": p.label(),
+                "label": label,
+                **extra,
             }
         )
     return {

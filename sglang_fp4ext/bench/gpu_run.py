@@ -118,7 +118,7 @@ def run_gpu(
     if not all(r["check"]["ok"] for r in result["rows"]):
         result["notes"].append("some rows FAILED the correctness check against the torch twin")
     if project is not None:
-        result["projection"] = project_rows(result["rows"], shape, bw, project, here)
+        result["projection"] = project_rows(result["rows"], shape, bw, project, here, mm)
     return result
 
 

@@ -56,6 +56,14 @@ def format_table(result: dict) -> str:
                     f"{p['projected_step_us'] / 1e3:7.2f} ms/step, "
                     f"{p['projected_us_per_token']:8.1f} us/token"
                 )
+                if p.get("prefill_format"):  # compute-bound: both activation formats
+                    w4 = p.get("prefill_w4a4_us")
+                    lines.append(
+                        f"          prefill W4A16 {p['prefill_w4a16_us']:8.1f} us, W4A4 "
+                        + ("n/a" if w4 is None else f"{w4:8.1f} us")
+                        + f" (served: {p['prefill_format'].upper()}; "
+                        + p[f"prefill_{p['prefill_format']}_label"].split(": ", 1)[1] + ")"
+                    )
             lines.append("  assumptions: " + "; ".join(proj["assumptions"]))
         if proj.get("note"):
             lines.append(f"projection for {proj['target']}: {proj['note']}")
