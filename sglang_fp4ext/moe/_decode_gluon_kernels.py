@@ -123,11 +123,11 @@ def _scale_pair(c):
 
 
 @gluon.jit
-def _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
-    """acc += decode(b) @ x^T for one 256-deep chunk: code words ``b`` [BN, 8, 4] int32, scale
-    codes [BN, 8] per half, activations [BT, 8, 8] int32 (bf16 pairs) per half."""
+def _decode_chunk(b, slo, shi, BN: gl.constexpr, ML: gl.constexpr):
+    """Code words ``b`` [BN, 8, 4] int32 and scale codes [BN, 8] per half of one 256-deep chunk
+    -> the low and high halves' weights times 2^-26, [BN, 128] bf16 each, in MMA k-slot order as
+    the A operand of ``ML`` (``mma_v2`` here, ``warpgroup_mma`` in the prefill kernels)."""
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
-    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ML, k_width=2)
     sl = gl.expand_dims(_scale_pair(slo), 2)
     sh = gl.expand_dims(_scale_pair(shi), 2)
     lo01, lo23, hi01, hi23 = gl.inline_asm_elementwise(
@@ -138,14 +138,23 @@ def _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN: gl.constexpr, BT: gl.constex
         is_pure=True,
         pack=1,
     )
-    a = gl.convert_layout(_mma_k_order(_byte_order(lo01, lo23, BN), BN), A_OP, assert_trivial=True)
+    a_lo = gl.convert_layout(_mma_k_order(_byte_order(lo01, lo23, BN), BN), A_OP, assert_trivial=True)
+    a_hi = gl.convert_layout(_mma_k_order(_byte_order(hi01, hi23, BN), BN), A_OP, assert_trivial=True)
+    return a_lo, a_hi
+
+
+@gluon.jit
+def _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+    """acc += decode(b) @ x^T for one 256-deep chunk: code words ``b`` [BN, 8, 4] int32, scale
+    codes [BN, 8] per half, activations [BT, 8, 8] int32 (bf16 pairs) per half."""
+    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ML, k_width=2)
+    a_lo, a_hi = _decode_chunk(b, slo, shi, BN, ML)
     x = gl.reshape(_bf16x2(xlo), [BT, 8, 16])
     x = gl.convert_layout(gl.permute(_mma_k_order(x, BT), [1, 0]), B_OP, assert_trivial=True)
-    acc = mma_v2(a, x, acc)
-    a = gl.convert_layout(_mma_k_order(_byte_order(hi01, hi23, BN), BN), A_OP, assert_trivial=True)
+    acc = mma_v2(a_lo, x, acc)
     x = gl.reshape(_bf16x2(xhi), [BT, 8, 16])
     x = gl.convert_layout(gl.permute(_mma_k_order(x, BT), [1, 0]), B_OP, assert_trivial=True)
-    return mma_v2(a, x, acc)
+    return mma_v2(a_hi, x, acc)
 
 
 @gluon.jit

@@ -41,13 +41,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from sglang_fp4ext.moe._decode_gluon_kernels import (
     _TWO_P26,
     _add,
-    _byte_order,
-    _mma_k_order,
+    _decode_chunk,
     _phys_row,
-    _scale_pair,
     weight_layout,
 )
-from sglang_fp4ext.moe._decode_dot_kernels import FP4X4_TO_BF16_PTX
 from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
 
 
@@ -90,26 +87,6 @@ def _k_slot(u):
 def _load_codes(qe, se, qoff, soff, kc, s_chunk_stride):
     sp = se + kc * s_chunk_stride + soff
     return gl.load(qe + qoff + kc * 32), gl.load(sp), gl.load(sp + 8)
-
-
-@gluon.jit
-def _decode(b, slo, shi, BN: gl.constexpr, ML: gl.constexpr):
-    """Code words [BN, 8, 4] and scale codes [BN, 8] of one chunk -> the low and high halves'
-    weights times 2^-26, [BN, 128] bf16 each, as ``wgmma``'s register operand."""
-    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
-    sl = gl.expand_dims(_scale_pair(slo), 2)
-    sh = gl.expand_dims(_scale_pair(shi), 2)
-    lo01, lo23, hi01, hi23 = gl.inline_asm_elementwise(
-        FP4X4_TO_BF16_PTX,
-        "=r,=r,=r,=r,r,r,r,r,r",
-        args=[b, sl, sl, sh, sh],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
-        is_pure=True,
-        pack=1,
-    )
-    a_lo = gl.convert_layout(_mma_k_order(_byte_order(lo01, lo23, BN), BN), A_OP, assert_trivial=True)
-    a_hi = gl.convert_layout(_mma_k_order(_byte_order(hi01, hi23, BN), BN), A_OP, assert_trivial=True)
-    return a_lo, a_hi
 
 
 @gluon.jit
@@ -243,7 +220,7 @@ def _row_block(acc, p_lo, p_hi, b, slo, shi, xs, xp, qe, se, qoff, soff, QB, nb0
         bn_ = nb0 + itn // KC
         b_n, slo_n, shi_n = _load_codes(qe + bn_ * QB, se + bn_ * BN * 16, qoff, soff, itn % KC,
                                         s_chunk_stride)
-        a_lo, a_hi = _decode(b, slo, shi, BN, ML)  # overlaps the previous chunk's MMAs
+        a_lo, a_hi = _decode_chunk(b, slo, shi, BN, ML)  # overlaps the previous chunk's MMAs
         # p_lo/p_hi (the previous chunk's operands) stay live until its MMAs are done.
         acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         cp.wait_group(NS - 2)
