@@ -46,6 +46,21 @@ ADVERSARIAL = ("same_experts", "zipf", "duplicates", "out_of_range", "all_droppe
 OTHER_SHAPES = {"dsr1_tp8": (256, 7168, 256), "qwen3_30b": (128, 2048, 768)}
 
 
+def other_shape_case(name: str, T: int, seed: int, device="cuda"):
+    """``(MoEWeights, PreparedMoEWeights, x, topk_ids, topk_weights)`` of ``OTHER_SHAPES[name]``
+    for ``T`` tokens, top-8 of distinct experts, fresh from ``seed``."""
+    from sglang_fp4ext.bench import random_packed_weights
+
+    E, H, I = OTHER_SHAPES[name]
+    g = torch.Generator(device=device).manual_seed(seed)
+    w = random_packed_weights(E, H, I, device=device, generator=g)
+    pw = PreparedMoEWeights.from_moe_weights(w)
+    ids = torch.rand(T, E, device=device, generator=g).topk(8, dim=1).indices.to(torch.int32)
+    tw = torch.rand(T, 8, device=device, generator=g)
+    x = torch.randn(T, H, device=device, generator=g).to(torch.bfloat16)
+    return w, pw, x, ids.contiguous(), tw
+
+
 def adversarial(kind: str, T: int, E: int, k: int, g: torch.Generator):
     """Routings the uniform draw never makes (ids int32 (T, k))."""
     if kind == "same_experts":  # every token on the same k experts

@@ -826,18 +826,10 @@ def test_adversarial_routings(name, T, kind, kernels, seed):
 @pytest.mark.parametrize("shape_name", sorted(glm5_cases.OTHER_SHAPES))
 @pytest.mark.parametrize("T", [512, 3000])
 def test_other_shapes_vs_reference(shape_name, T, kernels, seed):
-    from sglang_fp4ext.bench import random_packed_weights
-    from sglang_fp4ext.moe.prepared import PreparedMoEWeights
-
-    E, H, I = glm5_cases.OTHER_SHAPES[shape_name]
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    w = random_packed_weights(E, H, I, device="cuda", generator=g)
-    pw = PreparedMoEWeights.from_moe_weights(w)
-    ids = torch.rand(T, E, device="cuda", generator=g).topk(8, dim=1).indices.to(torch.int32)
-    tw = torch.rand(T, 8, device="cuda", generator=g)
-    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+    w, pw, x, ids, tw = glm5_cases.other_shape_case(shape_name, T, seed)
+    H = x.shape[1]
     out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
-    fused_moe_nvfp4_prefill(x, pw, ids.contiguous(), tw, out=out, config=_cfg(pw, ids, kernels))
+    fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=_cfg(pw, ids, kernels))
     st = assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
                       what=f"{shape_name} T={T} {kernels}")
     print(f"{shape_name} T={T} {kernels}: {st}")
