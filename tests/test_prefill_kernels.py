@@ -37,7 +37,11 @@ from sglang_fp4ext.moe.prefill import (
     max_m_tiles,
     num_bins,
 )
-from sglang_fp4ext.moe.prefill_config import PrefillConfig, prefill_heuristic_config
+from sglang_fp4ext.moe.prefill_config import (
+    PrefillConfig,
+    prefill_heuristic_config,
+    w4a16_twin_config,
+)
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from sglang_fp4ext.testing.compare import assert_close
@@ -308,9 +312,32 @@ def test_wgmma_config_rules():
         (dict(block_m=256), "block_m must be <= 128"),
         (dict(combine="atomic"), "only the ordered combine"),
         (dict(kernels="gluon"), "kernels must be one of"),
+        (dict(prefetch1=4), "prefetch1 must be 1, 2 or 3"),
+        (dict(prefetch2=0), "prefetch2 must be 1, 2 or 3"),
+        (dict(accs2=3), "accs2 must be 1 or 2"),
+        (dict(accs2=2, group_n2=16), "2 needs group_n2 <= 8"),
+        (dict(kernels="dot", block_k2=128, prefetch1=2), "knobs of the wgmma kernels"),
+        (dict(kernels="w4a4", accs2=2), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
+    knobs = PrefillConfig(block_m=32, group_n2=8, prefetch1=3, prefetch2=2, accs2=2, **_WG)
+    assert eval(repr(knobs)) == knobs
+    twin = w4a16_twin_config(knobs)  # the self-check's fallback drops the wgmma-only knobs
+    assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2) == ("dot", 1, 1, 1)
+
+
+def test_wgmma_two_accumulators_need_one_k_chunk():
+    """``accs2=2`` runs GEMM2 one 256-deep chunk per row block: other I get a clear error."""
+    from sglang_fp4ext.moe.prefill import _plan
+
+    _, pw = _weights(4, 256, 512)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 256, generator=g).to(torch.bfloat16).to(DEV)
+    ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
+    cfg = PrefillConfig(block_m=16, block_p=16, accs2=2, group_n2=8, **_WG)
+    with pytest.raises(ValueError, match="accs2=2.*intermediate_size == 256, got 512"):
+        _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
 
 
 def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
@@ -609,6 +636,8 @@ def _requests(cc):
         "stages1=2, stages2=2, combine='atomic')"
     )
     req.append([_GLM5[1], 4096, arch, sms, extra])
+    if cc == 90:
+        req += _knob_requests(arch, sms)
     if cc == 90:  # the prefill entries of the shipped H200 table (used on that GPU only)
         from sglang_fp4ext.moe import config as C
 
@@ -618,6 +647,21 @@ def _requests(cc):
                 if entry.path == "prefill":
                     req.append([[s.E, s.H, s.I, s.top_k], b, arch, sms, repr(entry.config)])
     return req
+
+
+# The wgmma knobs the tuner tries beyond the heuristic (tune_space): code prefetch depth and
+# GEMM2's two accumulators at I = 256 (``accs2``), which must compile without spills.
+_KNOBS = [
+    (_GLM5[0], "block_m=32, stages1=2, group_n2=8, prefetch1=2, accs2=2"),
+    (_GLM5[0], "block_m=32, stages1=2, group_n2=4, prefetch1=2, prefetch2=2, accs2=2"),
+    (_GLM5[0], "block_m=64, stages1=3, group_n2=8, prefetch1=3, prefetch2=2"),
+    (_GLM5[1], "block_m=64, stages1=3, group_n2=4, prefetch1=2, prefetch2=2"),
+]
+
+
+def _knob_requests(arch, sms):
+    wg = "kernels='wgmma', block_k1=256, block_k2=256"
+    return [[s, 4096, arch, sms, f"PrefillConfig({k}, {wg})"] for s, k in _KNOBS]
 
 
 @pytest.fixture(scope="module")
@@ -666,8 +710,12 @@ def _check_wgmma_design(rows, where):
         assert r["shared"] <= 232_448, f"{where}: over the H200's shared memory: {r}"
         # ptxas serialising the wgmmas (registers touched while in flight) undoes the pipeline.
         assert not r["serialized"], f"{where}: wgmma serialised by ptxas: {r}"
+        spills = any("spill stores" in l and not l.startswith("0 bytes") for l in r["spills"])
         if r["kernel"] == "_wgmma_gemm1":  # the K loop alone: no spills (measured 214 registers)
-            assert not any("spill stores" in l and not l.startswith("0 bytes") for l in r["spills"]), r
+            assert not spills, r
+        if "accs2=2" in r["config"]:  # the two accumulators' point is overlap, not local memory
+            assert not spills, r
+    assert any("accs2=2" in r["config"] for r in gl), f"{where}: no two-accumulator GEMM2 compiled"
 
 
 @pytest.mark.slow
@@ -689,7 +737,7 @@ def test_aot_wgmma_family_compiles_with_triton_36():
         pytest.skip("no Triton 3.6 site dir (.ci/triton36 or $FP4EXT_TRITON36): .ci/run installs one")
     arch, sms = _ARCHS[90]
     req = [[s, 1 << b, arch, sms, None] for s in _GLM5 for b in range(9, 14)]
-    todo = {90: req}
+    todo = {90: req + _knob_requests(arch, sms)}
     for cc in (100, 120):  # the W4A4 family's heuristic configs
         arch, sms = _ARCHS[cc]
         todo[cc] = [[s, T, arch, sms, None] for s in _GLM5 for T in (1024, 4096)]
@@ -833,3 +881,50 @@ def test_other_shapes_vs_reference(shape_name, T, kernels, seed):
     st = assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
                       what=f"{shape_name} T={T} {kernels}")
     print(f"{shape_name} T={T} {kernels}: {st}")
+
+
+def _knob_cfg(knobs):
+    return eval(f"PrefillConfig({knobs}, kernels='wgmma', block_k1=256, block_k2=256)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knob_i", range(len(_KNOBS)))
+@pytest.mark.parametrize("T", [600, 4096])
+def test_wgmma_knobs_vs_reference(knob_i, T, seed):
+    """The tuner's wgmma knobs (deeper code prefetch, GEMM2's two accumulators) against the fp32
+    twin on a poisoned output, at the GLM-5 shape each is meant for."""
+    shape, knobs = _KNOBS[knob_i]
+    name = "tp8_shared" if shape == _GLM5[0] else "ep8"
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=_knob_cfg(knobs))
+    st = assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL,
+                      rms_rel=RMS_REL, what=f"{name} T={T} {knobs}")
+    print(f"{name} T={T} {knobs}: {st}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_n2", [4, 8])
+def test_wgmma_two_accumulators_ragged_last_program(group_n2, seed):
+    """H = 1280 is 10 row blocks: the last GEMM2 program of each M tile has fewer blocks than
+    ``group_n2`` and must store exactly its own; then graph replay and repeated runs equal eager
+    bit for bit."""
+    w, pw = _weights(8, 1280, 256)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = 300
+    x = torch.randn(T, 1280, generator=g, device="cuda").to(torch.bfloat16)
+    ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
+    cfg = PrefillConfig(block_m=32, group_n2=group_n2, accs2=2, prefetch1=2, prefetch2=2, **_WG)
+    out = torch.full((T, 1280), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
+    graph = torch.cuda.CUDAGraph()
+    sout = torch.full_like(out, float("nan"))
+    with torch.cuda.graph(graph):
+        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=sout, config=cfg)
+    for _ in range(5):
+        sout.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(sout.view(torch.int16), out.view(torch.int16))

@@ -102,15 +102,15 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                 WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
-                 CL: gl.constexpr):
+                 PF: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
+                 XS: gl.constexpr, CL: gl.constexpr):
     """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)``."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
                    NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, WL, ML, AL, XS)
+                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, WL, ML, AL, XS)
 
 
 @gluon.jit
@@ -118,16 +118,21 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                 NG: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
-                 XS: gl.constexpr, CL: gl.constexpr):
+                 NG: gl.constexpr, PF: gl.constexpr, ACCS: gl.constexpr, WL: gl.constexpr,
+                 ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
-    ``(cdiv(Np2 / BN, NG), m_tiles)``."""
+    ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256)."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
-    _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
-                   NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                   s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, WL, ML, AL, XS)
+    if ACCS == 2:
+        _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+                        NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
+                        BM, BN, NG, PF, WL, ML, AL, XS)
+    else:
+        _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+                       K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
+                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, WL, ML, AL, XS)
 
 
 @gluon.jit
@@ -135,14 +140,16 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                    s_e_stride, s_chunk_stride,
                    GATED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                   NG: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
-                   XS: gl.constexpr):
+                   NG: gl.constexpr, PF: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
+                   AL: gl.constexpr, XS: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
     ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring).
 
-    Chunk ``it + 1``'s codes load and chunk ``it`` decodes while chunk ``it - 1``'s MMAs run
+    Chunk ``it + PF``'s codes load and chunk ``it`` decodes while chunk ``it - 1``'s MMAs run
     (``it`` counts chunks over the program's row blocks, so the next block's first codes are
-    in flight during a block's epilogue). The epilogue itself does not overlap the MMAs (one
+    in flight during a block's epilogue). ``PF`` (1-3) code chunks in flight per program: at
+    one, a chunk's codes have one MMA's time to arrive, less than a loaded DRAM's latency
+    (v2 step 1's GEMM1 streamed weights at ~2.2 TB/s at T = 512, one chunk ~1 us apart). The epilogue itself does not overlap the MMAs (one
     accumulator): at one chunk per block (GEMM2 at I = 256) that is the main loss, measured. The
     activation ring re-reads a tile's chunks from L2 for every row block.
 
@@ -187,40 +194,55 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
     p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
-    b, slo, shi = _load_codes(qe + nb0 * QB, se + nb0 * BN * 16, qoff, soff, 0, s_chunk_stride)
+    # The code queue: chunk it (q0), it + 1 (q1, PF >= 2), it + 2 (q2, PF == 3).
+    q0 = _load_chunk(qe, se, qoff, soff, QB, nb0, 0, KC, NIT, s_chunk_stride, BN)
+    q1 = q0
+    q2 = q0
+    if PF >= 2:
+        q1 = _load_chunk(qe, se, qoff, soff, QB, nb0, 1, KC, NIT, s_chunk_stride, BN)
+    if PF == 3:
+        q2 = _load_chunk(qe, se, qoff, soff, QB, nb0, 2, KC, NIT, s_chunk_stride, BN)
     acc = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, ML))
     if NG == 1:  # no block loop: the K loop alone (fewer live registers: 214 vs 255 + spills)
-        acc, p_lo, p_hi, b, slo, shi = _row_block(
-            acc, p_lo, p_hi, b, slo, shi, xs, xp, qe, se, qoff, soff, QB, nb0, 0, KC, NIT,
-            s_chunk_stride, BN, NS, ML)
+        acc, p_lo, p_hi, q0, q1, q2 = _row_block(
+            acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, 0, KC, NIT,
+            s_chunk_stride, BN, NS, PF, ML)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NOUT, NP,
-                  stride_dst, GATED, BN, BM, ML)
+                  stride_dst, GATED, BN, BM, ML, nrows)
     else:
         for g in range(NIT // KC):
-            acc, p_lo, p_hi, b, slo, shi = _row_block(
-                acc, p_lo, p_hi, b, slo, shi, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
-                s_chunk_stride, BN, NS, ML)
+            acc, p_lo, p_hi, q0, q1, q2 = _row_block(
+                acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
+                s_chunk_stride, BN, NS, PF, ML)
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
             _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
-                      NP, stride_dst, GATED, BN, BM, ML)
+                      NP, stride_dst, GATED, BN, BM, ML, nrows)
             p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)  # done: not live into the next block
             p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     cp.wait_group(0)
 
 
 @gluon.jit
-def _row_block(acc, p_lo, p_hi, b, slo, shi, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
-               s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, ML: gl.constexpr):
+def _load_chunk(qe, se, qoff, soff, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr):
+    """Codes and scale codes of the program's flat chunk ``it`` (clamped to the last: loads past
+    the end are dropped)."""
+    it = gl.minimum(it, NIT - 1)
+    nb = nb0 + it // KC
+    return _load_codes(qe + nb * QB, se + nb * BN * 16, qoff, soff, it % KC, s_chunk_stride)
+
+
+@gluon.jit
+def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
+               s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, PF: gl.constexpr,
+               ML: gl.constexpr):
     """The K loop of row block ``nb0 + g``: issues its MMAs (the last ones still in flight on
-    return) with the next chunk's codes ``b, slo, shi`` loaded (flat index ``it = g KC + kc``)."""
+    return) with the code queue ``q0 .. q{PF-1}`` (chunks ``it ..``, flat ``it = g KC + kc``)
+    refilled ``PF`` chunks ahead."""
     for kc in range(KC):
         it = g * KC + kc
-        itn = gl.minimum(it + 1, NIT - 1)
-        bn_ = nb0 + itn // KC
-        b_n, slo_n, shi_n = _load_codes(qe + bn_ * QB, se + bn_ * BN * 16, qoff, soff, itn % KC,
-                                        s_chunk_stride)
-        a_lo, a_hi = _decode_chunk(b, slo, shi, BN, ML)  # overlaps the previous chunk's MMAs
+        qn = _load_chunk(qe, se, qoff, soff, QB, nb0, it + PF, KC, NIT, s_chunk_stride, BN)
+        a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)  # overlaps the previous MMAs
         # p_lo/p_hi (the previous chunk's operands) stay live until its MMAs are done.
         acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         cp.wait_group(NS - 2)
@@ -233,20 +255,136 @@ def _row_block(acc, p_lo, p_hi, b, slo, shi, xs, xp, qe, se, qoff, soff, QB, nb0
         acc = warpgroup_mma(a_hi, xs.index(2 * buf + 1).permute((1, 0)), acc, is_async=True)
         _copy_chunk(xs, (it + NS - 1) % NS, xp, gl.minimum(it + NS - 1, NIT - 1) % KC)
         p_lo, p_hi = a_lo, a_hi
-        b, slo, shi = b_n, slo_n, shi_n
-    return acc, p_lo, p_hi, b, slo, shi
+        q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
+    return acc, p_lo, p_hi, q0, q1, q2
+
+
+@gluon.jit
+def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+                    NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
+                    BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, PF: gl.constexpr,
+                    WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr):
+    """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``program_id(0) * NG ..``
+    of the M tile, each one chunk of MMAs, with two accumulators so that a block's epilogue
+    runs while the next block's MMAs do (``_grouped_wgmma`` with one accumulator waits for
+    them). The tile's activations are copied into shared memory once and read by every
+    block: no ring, one barrier per program. Codes ``PF`` blocks ahead, as there.
+
+    The blocks are unrolled (``NG`` <= 8): in a ``for`` loop, ptxas (Triton 3.6 and 3.8)
+    serialises the ``wgmma``s (C7514) as soon as an epilogue reads one accumulator while the
+    other's MMAs, started in an earlier iteration, run. A ragged last program (``NB`` < ``NG``)
+    repeats block ``NB - 1`` and stores nothing for it."""
+    nb0 = gl.program_id(0) * NG
+    e64 = e.to(gl.int64)
+    NB = gl.minimum(NG, NP // BN - nb0)
+
+    ia = gl.arange(0, BM, layout=gl.SliceLayout(1, AL))
+    ra = row0 + gl.minimum(ia, nrows - 1)  # past the tile's end: its last row (dropped)
+    ka = gl.arange(0, 128, layout=gl.SliceLayout(0, AL))
+    xp = x_ptr + gl.expand_dims(ra.to(gl.int64) * stride_x, 1) + gl.expand_dims(ka, 0)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, 128], XS)
+    _copy_chunk(xs, 0, xp, 0)
+
+    SL: gl.constexpr = gl.SliceLayout(2, WL)
+    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
+    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
+    prow = _phys_row(r1)
+    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
+    qoff = gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0)
+    qoff = gl.expand_dims(qoff, 2) + gl.expand_dims(gl.expand_dims(i1, 0), 0)
+    qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
+    se = s_ptr + e64 * s_e_stride
+    QB = BN * (q_row_stride // 4)
+    q0 = _load_chunk(qe, se, qoff, soff, QB, nb0, 0, 1, NB, 0, BN)
+    q1 = q0
+    q2 = q0
+    if PF >= 2:
+        q1 = _load_chunk(qe, se, qoff, soff, QB, nb0, 1, 1, NB, 0, BN)
+    if PF == 3:
+        q2 = _load_chunk(qe, se, qoff, soff, QB, nb0, 2, 1, NB, 0, BN)
+
+    cp.wait_group(0)
+    barrier()
+    fence_async_shared()
+    x_lo = xs.index(0).permute((1, 0))
+    x_hi = xs.index(1).permute((1, 0))
+    # Blocks alternate between the accumulators acc_a (even) and acc_b (odd).
+    qn = _load_chunk(qe, se, qoff, soff, QB, nb0, PF, 1, NB, 0, BN)
+    p_lo, p_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)
+    q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
+    acc_a = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, ML))
+    acc_b = gl.zeros([BN, BM], gl.float32, ML)
+    acc_a = warpgroup_mma(p_lo, x_lo, acc_a, use_acc=False, is_async=True)
+    acc_a = warpgroup_mma(p_hi, x_hi, acc_a, is_async=True)
+    for h in gl.static_range((NG - 1) // 2):
+        acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
+            acc_b, acc_a, p_lo, p_hi, q0, q1, q2, 2 * h + 1, x_lo, x_hi, qe, se, qoff, soff, QB,
+            nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
+            BN, BM, PF, ML)
+        acc_a, acc_b, p_lo, p_hi, q0, q1, q2 = _block_2acc(
+            acc_a, acc_b, p_lo, p_hi, q0, q1, q2, 2 * h + 2, x_lo, x_hi, qe, se, qoff, soff, QB,
+            nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
+            BN, BM, PF, ML)
+    if NG % 2 == 0:
+        acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
+            acc_b, acc_a, p_lo, p_hi, q0, q1, q2, NG - 1, x_lo, x_hi, qe, se, qoff, soff, QB,
+            nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
+            BN, BM, PF, ML)
+        y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b, p_lo, p_hi))
+    else:
+        y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, p_lo, p_hi))
+    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + NB - 1, NOUT, NP,
+              stride_dst, False, BN, BM, ML, gl.where(NG - 1 < NB, nrows, 0))
+
+
+@gluon.jit
+def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g, x_lo, x_hi, qe, se, qoff, soff, QB, nb0,
+                NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
+                BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr, ML: gl.constexpr):
+    """Block ``g`` of ``_one_chunk_2acc``: decode it while block ``g - 1``'s MMAs (into ``busy``)
+    run, start its MMAs into ``free``, then store block ``g - 1`` while they run. Returns the
+    accumulators swapped (``g``'s in flight, ``g - 1``'s free), the operands and the queue."""
+    qn = _load_chunk(qe, se, qoff, soff, QB, nb0, g + PF, 1, NB, 0, BN)
+    a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)
+    free = warpgroup_mma(a_lo, x_lo, free, use_acc=False, is_async=True)
+    free = warpgroup_mma(a_hi, x_hi, free, is_async=True)
+    # Two commit groups per block: block g - 1's are done once at most 2 are in flight.
+    y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=2, deps=(busy, p_lo, p_hi))
+    # Blocks past NB (a ragged last program) repeat block NB - 1 and store nothing.
+    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows,
+              nb0 + gl.minimum(g - 1, NB - 1), NOUT, NP, stride_dst, False, BN, BM, ML,
+              gl.where(g - 1 < NB, nrows, 0))
+    q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
+    return free, y, a_lo, a_hi, q0, q1, q2
+
+
+@gluon.jit
+def _shift(q0, q1, q2, qn, PF: gl.constexpr):
+    """The code queue after its head is consumed: ``qn`` (chunk ``it + PF``) joins at the back."""
+    if PF == 1:
+        q0 = qn
+    elif PF == 2:
+        q0 = q1
+        q1 = qn
+    else:
+        q0 = q1
+        q1 = q2
+        q2 = qn
+    return q0, q1, q2
 
 
 @gluon.jit
 def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT, NP,
               stride_dst, GATED: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
-              ML: gl.constexpr):
-    """Stores row block ``nb``'s finished accumulator (GEMM1: SiLU·mul; GEMM2: weighted)."""
+              ML: gl.constexpr, nstore):
+    """Stores row block ``nb``'s finished accumulator (GEMM1: SiLU·mul; GEMM2: weighted), its
+    first ``nstore`` (``nrows``, or 0: nothing) of the tile's ``nrows`` columns."""
     # Per-column index tensors are built here: kept live across the K loop they would hold
     # BM / 4 registers each per thread.
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
     cols = gl.arange(0, BM, layout=gl.SliceLayout(0, ML))
-    cmask = cols < nrows
+    cmask = cols < nstore
     rc = row0 + gl.minimum(cols, nrows - 1)
     alpha = gl.load(a_ptr + e64 * NP + nb * BN + _phys_row(rows)) * _TWO_P26
     y = y * gl.expand_dims(alpha, 1)

@@ -310,6 +310,11 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     w13, w2 = weights.w13, weights.w2
     E, I = weights.num_experts, weights.intermediate_size
     _check_k_chunks("wgmma", H, I)
+    if config.accs2 == 2 and I != K_CHUNK:
+        raise ValueError(
+            f"fused_moe_nvfp4_prefill: PrefillConfig(accs2=2) runs GEMM2 one K chunk per row "
+            f"block and needs intermediate_size == {K_CHUNK}, got {I}"
+        )
     P = T * top_k
     dev = x.device
     nbins = num_bins(E)
@@ -364,7 +369,8 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     BM=config.block_m,
                     BN=bn,
                     NS=getattr(config, f"stages{i}"),
-                    **(dict(NG=ng) if i == 2 else {}),
+                    PF=getattr(config, f"prefetch{i}"),
+                    **(dict(NG=ng, ACCS=config.accs2) if i == 2 else {}),
                     **G.layouts(bn, config.block_m, warps),
                 ),
                 warps,

@@ -37,7 +37,7 @@ WGMMA_SMEM_LIMIT = 232_448
 def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
-    return replace(cfg, kernels="dot", block_k2=128)
+    return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1)
 
 
 def prefill_activations() -> str:
@@ -88,6 +88,10 @@ class PrefillConfig(ConfigDict):
     (``_prefill_w4a4_kernels``, sm_100/sm_120 and the interpreter: NVFP4 activations with the
     static input scales, ``block_k*`` 256, the ordered combine, ``group_n2`` unused; H and I
     multiples of 256). Under the interpreter a ``"wgmma"`` config runs the ``"dot"`` kernels.
+    wgmma only: ``prefetch*``, the K chunks of FP4 codes each GEMM keeps in flight ahead of its
+    decode (1-3, in registers); ``accs2``, GEMM2's accumulators: 2 overlaps a row block's
+    epilogue with the next block's MMAs (``I`` = 256 only: one K chunk per block;
+    ``group_n2`` <= 8, the blocks are unrolled).
     """
 
     block_m: int = 128
@@ -103,6 +107,9 @@ class PrefillConfig(ConfigDict):
     block_p: int = 1024
     combine: str = "ordered"
     kernels: str = "dot"
+    prefetch1: int = 1
+    prefetch2: int = 1
+    accs2: int = 1
 
     def __post_init__(self):
         for f in fields(self):
@@ -156,6 +163,12 @@ class PrefillConfig(ConfigDict):
             )
         if self.kernels == "wgmma":
             self._check_wgmma()
+        elif (self.prefetch1, self.prefetch2, self.accs2) != (1, 1, 1):
+            raise ValueError(
+                f"PrefillConfig: prefetch1, prefetch2 and accs2 are knobs of the wgmma kernels; "
+                f"kernels={self.kernels!r} needs 1, got {self.prefetch1}, {self.prefetch2}, "
+                f"{self.accs2}"
+            )
         if self.kernels == "w4a4":
             if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
                 raise ValueError(
@@ -193,6 +206,18 @@ class PrefillConfig(ConfigDict):
                     f"(2 x stages x block_m x 256 B = {2 * ns * self.block_m * 256} B) within "
                     f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, block_m={self.block_m}"
                 )
+        for name in ("prefetch1", "prefetch2"):
+            if getattr(self, name) not in (1, 2, 3):
+                raise ValueError(
+                    f"PrefillConfig(kernels='wgmma'): {name} must be 1, 2 or 3 (code chunks in "
+                    f"flight), got {getattr(self, name)!r}"
+                )
+        if self.accs2 not in (1, 2) or (self.accs2 == 2 and self.group_n2 > 8):
+            raise ValueError(
+                f"PrefillConfig(kernels='wgmma'): accs2 must be 1 or 2, and 2 needs group_n2 <= 8 "
+                f"(its row blocks are unrolled), got accs2={self.accs2!r}, "
+                f"group_n2={self.group_n2}"
+            )
         if self.combine != "ordered":
             raise ValueError("PrefillConfig(kernels='wgmma') has only the ordered combine")
 

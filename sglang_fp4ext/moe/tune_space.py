@@ -59,14 +59,15 @@ QUICK_CANDIDATES = 4
 
 
 def _unique_valid(make: Sequence[Callable[[], object]], limit: int) -> list:
-    """Build each candidate (dropping those a config's ``__post_init__`` rejects), dedupe, cap."""
+    """Build each candidate (dropping those a config's ``__post_init__`` rejects and ``None``: not
+    for this shape), dedupe, cap."""
     out = []
     for f in make:
         try:
             c = f()
         except ValueError:
             continue
-        if c not in out:
+        if c is not None and c not in out:
             out.append(c)
         if len(out) >= limit:
             break
@@ -173,6 +174,14 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             lambda: r(base, stages1=5 - base.stages1),
             lambda: r(base, group_n2=12 - base.group_n2),
             lambda: r(base, stages2=3),
+            # Deeper code prefetch, and GEMM2's epilogue overlapped with two accumulators at
+            # I = 256 on tiles of <= 32 tokens (64 spill there: ptxas, tests/test_prefill_kernels).
+            lambda: r(base, prefetch1=2, prefetch2=2),
+            lambda: r(base, prefetch1=3),
+            lambda: r(base, **st1(min(bm, 32)), accs2=2, group_n2=8, prefetch1=2)
+            if shape.I == K_CHUNK else None,
+            lambda: r(base, **st1(min(bm, 32)), accs2=2, group_n2=4, prefetch1=2, prefetch2=2)
+            if shape.I == K_CHUNK else None,
         ]
         return _unique_valid(make, min(limit, MAX_CANDIDATES))
 
