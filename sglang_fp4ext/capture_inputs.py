@@ -127,4 +127,5 @@ class PolicyInputs:
             H=self.model.hidden_size,
             I=self.model.moe_intermediate_size // moe_tp,
             top_k=self.model.top_k + fused,
+            ep=self.ep,
         )

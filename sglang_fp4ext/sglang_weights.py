@@ -57,6 +57,7 @@ class Fp4ExtQuantInfo(MoeQuantInfo):
 
     path: str  # "triton" | "reference"
     weights: Any  # PreparedMoEWeights for triton, MoEWeights for reference
+    ep_size: int = 1  # SGLang's moe_ep_size: sizes the kernels' tiles (MoEShape.ep)
 
 
 def quant_info_of(layer) -> Fp4ExtQuantInfo:
@@ -141,7 +142,8 @@ def process_weights(method, layer) -> None:
     )
     device = weights.device
     path = expert_path(device)
-    info = Fp4ExtQuantInfo(path=path, weights=prepare_experts(weights, path))
+    ep = int(layer.moe_ep_size)
+    info = Fp4ExtQuantInfo(path=path, weights=prepare_experts(weights, path, ep), ep_size=ep)
     if path == "triton":
         # The kernel layout holds everything now: drop the checkpoint-layout copies.
         for name in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"):

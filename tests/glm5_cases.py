@@ -23,7 +23,8 @@ def weights(name: str):
         g = torch.Generator(device="cuda").manual_seed(7)
         E, I = (257, 256) if name == "tp8_shared" else (32, 2048)
         w = random_packed_weights(E, H, I, device="cuda", generator=g)
-        _CACHE[name] = (w, PreparedMoEWeights.from_moe_weights(w))
+        ep = 1 if name == "tp8_shared" else GLM5_EP8.ep  # as SGLang's layer gives it
+        _CACHE[name] = (w, PreparedMoEWeights.from_moe_weights(w, ep))
     return _CACHE[name]
 
 

@@ -496,6 +496,21 @@ def test_heuristic_is_deterministic_and_never_atomic(monkeypatch):
     assert prefill_heuristic_config(4096, glm5, Target("sm_120", None, 188)).block_m == 128
 
 
+def test_rows_per_expert_is_ep_aware():
+    """An EP rank's tiles are sized by the rows its local experts get: EP8's 32 of 256 experts
+    see as many rows each as TP8's 256 (uniform routing), 8x fewer than the local shape alone
+    says; a fused shared expert (k = 9 over 257) gets every token."""
+    tp8, ep8 = MoEShape(256, 6144, 256, 8), MoEShape(32, 6144, 2048, 8, ep=8)
+    for T in (1, 7, 512, 4096):
+        assert abs(ep8.rows_per_expert(T) - tp8.rows_per_expert(T)) < 1e-9 * T
+    assert abs(MoEShape(32, 6144, 2048, 8).rows_per_expert(4096) / ep8.rows_per_expert(4096) - 8) < 1e-6
+    assert tp8.rows_per_expert(1) == 1.0  # one token: one row per expert it hits
+    assert abs(tp8.rows_per_expert(4096) - 128) < 0.01
+    assert MoEShape(32, 6144, 2048, 8, ep=8).key() == MoEShape(32, 6144, 2048, 8).key()
+    with pytest.raises(ValueError, match="MoEShape.ep must be an int >= 1"):
+        MoEShape(32, 6144, 2048, 8, ep=0)
+
+
 def test_wgmma_heuristic(monkeypatch):
     """Outside the interpreter sm_90 gets the wgmma family and sm_100 / sm_120 the W4A4 family
     where H and I are multiples of 256 (``prefill_config.default_prefill_family``); other GPUs
@@ -504,12 +519,18 @@ def test_wgmma_heuristic(monkeypatch):
 
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
     h200, rtx = Target("sm_90", None, 132), Target("sm_120", None, 188)
-    tp8, ep8 = MoEShape(256, 6144, 256, 8), MoEShape(32, 6144, 2048, 8)
-    got = {T: prefill_heuristic_config(T, tp8, h200) for T in (512, 1024, 4096, 8192)}
+    tp8, ep8 = MoEShape(256, 6144, 256, 8), MoEShape(32, 6144, 2048, 8, ep=8)
+    Ts = (512, 1024, 2048, 4096, 8192)
+    got = {T: prefill_heuristic_config(T, tp8, h200) for T in Ts}
     assert all(c.kernels == "wgmma" and c.group_n2 == 8 for c in got.values())
-    assert {T: c.block_m for T, c in got.items()} == {512: 32, 1024: 64, 4096: 64, 8192: 64}
+    # The measured best block_m of each point in the step-1 A/B (prefill_config._wgmma_config).
+    assert {T: c.block_m for T, c in got.items()} == {512: 32, 1024: 32, 2048: 64, 4096: 64,
+                                                     8192: 64}
     assert got[4096].stages1 == 3 and got[512].stages1 == 2
-    assert prefill_heuristic_config(1024, ep8, h200).group_n2 == 4
+    ep = {T: prefill_heuristic_config(T, ep8, h200) for T in Ts}
+    assert {T: c.block_m for T, c in ep.items()} == {512: 32, 1024: 32, 2048: 64, 4096: 128,
+                                                    8192: 128}
+    assert all(c.group_n2 == 4 for c in ep.values())
     assert prefill_heuristic_config(4096, MoEShape(8, 384, 256, 2), h200).kernels == "dot"
     # Blackwell: W4A4 (128 rows on 8 warps on sm_100 for tcgen05, 64 on 4 on sm_120); bf16
     # activations on request.
@@ -570,11 +591,11 @@ def specialise(fn, launch):
 
 
 seen, out = set(), []
-for (E, H, I, k), T, arch, sms, cfg in req:
+for (E, H, I, k, *ep), T, arch, sms, cfg in req:
     meta = lambda dt, *s: torch.empty(*s, dtype=dt, device="meta")
     w = PreparedMoEWeights(matrix(E, 2 * I, H), matrix(E, H, I), meta(torch.float32, 1),
                            meta(torch.float32, 1))
-    shape, target = MoEShape(E, H, I, k), Target(arch, None, sms)
+    shape, target = MoEShape(E, H, I, k, *ep), Target(arch, None, sms)
     cfg = eval(cfg) if cfg else prefill_heuristic_config(T, shape, target)
     x, o = meta(torch.bfloat16, T, H), meta(torch.bfloat16, T, H)
     for L in _plan(x, w, meta(torch.int32, T, k), meta(torch.float32, T, k), o, cfg, False):
@@ -620,7 +641,7 @@ print(json.dumps(out))
 """
 
 _ARCHS = {80: ("sm_80", 108), 90: ("sm_90", 132), 100: ("sm_100", 148), 120: ("sm_120", 188)}
-_GLM5 = [(257, 6144, 256, 9), (32, 6144, 2048, 8)]  # TP8 with the fused shared expert; EP8
+_GLM5 = [(257, 6144, 256, 9), (32, 6144, 2048, 8, 8)]  # TP8 + fused shared expert; EP8 (ep=8)
 
 
 def _requests(cc):

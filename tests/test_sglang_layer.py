@@ -90,6 +90,7 @@ print(json.dumps({{"loaded": loaded, "max_rel": st.max_rel, "rms_rel": st.rms_re
                                          float(w.w2_input_scale.max())],
                    "swizzled_freed": layer.w13_blockscale_swizzled is None,
                    "local_experts": int(layer.w13_weight.shape[0]),
+                   "ep_size": layer._fp4ext_quant_info.ep_size,
                    "local_inter": int(layer.w2_weight.shape[2]) * 2,
                    "ids": ids.tolist(), "served_log": served_log.getvalue()}}))
 """
@@ -145,6 +146,7 @@ def test_two_process_tp_ep_matches_single_process_reference(tmp_path, seed, tp, 
             assert (r["local_experts"], r["local_inter"]) == (E, I // tp)
         else:
             assert (r["local_experts"], r["local_inter"]) == (E // ep, I)
+        assert r["ep_size"] == ep, r  # the kernels' tile heuristics see SGLang's EP size
         _assert_served_once(r, layer_id=0, path="reference", local_experts=r["local_experts"])
         # As the single-process test, plus one fp32->bf16 rounding of each rank's partial sum.
         assert r["rms_rel"] < 5e-3, r

@@ -22,7 +22,7 @@ bs = GLM5_EP8 if "ep8" in sys.argv[2:] else GLM5_TP8
 call = fused_moe_nvfp4_prefill if "prefill" in sys.argv[2:] else fused_moe_nvfp4
 gen = torch.Generator(device="cuda").manual_seed(1)
 prep = PreparedMoEWeights.from_moe_weights(
-    random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen)
+    random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen), bs.ep
 )
 ids, tw, _ = uniform_routing(T, bs, device="cuda", generator=gen)
 x = torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)

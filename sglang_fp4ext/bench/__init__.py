@@ -37,6 +37,11 @@ class BenchShape:
     I: int
     top_k: int
 
+    @property
+    def ep(self) -> int:
+        """Expert-parallel ranks (``PreparedMoEWeights.ep_size``)."""
+        return self.E_global // self.E_local
+
 
 GLM5_TP8 = BenchShape("glm5_tp8", E_global=256, E_local=256, H=6144, I=256, top_k=8)
 GLM5_EP8 = BenchShape("glm5_ep8", E_global=256, E_local=32, H=6144, I=2048, top_k=8)

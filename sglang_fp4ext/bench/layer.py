@@ -75,7 +75,7 @@ class Layer:
             )
             for _ in range(copies)
         ]
-        self.prepared = [PreparedMoEWeights.from_moe_weights(p) for p in self.packs]
+        self.prepared = [PreparedMoEWeights.from_moe_weights(p, shape.ep) for p in self.packs]
         self._peers = None
         self._sglang: dict[str, list] = {}
         self._inputs: dict[int, tuple] = {}

@@ -27,12 +27,13 @@ def expert_path(device: torch.device) -> str:
     return "reference"
 
 
-def prepare_experts(weights: MoEWeights, path: str):
-    """The weights in the form ``path`` reads: ``PreparedMoEWeights`` or the ``MoEWeights`` as is."""
+def prepare_experts(weights: MoEWeights, path: str, ep_size: int = 1):
+    """The weights in the form ``path`` reads: ``PreparedMoEWeights`` (``ep_size``: the layer's
+    expert-parallel ranks, for tile sizing) or the ``MoEWeights`` as is."""
     if path == "triton":
         from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 
-        return PreparedMoEWeights.from_moe_weights(weights)
+        return PreparedMoEWeights.from_moe_weights(weights, ep_size)
     if path == "reference":
         return weights
     raise ValueError(f"expert path must be 'triton' or 'reference', got {path!r}")

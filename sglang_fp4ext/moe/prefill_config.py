@@ -14,7 +14,6 @@ from dataclasses import dataclass, fields, replace
 from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 from sglang_fp4ext.moe.shape import ConfigDict, MoEShape, Target
-from sglang_fp4ext.roofline import expected_distinct_experts
 
 __all__ = [
     "PREFILL_KERNEL_FAMILIES",
@@ -230,23 +229,33 @@ def _datacenter_mma(arch: str) -> bool:
     return cc.isdigit() and int(cc) // 10 in (9, 10)
 
 
-def _wgmma_config(block_m: int, shape: MoEShape, block_p: int) -> PrefillConfig:
-    """The wgmma family's default (sm_90), from the same-run A/B on the H200
-    (``benchmarks/results/prefill_v2_step1/``: GLM-5 TP8, TP8 with the fused shared expert, EP8
-    and DeepSeek-R1 TP8, T = 512..8192, 2026-12-01):
+def _wgmma_block_m(rows: float, shape: MoEShape) -> int:
+    """``rows`` (``MoEShape.rows_per_expert``) rounded to the nearest power of two (in log scale),
+    within [32, 64] at ``I`` <= 512 and [32, 128] above."""
+    near = 1 << max(0, round(math.log2(max(rows, 1.0))))
+    return min(64 if shape.I <= 512 else 128, max(32, near))
 
-    * ``block_m``: the v1 rule's tile (``block_m`` argument) capped at 64. The register-A MMA
-      puts the tokens on the N side, so a 64-token tile wastes little, while 128-row tiles left
-      half the experts with a second, mostly empty tile (TP8 T = 4096, ~128 rows per expert:
-      1,701 us at 64 vs 1,815 at 128; T = 8192: 2,997 vs 2,985). The v1 rule counts every pair
-      as local, so on an EP rank it overestimates the rows 8x; EP8 T = 8192 (~256 real rows) is
-      the one case measured where 128 wins (2,107 vs 2,341 us): the H200 table has it.
+
+def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
+    """The wgmma family's default (sm_90), from the same-run A/B on the H200
+    (``benchmarks/results/prefill_v2_step1/wgmma_ab_final_h200.json``: GLM-5 TP8, TP8 with the
+    fused shared expert, EP8 and DeepSeek-R1 TP8, T = 512..8192, 2026-12-01):
+
+    * ``block_m`` (``_wgmma_block_m``): the expected rows per local expert ``rows`` (EP-aware),
+      rounded to the nearest power of two, at least 32, at most 64 when ``I`` <= 512 and 128
+      above. At ~16 rows 32 beat 64 (TP8 T = 512: 452 vs 677 us; EP8: 363 vs 595); at ~32, 32
+      beat 64 (TP8 T = 1024: 646 vs 685; EP8 535 vs 560; DeepSeek-R1 749 vs 792); at ~64, 64 and
+      32 tie or 64 wins (TP8 T = 2048: 1,008 vs 1,037). At ~128 rows the GEMM2 of I = 256 is the
+      difference: 64 beat 128 at TP8 T = 4096 (1,667 vs 1,771; half the experts overflow a
+      128-row tile, and GEMM2 at 128 spills) but 128 beat 64 at EP8 (I = 2048: 1,315 vs 1,364;
+      T = 8192, ~256 rows: 2,027 vs 2,354). With this rule every point of that A/B gets its
+      measured best ``block_m`` except TP8 / DeepSeek-R1 T = 8192 (64, within 1%: 2,925 vs 2,900).
     * GEMM1: 3 ring stages at ``block_m`` = 64 (TP8 T = 4096: 759 vs 794 us), 2 otherwise.
     * GEMM2: 2 stages; 8 row blocks per program at ``I`` <= 512 (one chunk per block: the
       blocks share the program's pipeline; TP8 T = 512: 213 vs 246 us at 4), 4 above (EP8,
       I = 2048: T = 1024 180 vs 218 us at 8).
     """
-    bm = min(block_m, 64)
+    bm = _wgmma_block_m(rows, shape)
     return PrefillConfig(
         block_m=bm,
         block_n1=128,
@@ -312,7 +321,8 @@ def prefill_heuristic_config(
     Measured on the H200 (``benchmarks/results/prefill_sweep_h200.json``: GLM-5 TP8, TP8 with the
     fused shared expert and EP8, T = 512..8192, each GEMM's variants timed per kernel):
 
-    * ``block_m``: the expected rows per expert ``T k / D(T)`` (uniform routing) rounded up to a
+    * ``block_m``: the expected rows per local expert (``MoEShape.rows_per_expert``: ``T k / D(T)``
+      under uniform routing, EP-aware) rounded up to a
       power of two, within [16, 256] on sm_90/sm_100 and [16, 128] elsewhere. Every M tile decodes
       its expert's weights again, so tiles as large as the rows per expert win (T = 4096 TP8:
       ~128 +- 11 rows, half the experts overflow a 128-row tile: 256 rows 2,014 us vs 2,050).
@@ -329,9 +339,9 @@ def prefill_heuristic_config(
       ``block_p`` slots per program in registers).
     """
     P = max(T, 1) * shape.top_k
-    D = max(1.0, min(float(P), expected_distinct_experts(max(T, 1), shape.E, min(shape.top_k, shape.E))))
+    rows = shape.rows_per_expert(T)
     big = _datacenter_mma(target.arch)
-    block_m = min(256 if big else 128, max(16, _next_pow2(math.ceil(P / D))))
+    block_m = min(256 if big else 128, max(16, _next_pow2(math.ceil(rows))))
     block_p = min(1024, max(64, _next_pow2(P)))
     if kernels is None:
         kernels = default_prefill_family(shape, target)
@@ -339,7 +349,7 @@ def prefill_heuristic_config(
         raise ValueError(f"prefill_heuristic_config: kernels must be one of "
                          f"{PREFILL_KERNEL_FAMILIES} or None, got {kernels!r}")
     if kernels == "wgmma":
-        return _wgmma_config(block_m, shape, block_p)
+        return _wgmma_config(rows, shape, block_p)
     if kernels == "w4a4":
         return _w4a4_config(block_m, target, block_p)
     if not big:

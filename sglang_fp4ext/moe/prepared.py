@@ -30,9 +30,11 @@ class PreparedMoEWeights:
     # SGLang's NVFP4 MoE backends do (its twin: ``w4a4_twin_weights``).
     w13_input_scale: torch.Tensor | None = None
     w2_input_scale: torch.Tensor | None = None
+    # Expert-parallel ranks of the layer (``MoEShape.ep``): sizes tiles, never the math.
+    ep_size: int = 1
 
     @classmethod
-    def from_moe_weights(cls, w: MoEWeights) -> "PreparedMoEWeights":
+    def from_moe_weights(cls, w: MoEWeights, ep_size: int = 1) -> "PreparedMoEWeights":
         def one(s):
             return None if s is None else s.float().amax().reshape(1).contiguous()
 
@@ -41,6 +43,7 @@ class PreparedMoEWeights:
             prepare_w2(w.w2, w.w2_scale, w.w2_scale_2),
             one(w.w13_input_scale),
             one(w.w2_input_scale),
+            ep_size,
         )
 
     @property
@@ -64,7 +67,8 @@ class PreparedMoEWeights:
         return self.w13.q.device
 
     def shape(self, top_k: int) -> MoEShape:
-        return MoEShape(self.num_experts, self.hidden_size, self.intermediate_size, top_k)
+        return MoEShape(self.num_experts, self.hidden_size, self.intermediate_size, top_k,
+                        self.ep_size)
 
     def nbytes_per_expert(self) -> int:
         """Bytes streamed per active expert (both projections, padding included)."""
@@ -75,7 +79,7 @@ class PreparedMoEWeights:
             return None if s is None else s.to(device)
 
         return PreparedMoEWeights(self.w13.to(device), self.w2.to(device),
-                                  mv(self.w13_input_scale), mv(self.w2_input_scale))
+                                  mv(self.w13_input_scale), mv(self.w2_input_scale), self.ep_size)
 
 
 def w4a4_twin_weights(w: MoEWeights) -> MoEWeights:

@@ -40,15 +40,36 @@ class ConfigDict:
 @dataclass(frozen=True)
 class MoEShape:
     """Per-rank MoE shape: local experts ``E`` (incl. a fused shared expert), hidden ``H``,
-    per-rank intermediate ``I`` and ``top_k`` (9 with a fused shared expert)."""
+    per-rank intermediate ``I`` and ``top_k`` (9 with a fused shared expert). ``ep``: the
+    expert-parallel ranks the layer's ``E * ep`` experts are split over (SGLang gives another
+    rank's ids -1), so a token hits this rank's experts ``ep`` times less often than ``E`` and
+    ``top_k`` alone say; the prefill heuristic sizes its tiles by it (``rows_per_expert``; the
+    decode heuristic, tuned on tabled shapes, does not yet). Tables are keyed without it."""
 
     E: int
     H: int
     I: int
     top_k: int
+    ep: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.ep, int) or self.ep < 1:
+            raise ValueError(f"MoEShape.ep must be an int >= 1, got {self.ep!r}")
 
     def key(self) -> str:
         return f"E={self.E},H={self.H},I={self.I},top_k={self.top_k}"
+
+    def rows_per_expert(self, T: int) -> float:
+        """Expected sorted rows per local expert that any token hits, for ``T`` tokens under
+        uniform routing: ``T k / ep`` local pairs over ``E (1 - (1 - k / (E ep))^T)`` local experts
+        hit (at least 1, at most the pairs)."""
+        from sglang_fp4ext.roofline import expected_distinct_experts
+
+        T = max(T, 1)
+        k = min(self.top_k, self.E * self.ep)
+        pairs = T * k / self.ep
+        hit = expected_distinct_experts(T, self.E * self.ep, k) / self.ep
+        return pairs / max(1.0, min(pairs, hit))
 
 
 @dataclass(frozen=True)
