@@ -177,31 +177,13 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     for i in gl.static_range(NS - 1):
         _copy_chunk(xs, i, xp, gl.minimum(i, NIT - 1) % KC)  # past the end: re-read the last
 
-    # Code-word and scale offsets of row block 0 (MMA rows -> weight rows, as in decode).
-    SL: gl.constexpr = gl.SliceLayout(2, WL)
-    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
-    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
-    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
-    prow = _phys_row(r1)
-    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
-    qoff = gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0)
-    qoff = gl.expand_dims(qoff, 2) + gl.expand_dims(gl.expand_dims(i1, 0), 0)
-    qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
-    se = s_ptr + e64 * s_e_stride
-    QB = BN * (q_row_stride // 4)  # code words per row block
-
+    qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
+                                        BN, WL)
 
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
     p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
-    # The code queue: chunk it (q0), it + 1 (q1, PF >= 2), it + 2 (q2, PF == 3).
-    q0 = _load_chunk(qe, se, qoff, soff, QB, nb0, 0, KC, NIT, s_chunk_stride, BN)
-    q1 = q0
-    q2 = q0
-    if PF >= 2:
-        q1 = _load_chunk(qe, se, qoff, soff, QB, nb0, 1, KC, NIT, s_chunk_stride, BN)
-    if PF == 3:
-        q2 = _load_chunk(qe, se, qoff, soff, QB, nb0, 2, KC, NIT, s_chunk_stride, BN)
+    q0, q1, q2 = _code_queue(qe, se, qoff, soff, QB, nb0, KC, NIT, s_chunk_stride, BN, PF)
     acc = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, ML))
     if NG == 1:  # no block loop: the K loop alone (fewer live registers: 214 vs 255 + spills)
         acc, p_lo, p_hi, q0, q1, q2 = _row_block(
@@ -221,6 +203,39 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
             p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)  # done: not live into the next block
             p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     cp.wait_group(0)
+
+
+@gluon.jit
+def _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride, BN: gl.constexpr,
+               WL: gl.constexpr):
+    """Expert ``e64``'s code words and scale codes, and their offsets in row block 0 (MMA rows
+    -> weight rows, as in decode): ``(qe, se, qoff, soff, QB)``, ``QB`` code words per block."""
+    SL: gl.constexpr = gl.SliceLayout(2, WL)
+    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
+    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
+    prow = _phys_row(r1)
+    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
+    qoff = gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0)
+    qoff = gl.expand_dims(qoff, 2) + gl.expand_dims(gl.expand_dims(i1, 0), 0)
+    qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
+    se = s_ptr + e64 * s_e_stride
+    return qe, se, qoff, soff, BN * (q_row_stride // 4)
+
+
+@gluon.jit
+def _code_queue(qe, se, qoff, soff, QB, nb0, KC, NIT, s_chunk_stride, BN: gl.constexpr,
+                PF: gl.constexpr):
+    """The code queue at the program's start: chunk 0 (``q0``), 1 (``q1``, ``PF`` >= 2) and 2
+    (``q2``, ``PF`` == 3); unused slots repeat ``q0`` (never loop-carried, no registers)."""
+    q0 = _load_chunk(qe, se, qoff, soff, QB, nb0, 0, KC, NIT, s_chunk_stride, BN)
+    q1 = q0
+    q2 = q0
+    if PF >= 2:
+        q1 = _load_chunk(qe, se, qoff, soff, QB, nb0, 1, KC, NIT, s_chunk_stride, BN)
+    if PF == 3:
+        q2 = _load_chunk(qe, se, qoff, soff, QB, nb0, 2, KC, NIT, s_chunk_stride, BN)
+    return q0, q1, q2
 
 
 @gluon.jit
@@ -285,24 +300,9 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     xs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, 128], XS)
     _copy_chunk(xs, 0, xp, 0)
 
-    SL: gl.constexpr = gl.SliceLayout(2, WL)
-    r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
-    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
-    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
-    prow = _phys_row(r1)
-    soff = gl.expand_dims(prow * 16, 1) + gl.expand_dims(g1, 0)
-    qoff = gl.expand_dims(prow, 1) * (q_row_stride // 4) + gl.expand_dims(g1 * 4, 0)
-    qoff = gl.expand_dims(qoff, 2) + gl.expand_dims(gl.expand_dims(i1, 0), 0)
-    qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
-    se = s_ptr + e64 * s_e_stride
-    QB = BN * (q_row_stride // 4)
-    q0 = _load_chunk(qe, se, qoff, soff, QB, nb0, 0, 1, NB, 0, BN)
-    q1 = q0
-    q2 = q0
-    if PF >= 2:
-        q1 = _load_chunk(qe, se, qoff, soff, QB, nb0, 1, 1, NB, 0, BN)
-    if PF == 3:
-        q2 = _load_chunk(qe, se, qoff, soff, QB, nb0, 2, 1, NB, 0, BN)
+    qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
+                                        BN, WL)
+    q0, q1, q2 = _code_queue(qe, se, qoff, soff, QB, nb0, 1, NB, 0, BN, PF)
 
     cp.wait_group(0)
     barrier()
