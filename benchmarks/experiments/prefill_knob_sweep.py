@@ -28,10 +28,12 @@ from sglang_fp4ext.testing.compare import error_stats
 
 PRESET = os.environ.get("SWEEP_PRESET", "glm5-tp8")
 TS = [int(t) for t in os.environ.get("SWEEP_T", "4096").split(",")]
-DEFAULT = [dict(prefetch1=p) for p in (2, 3)] + [dict(prefetch2=2), dict(prefetch1=2, prefetch2=2)]
-DEFAULT += [dict(block_m=bm, stages1=3 if bm == 64 else 2, accs2=2, group_n2=g, prefetch2=p)
-            for bm in (16, 32, 64) for g in (4, 8) for p in (1, 2)]
-DEFAULT += [dict(block_m=32, stages1=2, accs2=2, group_n2=8, prefetch1=p) for p in (2, 3)]
+DEFAULT = [dict(prefetch1=2), dict(prefetch1=3), dict(prefetch2=2)]
+DEFAULT += [dict(block_m=32, stages1=2, accs2=2, group_n2=g, prefetch2=p) for g in (4, 8) for p in (1, 2)]
+DEFAULT += [dict(block_m=16, stages1=2, accs2=2, group_n2=8),
+            dict(block_m=64, stages1=3, accs2=2, group_n2=4),  # spills (ptxas): how much it costs
+            dict(block_m=32, stages1=2, accs2=2, group_n2=8, prefetch1=2),
+            dict(block_m=128, stages1=2, prefetch1=2)]
 KNOBS = ast.literal_eval(os.environ["SWEEP_KNOBS"]) if os.environ.get("SWEEP_KNOBS") else DEFAULT
 
 
