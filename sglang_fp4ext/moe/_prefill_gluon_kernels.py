@@ -148,10 +148,11 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     Chunk ``it + PF``'s codes load and chunk ``it`` decodes while chunk ``it - 1``'s MMAs run
     (``it`` counts chunks over the program's row blocks, so the next block's first codes are
     in flight during a block's epilogue). ``PF`` (1-3) code chunks in flight per program: at
-    one, a chunk's codes have one MMA's time to arrive, less than a loaded DRAM's latency
-    (v2 step 1's GEMM1 streamed weights at ~2.2 TB/s at T = 512, one chunk ~1 us apart). The epilogue itself does not overlap the MMAs (one
-    accumulator): at one chunk per block (GEMM2 at I = 256) that is the main loss, measured. The
-    activation ring re-reads a tile's chunks from L2 for every row block.
+    one, a chunk's codes have one MMA's time to arrive, less than a loaded DRAM's latency (step
+    1's GEMM1 streamed its weights at ~2.2 TB/s at T = 512, one chunk per ~1.1 us). The epilogue
+    does not overlap the MMAs (one accumulator): at one chunk per block (GEMM2 at I = 256)
+    ``_one_chunk_2acc`` does that. The activation ring re-reads a tile's chunks from L2 for
+    every row block.
 
     ``x``: activations in MMA K order, (T, K) bf16 for GEMM1 (rows by token) or (P, K) for GEMM2
     (rows by sorted row). ``GATED`` (GEMM1): ``dst`` = inter (P, I) bf16 in MMA K order,
