@@ -249,7 +249,8 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
       difference: 64 beat 128 at TP8 T = 4096 (1,667 vs 1,771; half the experts overflow a
       128-row tile, and GEMM2 at 128 spills) but 128 beat 64 at EP8 (I = 2048: 1,315 vs 1,364;
       T = 8192, ~256 rows: 2,027 vs 2,354). With this rule every point of that A/B gets its
-      measured best ``block_m`` except TP8 / DeepSeek-R1 T = 8192 (64, within 1%: 2,925 vs 2,900).
+      measured best ``block_m`` except T = 8192 at I = 256, where 64 is 1-2% slower than 128
+      (TP8 2,925 vs 2,900 us; with the fused shared expert 3,232 vs 3,155).
     * GEMM1: 3 ring stages at ``block_m`` = 64 (TP8 T = 4096: 759 vs 794 us), 2 otherwise.
     * GEMM2: 2 stages; 8 row blocks per program at ``I`` <= 512 (one chunk per block: the
       blocks share the program's pipeline; TP8 T = 512: 213 vs 246 us at 4), 4 above (EP8,
