@@ -393,24 +393,41 @@ def test_w4a4_activation_quantizer_is_bit_exact(seed):
          dict(skew=1.5, drop=0.2)),
         (9, 256, 512, 29, 9, PrefillConfig(block_m=32, block_n1=32, block_n2=128, block_p=64, **_W4),
          dict(shared=True, live=[0, 2, 3, 7])),
+        (8, 256, 256, 23, 4, PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
+         dict(out_of_range=True)),
+        (8, 256, 256, 9, 2, PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=16, **_W4),
+         dict(all_dropped=True)),
     ],
-    ids=["skewed_drops", "shared_k9_empty_experts"],
+    ids=["skewed_drops", "shared_k9_empty_experts", "ids_past_E_and_duplicates", "all_dropped"],
 )
 def test_w4a4_matches_its_twin(E, H, I, T, k, cfg, routing, seed):
     """The W4A4 layer against the W4A4 twin (``quantize_activations=True`` with the layer-max
     input scales the kernels use): the same quantized operands, so only the bf16 roundings of the
     partials and the output differ (W4A16 tolerance). Against the W4A16 twin the FP4 activations
-    differ by ~16% rms at these shapes: compare like with like."""
+    differ by ~16% rms at these shapes: compare like with like. Also the routings the uniform
+    draw never makes: ids >= E (dropped, as -1) with an expert twice in one token, and every id
+    -1 (an all-zero output)."""
     from sglang_fp4ext.moe.prepared import w4a4_twin_weights
 
     g = torch.Generator().manual_seed(seed)
     w, pw = _weights(E, H, I)
+    routing = dict(routing)  # the parameter's dict is shared between runs
+    past, dropped = routing.pop("out_of_range", False), routing.pop("all_dropped", False)
     ids, tw = _routing(T, E, k, g, **routing)
+    if past:  # a quarter of the ids past E; token 0 holds one expert twice
+        ids = torch.where(torch.rand(ids.shape, generator=g) < 0.25, E + 3, ids)
+        ids[0, 1] = ids[0, 0] = 5
+    if dropped:
+        ids = torch.full_like(ids, -1)
     x = torch.randn(T, H, generator=g).to(torch.bfloat16)
     x, ids, tw = x.to(DEV), ids.to(DEV), tw.to(DEV)
     out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device=DEV)
     fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
-    ref = fused_moe_nvfp4_torch(x, w4a4_twin_weights(w), ids, tw, quantize_activations=True)
+    if dropped:
+        assert torch.equal(out, torch.zeros_like(out))
+        return
+    ref_ids = torch.where(ids >= E, -1, ids)  # the twin takes ids in [-1, E)
+    ref = fused_moe_nvfp4_torch(x, w4a4_twin_weights(w), ref_ids, tw, quantize_activations=True)
     print(assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what="w4a4"))
 
 
