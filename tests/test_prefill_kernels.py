@@ -555,7 +555,9 @@ def test_wgmma_heuristic(monkeypatch):
     b200 = Target("sm_100", None, 148)
     assert prefill_heuristic_config(4096, tp8, rtx).kernels == "w4a4"
     assert (prefill_heuristic_config(4096, tp8, rtx).block_n1, prefill_heuristic_config(
-        4096, tp8, b200).block_n1) == (64, 128)
+        4096, tp8, b200).block_n1) == (128, 128)  # sm_120 at block_m 128: 128 rows, 8 warps
+    assert (prefill_heuristic_config(1024, tp8, rtx).block_n1,
+            prefill_heuristic_config(1024, tp8, rtx).warps1) == (64, 4)
     monkeypatch.setenv("SGLANG_FP4EXT_PREFILL_ACTIVATIONS", "bf16")
     assert prefill_heuristic_config(4096, tp8, rtx).kernels == "dot"
     assert prefill_heuristic_config(4096, tp8, h200).kernels == "wgmma"
@@ -588,6 +590,27 @@ def matrix(E, N, Kd):  # kernel layout on the meta device: shapes and strides, n
     m = lambda dt, *s: torch.empty(*s, dtype=dt, device="meta")
     return KernelMatrix(m(torch.uint8, E, Np, Kp // 2), m(torch.uint8, E, Kp // 256, Np, 16),
                         m(torch.float32, E, Np), N, Kd)
+
+
+def omma_loop(cubin):
+    # (instructions, OMMAs) of the innermost loop holding block-scaled FP4 MMAs; None: no loop.
+    import re
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True).stdout
+    lines = sass.splitlines()
+    label = {l.strip()[:-1]: i for i, l in enumerate(lines) if re.match(r"\.L_x_\d+:$", l.strip())}
+    best = None
+    for i, l in enumerate(lines):
+        m = re.search(r"BRA(?:\.U)?\s+(?:!?U?P\d+,\s*)?`\((\.L_x_\d+)\)", l)
+        if m and label.get(m.group(1), i) < i:
+            body = [x for x in lines[label[m.group(1)]:i + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", x)]
+            n = sum("OMMA" in x for x in body)
+            if n and (best is None or len(body) < best[0]):
+                best = (len(body), n)
+    return best
 
 
 def specialise(fn, launch):
@@ -654,6 +677,9 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
                                       capture_output=True, text=True).stderr
             r["spills"] = [l.strip() for l in info.splitlines() if "spill" in l]
             r["serialized"] = "serialized" in info or "warpgroup.wait is injected" in info
+        if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per OMMA
+            r["block_m"] = L.constexprs["BM"]
+            r["omma_loop"] = omma_loop(c.asm["cubin"])
         out.append(r)
 print(json.dumps(out))
 """
@@ -731,6 +757,24 @@ def test_aot_every_launch_compiles_with_tensor_cores(compiled, cc):
         assert max(r["shared"] for r in res) <= 232_448
     for r in sorted(res, key=lambda r: -r["shared"])[:4]:
         print(f"sm_{cc} {r['kernel']} shared={r['shared']} mma={r['mma']} {r['config']}")
+
+
+@pytest.mark.slow
+def test_aot_w4a4_sm120_k_loop_fits_the_fp4_issue_budget(compiled):
+    """sm_120's dense FP4 rate (4096 FLOP per clock per SM: one m16n8k64 ``OMMA`` per 4 clocks)
+    leaves each of the 4 schedulers 16 issue slots per ``OMMA``. At ``block_m`` = 128 (where
+    prefill is compute-bound) the W4A4 K loops must fit (64 rows on 4 warps issued 33.7: every
+    warp repacked every weight row); smaller tiles are only recorded (they are bound by the
+    weight bytes)."""
+    rows = [r for r in compiled[120] if r.get("omma_loop")]
+    assert rows, "no W4A4 K loop found in the sm_120 SASS"
+    for r in rows:
+        n, omma = r["omma_loop"]
+        print(f"sm_120 {r['kernel']} block_m={r['block_m']} warps={r['warps']}: {n / omma:.1f} "
+              f"instructions per OMMA ({n} / {omma})")
+        if r["block_m"] == 128:
+            assert n / omma <= 16, r
+    assert any(r["block_m"] == 128 for r in rows), "no block_m = 128 launch compiled for sm_120"
 
 
 @pytest.mark.slow

@@ -291,12 +291,18 @@ def _w4a4_config(block_m: int, target: Target, block_p: int) -> PrefillConfig:
     """The W4A4 family's default (sm_100 / sm_120; on paper: no such GPU here). ``block_m``: the
     v1 rule's tile capped at 128. 128 weight rows on 8 warps on sm_100 (``tcgen05``'s block-scaled
     FP4 MMA needs an M of 128: with 64 rows Triton 3.8 falls back to bf16 MMAs and 3.6 fails to
-    compile, measured by AOT); 64 rows on 4 warps elsewhere (``mma.sync`` m16n8k64 from
-    registers; 99 KB of shared memory on sm_120)."""
+    compile, measured by AOT). On sm_120 (``mma.sync`` m16n8k64, 99 KB of shared memory) by the
+    SASS of the K loop (Triton 3.8, GLM-5 TP8 and EP8; not timed: no such GPU here), where the
+    dense FP4 rate (4096 FLOP per clock per SM) leaves a scheduler 16 issue slots per
+    ``OMMA``: at ``block_m`` = 128, 128 rows on 8 warps issue 10.6 instructions per ``OMMA``
+    (214 registers, 64 KB shared) where 64 rows on 4 warps issue 33.7 (Triton splits its warps
+    along the tokens there, so every warp repacks every weight row); at ``block_m`` <= 64, 64 rows
+    on 4 warps (19.1 at 64; 128 rows: 18.0 on 4 warps, 25.0 on 8)."""
+    bm = min(block_m, 128)
     big = _datacenter_mma(target.arch)
-    bn, w = (128, 8) if big else (64, 4)
+    bn, w = (128, 8) if big or bm == 128 else (64, 4)
     return PrefillConfig(
-        block_m=min(block_m, 128),
+        block_m=bm,
         block_n1=bn,
         block_k1=K_CHUNK,
         warps1=w,
