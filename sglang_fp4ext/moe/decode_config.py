@@ -172,17 +172,25 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     block_p = 256 if P > 128 else 128
     bn = 64
 
-    def split_for(n_rows: int, k: int) -> int:
+    # Gluon where it runs; its GEMM1 streams an expert's many rows best as 128-row tiles of 4
+    # warps (H200, GLM-5 EP8 at every T and TP8 T = 256: gluon_decode_ab_h200.json).
+    gluon = target_info.supports_gluon_decode(target_info.arch_capability(target.arch))
+    wide = gluon and 2 * shape.I >= 1024
+    bn1 = 128 if wide else bn
+
+    def split_for(n_rows: int, k: int, rows_per_tile: int) -> int:
         n_pad = -(-n_rows // ROW_ALIGN) * ROW_ALIGN
         kc = -(-k // K_CHUNK)
-        tiles = D * (n_pad // bn)
+        tiles = D * (n_pad // rows_per_tile)
         split = 1
         while tiles * split < want and kc // (split * 2) >= 2:
             split *= 2
         return split
 
-    sk1 = split_for(2 * shape.I, shape.H)
-    sk2 = split_for(shape.H, shape.I)
+    # The tiles GEMM1 launches (128 rows when wide: counting 64-row tiles halved its split;
+    # the H200 EP8 table's tuned split_k1 at T = 1 and 2 is the doubled one, 4 and 2).
+    sk1 = split_for(2 * shape.I, shape.H, bn1)
+    sk2 = split_for(shape.H, shape.I, bn)
     tiles2 = 1
     nb2 = -(-shape.H // ROW_ALIGN) * ROW_ALIGN // bn
     progs2 = D * nb2 * sk2
@@ -198,15 +206,11 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     # GLM-5 TP8 T = 64 (2.3 pairs per expert; decode_v2_step2/split_t_ab_h200.json).
     gemm2 = "tokens" if rows_per_expert <= 2.0 and not few else "pairs"
     bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
-    # Gluon where it runs; its GEMM1 streams an expert's many rows best as 128-row tiles of 4
-    # warps (H200, GLM-5 EP8 at every T and TP8 T = 256: gluon_decode_ab_h200.json).
-    gluon = target_info.supports_gluon_decode(target_info.arch_capability(target.arch))
-    wide = gluon and 2 * shape.I >= 1024
     return KernelConfig(
         grid=grid,
         block_t=block_t,
         block_p=block_p,
-        block_n1=128 if wide else bn,
+        block_n1=bn1,
         split_k1=sk1,
         warps1=4 if wide else 2,
         stages1=3,
