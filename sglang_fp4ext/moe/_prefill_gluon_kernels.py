@@ -164,16 +164,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     KC = K // 256
     NIT = gl.minimum(NG, NP // BN - nb0) * KC
 
-    # Activation rows of the tile; rows past its end re-read its last row (results dropped):
-    # sorted slots past the valid pairs are not written by the grouping.
-    ia = gl.arange(0, BM, layout=gl.SliceLayout(1, AL))
-    ra = row0 + gl.minimum(ia, nrows - 1)
-    if GATED:
-        xrow = (gl.load(sorted_ptr + ra) // TOP_K).to(gl.int64) * stride_x
-    else:
-        xrow = ra.to(gl.int64) * stride_x
-    ka = gl.arange(0, 128, layout=gl.SliceLayout(0, AL))
-    xp = x_ptr + gl.expand_dims(xrow, 1) + gl.expand_dims(ka, 0)
+    xp = _act_ptrs(x_ptr, sorted_ptr, row0, nrows, TOP_K, stride_x, GATED, BM, AL)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, BM, 128], XS)
     for i in gl.static_range(NS - 1):
         _copy_chunk(xs, i, xp, gl.minimum(i, NIT - 1) % KC)  # past the end: re-read the last
@@ -204,6 +195,23 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
             p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)  # done: not live into the next block
             p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     cp.wait_group(0)
+
+
+@gluon.jit
+def _act_ptrs(x_ptr, sorted_ptr, row0, nrows, TOP_K, stride_x, GATED: gl.constexpr,
+              BM: gl.constexpr, AL: gl.constexpr):
+    """Pointers [BM, 128] to the first 128 columns of the tile's activation rows: by token
+    (``GATED``: GEMM1 reads ``x``) or by sorted row (GEMM2 reads ``inter``). Rows past the tile's
+    end re-read its last row (results dropped): sorted slots past the valid pairs are not
+    written by the grouping."""
+    ia = gl.arange(0, BM, layout=gl.SliceLayout(1, AL))
+    ra = row0 + gl.minimum(ia, nrows - 1)
+    if GATED:
+        xrow = (gl.load(sorted_ptr + ra) // TOP_K).to(gl.int64) * stride_x
+    else:
+        xrow = ra.to(gl.int64) * stride_x
+    ka = gl.arange(0, 128, layout=gl.SliceLayout(0, AL))
+    return x_ptr + gl.expand_dims(xrow, 1) + gl.expand_dims(ka, 0)
 
 
 @gluon.jit
@@ -294,10 +302,7 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     e64 = e.to(gl.int64)
     NB = gl.minimum(NG, NP // BN - nb0)
 
-    ia = gl.arange(0, BM, layout=gl.SliceLayout(1, AL))
-    ra = row0 + gl.minimum(ia, nrows - 1)  # past the tile's end: its last row (dropped)
-    ka = gl.arange(0, 128, layout=gl.SliceLayout(0, AL))
-    xp = x_ptr + gl.expand_dims(ra.to(gl.int64) * stride_x, 1) + gl.expand_dims(ka, 0)
+    xp = _act_ptrs(x_ptr, sorted_ptr, row0, nrows, 1, stride_x, False, BM, AL)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, 128], XS)
     _copy_chunk(xs, 0, xp, 0)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass, fields
 
+from sglang_fp4ext.roofline import expected_distinct_experts
+
 __all__ = [
     "ConfigDict",
     "DEFAULT_TARGET",
@@ -63,8 +65,6 @@ class MoEShape:
         """Expected sorted rows per local expert that any token hits, for ``T`` tokens under
         uniform routing: ``T k / ep`` local pairs over ``E (1 - (1 - k / (E ep))^T)`` local experts
         hit (at least 1, at most the pairs)."""
-        from sglang_fp4ext.roofline import expected_distinct_experts
-
         T = max(T, 1)
         k = min(self.top_k, self.E * self.ep)
         pairs = T * k / self.ep
