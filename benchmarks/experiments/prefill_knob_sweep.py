@@ -2,9 +2,11 @@
 
 Every config is checked against the fp32 twin on a NaN-poisoned output first (rms 5e-3 /
 max 1e-2); then per-kernel device times (profiler, eager, 4 layer copies) and the whole call by
-CUDA-graph replay. ``SWEEP_PRESET`` (glm5-tp8), ``SWEEP_T`` (4096), ``SWEEP_KNOBS`` (a Python
-list of dicts replacing fields of the heuristic's wgmma config; default: the code prefetch
-depths, and GEMM2's two accumulators over ``block_m`` x ``group_n2`` x ``prefetch2``). JSON to ``$OUT/$SWEEP_NAME.json``.
+CUDA-graph replay. Environment: ``SWEEP_PRESET`` (glm5-tp8), ``SWEEP_T`` (4096, or a comma list),
+``SWEEP_KNOBS`` (a Python literal: a list of ``{...}`` dicts replacing fields of the heuristic's
+wgmma config; default: the code prefetch depths, and GEMM2's two accumulators over ``block_m`` x
+``group_n2`` x ``prefetch2``), ``SWEEP_ONE_WARPGROUP=1`` (lift the config check's one-warpgroup
+rule for this run), ``SWEEP_NAME``. JSON to ``$OUT/$SWEEP_NAME.json``.
 
     PYTHONPATH=. python benchmarks/experiments/prefill_knob_sweep.py
 """
@@ -21,7 +23,7 @@ from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.timing import bf16_matmul_tflops, kernel_times_us, time_graph_replay
 from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
-from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
+from sglang_fp4ext.moe.prefill_config import PrefillConfig, prefill_heuristic_config
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import current_target
 from sglang_fp4ext.testing.compare import error_stats
@@ -35,6 +37,10 @@ DEFAULT += [dict(block_m=16, stages1=2, accs2=2, group_n2=8),
             dict(block_m=32, stages1=2, accs2=2, group_n2=8, prefetch1=2),
             dict(block_m=128, stages1=2, prefetch1=2)]
 KNOBS = ast.literal_eval(os.environ["SWEEP_KNOBS"]) if os.environ.get("SWEEP_KNOBS") else DEFAULT
+if os.environ.get("SWEEP_ONE_WARPGROUP") == "1":
+    # This experiment only: allow one warpgroup (64 weight rows on 4 warps; two CTAs per SM), which
+    # the config check forbids since step 1's wrong results (wgmma_ab_1_h200.json: all at 3 stages).
+    PrefillConfig._check_wgmma = lambda self: None
 
 
 

@@ -3,13 +3,24 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3
+# (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
+# gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
+# final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
+# final3 ~5 min: the A/B again (without fused-shared: final1's A/B mapped block_m 128 wrong),
+# triton_kernels in the same process, and the regression baseline)
 # $OUT gets ncu_details.txt, ncu_source.csv.gz, run.log (the short report) and results.tar.gz
 # (every JSON and full log), re-packed after each step so a run cut short keeps what it measured.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 R=/tmp/r; mkdir -p $R
 pack() { tar czf $OUT/results.tar.gz -C $R . ; }
 step() { echo "== $1 $(date +%T)" | tee -a $OUT/run.log; }
+# tier NAME TEST_FILE LIMIT_S: one GPU tier, its log to $R/NAME.log, its last lines to run.log.
+tier() {
+  step $1
+  timeout $3 python -m pytest -p no:cacheprovider -q -m gpu $2 > $R/$1.log 2>&1; echo rc=$? >> $R/$1.log
+  tail -3 $R/$1.log >> $OUT/run.log; pack
+}
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
 if [ "$1" = measure ]; then
@@ -33,16 +44,63 @@ OUT=$R timeout 240 python benchmarks/experiments/prefill_knob_sweep.py > $R/swee
 grep -A30 "bf16 matmul" $R/sweep_tp8.log >> $OUT/run.log; pack
 step sweep_ep8
 OUT=$R SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_knob_sweep_ep8 \
-  SWEEP_KNOBS="[dict(prefetch1=2), dict(prefetch1=3), dict(prefetch1=2, prefetch2=2), dict(block_m=128, stages1=2, prefetch1=2, prefetch2=2)]" \
+  SWEEP_KNOBS="[{'prefetch1': 2}, {'prefetch1': 3}, {'prefetch1': 2, 'prefetch2': 2}, {'block_m': 128, 'stages1': 2, 'prefetch1': 2, 'prefetch2': 2}]" \
   timeout 120 python benchmarks/experiments/prefill_knob_sweep.py > $R/sweep_ep8.log 2>&1
 grep -A30 "bf16 matmul" $R/sweep_ep8.log >> $OUT/run.log; pack
 fi
+if [ "$1" = occupancy ]; then
+# ncu (measure): 1 CTA/SM (registers), 2 warps per scheduler, 62% of cycles with no eligible warp.
+# One warpgroup per CTA (64 weight rows, 4 warps) fits two CTAs per SM; step 1 saw it wrong at 3 stages.
+W1="'block_n1': 64, 'warps1': 4"; W2="'block_n2': 64, 'warps2': 4"
+COMMON="{$W1, 'stages1': 2}, {$W1, 'stages1': 3}, {$W2}, {$W1, 'stages1': 2, $W2}, {$W1, 'stages1': 2, 'block_m': 32}, {'block_n1': 128, 'warps1': 4, 'stages1': 2, 'block_m': 32}"
+step occ_tp8
+OUT=$R SWEEP_ONE_WARPGROUP=1 SWEEP_T=1024,4096 SWEEP_NAME=prefill_occupancy_tp8 \
+  SWEEP_KNOBS="[$COMMON, {'block_m': 64, 'stages1': 3, 'accs2': 2, 'group_n2': 4}, {$W1, 'stages1': 2, 'block_m': 64, 'accs2': 2, 'group_n2': 4}, {$W1, 'stages1': 2, $W2, 'block_m': 32, 'accs2': 2, 'group_n2': 8}]" \
+  timeout 200 python benchmarks/experiments/prefill_knob_sweep.py > $R/occ_tp8.log 2>&1
+grep -A40 "bf16 matmul" $R/occ_tp8.log >> $OUT/run.log; pack
+step occ_ep8
+OUT=$R SWEEP_ONE_WARPGROUP=1 SWEEP_T=1024,4096 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_occupancy_ep8 \
+  SWEEP_KNOBS="[$COMMON, {$W1, 'stages1': 2, 'block_m': 64}, {'prefetch1': 2}, {'prefetch1': 2, 'prefetch2': 2}]" \
+  timeout 200 python benchmarks/experiments/prefill_knob_sweep.py > $R/occ_ep8.log 2>&1
+grep -A40 "bf16 matmul" $R/occ_ep8.log >> $OUT/run.log; pack
+fi
+if [ "$1" = gemm2 ]; then
+# occupancy's winners were GEMM2 knobs at I = 256: one warpgroup and/or two accumulators, per T.
+W2="'block_n2': 64, 'warps2': 4"
+K2="[{$W2}, {$W2, 'accs2': 2, 'group_n2': 8}, {$W2, 'accs2': 2, 'group_n2': 4}, {'accs2': 2, 'group_n2': 4}, {'accs2': 2, 'group_n2': 8}]"
+step gemm2_tp8
+OUT=$R SWEEP_ONE_WARPGROUP=1 SWEEP_T=512,1024,2048,4096,8192 SWEEP_NAME=prefill_gemm2_tp8 SWEEP_KNOBS="$K2" \
+  timeout 240 python benchmarks/experiments/prefill_knob_sweep.py > $R/gemm2_tp8.log 2>&1
+grep -A40 "bf16 matmul" $R/gemm2_tp8.log >> $OUT/run.log; pack
+step gemm2_fused
+OUT=$R SWEEP_ONE_WARPGROUP=1 SWEEP_T=1024,4096 SWEEP_PRESET=glm5-tp8-fused-shared SWEEP_NAME=prefill_gemm2_fused SWEEP_KNOBS="$K2" \
+  timeout 120 python benchmarks/experiments/prefill_knob_sweep.py > $R/gemm2_fused.log 2>&1
+grep -A40 "bf16 matmul" $R/gemm2_fused.log >> $OUT/run.log; pack
+fi
+if [ "$1" = final1 ]; then
+# The shipped change (GEMM2 on one warpgroup with two accumulators at I = 256): GPU tiers of the
+# prefill kernels and the self-check (the H200 table moved), then the same-run A/B.
+tier tier_prefill tests/test_prefill_kernels.py 200
+tier tier_selfcheck tests/test_selfcheck.py 120
+step ab
+OUT=$R timeout 240 python benchmarks/experiments/prefill_wgmma_ab.py > $R/wgmma_ab.log 2>&1; echo rc=$? >> $R/wgmma_ab.log
+grep -A80 "bf16 matmul" $R/wgmma_ab.log | grep -v " v1 \| decode " >> $OUT/run.log; pack
+fi
+if [ "$1" = final3 ]; then
+step ab
+OUT=$R AB_PRESETS=glm5-tp8,glm5-ep8,deepseek-r1-nvfp4-tp8 timeout 170 python benchmarks/experiments/prefill_wgmma_ab.py > $R/wgmma_ab.log 2>&1; echo rc=$? >> $R/wgmma_ab.log
+grep -A80 "bf16 matmul" $R/wgmma_ab.log | grep -v " decode " >> $OUT/run.log; pack
+step peers_tk
+timeout 200 bash .peers/tk/device_run.sh --out $R/peers --timeout 100 --Ts 512,1024,4096,8192 > $R/peers_tk.log 2>&1
+tail -24 $R/peers_tk.log >> $OUT/run.log; pack
+step baseline
+timeout 100 python -m pytest benchmarks -p no:cacheprovider -rs --fp4ext-rounds 10 --benchmark-storage=file://$R/pb \
+  --benchmark-columns=min,median,max,rounds --fp4ext-presets glm5-tp8,glm5-ep8 --fp4ext-paths decode,prefill \
+  --benchmark-save=h200-glm5 > $R/baseline.log 2>&1; echo rc=$? >> $R/baseline.log
+tail -3 $R/baseline.log >> $OUT/run.log; pack
+fi
 if [ "$1" = tiers ]; then
-step tier_prefill
-timeout 200 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py > $R/tier_prefill.log 2>&1; echo rc=$? >> $R/tier_prefill.log
-tail -3 $R/tier_prefill.log >> $OUT/run.log; pack
-step tier_decode
-timeout 280 python -m pytest -p no:cacheprovider -q -m gpu tests/test_decode_gpu.py > $R/tier_decode.log 2>&1; echo rc=$? >> $R/tier_decode.log
-tail -3 $R/tier_decode.log >> $OUT/run.log; pack
+tier tier_prefill tests/test_prefill_kernels.py 200
+tier tier_decode tests/test_decode_gpu.py 280
 fi
 cat $OUT/run.log

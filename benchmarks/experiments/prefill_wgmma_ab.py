@@ -41,11 +41,13 @@ def variants(T, ms, target):
     import dataclasses
 
     h = prefill_heuristic_config(T, ms, target, "wgmma")
-    bm = {16: 32, 32: 64, 64: 128 if T >= 4096 else 32}[h.block_m]
+    bm = {16: 32, 32: 64, 64: 128 if T >= 4096 else 32, 128: 64}[h.block_m]
     alt = dataclasses.replace(h, block_m=bm, stages1=3 if bm == 64 else 2)
     out = [("wgmma heuristic", h), (f"wgmma bm{bm}", alt),
            ("wgmma stages1 flip", dataclasses.replace(h, stages1=5 - h.stages1)),
            ("wgmma group_n2 flip", dataclasses.replace(h, group_n2=12 - h.group_n2))]
+    if h.accs2 == 2:  # step 2's GEMM2 (one warpgroup, two accumulators) against step 1's
+        out.append(("wgmma step-1 GEMM2", dataclasses.replace(h, block_n2=128, warps2=8, accs2=1)))
     return out
 
 
