@@ -148,11 +148,10 @@ def test_broken_gluon_falls_back_to_dot(fresh, monkeypatch, seed):
 
 @pytest.mark.gpu
 def test_broken_wgmma_prefill_falls_back_to_dot(fresh, monkeypatch, seed):
-    """A wrong wgmma prefill kernel (fault injected) is caught; the same tiles on tl.dot serve."""
-    import dataclasses
-
+    """A wrong wgmma prefill kernel (fault injected) is caught; the same tiles on tl.dot serve
+    (``w4a16_twin_config``: the wgmma-only knobs dropped)."""
     from sglang_fp4ext.moe.config import TableEntry
-    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
+    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config, w4a16_twin_config
     from sglang_fp4ext.moe.shape import MoEShape, current_target
 
     dev = torch.device("cuda")
@@ -164,7 +163,9 @@ def test_broken_wgmma_prefill_falls_back_to_dot(fresh, monkeypatch, seed):
     cfg = prefill_heuristic_config(512, shape, current_target(dev), "wgmma")
     got = selfcheck.usable_entry(TableEntry("prefill", cfg), 8, dev)
     assert got is not None and got.config.kernels == "dot", got
-    assert dataclasses.replace(got.config, kernels="wgmma", block_k2=256) == cfg
+    assert got.config == w4a16_twin_config(cfg)
+    assert (got.config.block_m, got.config.block_n1, got.config.block_n2) == (
+        cfg.block_m, cfg.block_n1, cfg.block_n2)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the interpreter runs the W4A4 kernels")

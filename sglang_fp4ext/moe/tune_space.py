@@ -163,7 +163,7 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
         # sm_90: the v2 family around its heuristic, the v1 family's heuristic, and the knobs
         # that moved the time in the H200 A/B (prefill_config._wgmma_config's docstring).
         def st1(v):
-            return dict(block_m=m(v), stages1=3 if v == 64 else 2)
+            return dict(block_m=m(v), stages1=3 if v >= 64 else 2)
 
         make = [
             lambda: base,
@@ -174,14 +174,11 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             lambda: r(base, stages1=5 - base.stages1),
             lambda: r(base, group_n2=12 - base.group_n2),
             lambda: r(base, stages2=3),
-            # Deeper code prefetch, and GEMM2's epilogue overlapped with two accumulators at
-            # I = 256 on tiles of <= 32 tokens (64 spill there: ptxas, tests/test_prefill_kernels).
+            # GEMM2 at I = 256: step 1's two warpgroups with one accumulator (the heuristic runs
+            # one warpgroup with two); deeper code prefetch (lost everywhere in step 2's sweeps,
+            # prefill_v2_step2/: kept as the one candidate that can say otherwise on a new GPU).
+            lambda: r(base, block_n2=128, warps2=8, accs2=1) if shape.I == K_CHUNK else None,
             lambda: r(base, prefetch1=2, prefetch2=2),
-            lambda: r(base, prefetch1=3),
-            lambda: r(base, **st1(min(bm, 32)), accs2=2, group_n2=8, prefetch1=2)
-            if shape.I == K_CHUNK else None,
-            lambda: r(base, **st1(min(bm, 32)), accs2=2, group_n2=4, prefetch1=2, prefetch2=2)
-            if shape.I == K_CHUNK else None,
         ]
         return _unique_valid(make, min(limit, MAX_CANDIDATES))
 
