@@ -24,7 +24,7 @@ so rms_rel 5e-3 and max_rel 1e-2 leave margin without hiding a wrong expert, slo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -320,6 +320,10 @@ def test_wgmma_config_rules():
         (dict(accs2=2, group_n2=16), "2 needs group_n2 <= 8"),
         (dict(kernels="dot", block_k2=128, prefetch1=2), "knobs of the wgmma kernels"),
         (dict(kernels="w4a4", accs2=2), "knobs of the wgmma kernels"),
+        (dict(kernels="dot", block_k2=128, static_ring1=1), "knobs of the wgmma kernels"),
+        (dict(static_ring1=2), "static_ring1 must be 0 or 1"),
+        (dict(static_ring2=1, stages2=4, block_m=32), "1 needs stages2 <= 3"),
+        (dict(static_ring2=1, accs2=2, group_n2=8), "with accs2=2 GEMM2 has none"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -327,8 +331,9 @@ def test_wgmma_config_rules():
     assert eval(repr(knobs)) == knobs
     one_wg = PrefillConfig(block_m=64, stages1=3, block_n2=64, warps2=4, accs2=2, **_WG)
     assert PrefillConfig.from_dict(one_wg.to_dict()) == one_wg  # GEMM2 on one warpgroup
-    twin = w4a16_twin_config(knobs)  # the self-check's fallback drops the wgmma-only knobs
-    assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2) == ("dot", 1, 1, 1)
+    twin = w4a16_twin_config(replace(knobs, static_ring1=1))  # the fallback drops the knobs
+    assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1) == (
+        "dot", 1, 1, 1, 0)
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -342,6 +347,26 @@ def test_wgmma_two_accumulators_need_one_k_chunk():
     cfg = PrefillConfig(block_m=16, block_p=16, accs2=2, group_n2=8, **_WG)
     with pytest.raises(ValueError, match="accs2=2.*intermediate_size == 256, got 512"):
         _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
+
+
+def test_wgmma_static_ring_needs_stages_dividing_the_k_chunks():
+    """``static_ring*=1`` unrolls a GEMM's K loop by its stages: a K that is not a multiple of
+    stages x 256 gets a clear error naming the GEMM and its size."""
+    from sglang_fp4ext.moe.prefill import _plan
+
+    _, pw = _weights(4, 768, 512)  # H: 3 chunks, I: 2 chunks
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(8, 768, generator=g).to(torch.bfloat16).to(DEV)
+    ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
+    for knobs, what in ((dict(static_ring1=1, stages1=2), "stages1=2, which must divide its 3 K "
+                         r"chunks \(hidden_size 768"),
+                        (dict(static_ring2=1, stages2=3), "stages2=3, which must divide its 2 K "
+                         r"chunks \(intermediate_size 512")):
+        cfg = PrefillConfig(block_m=16, block_p=16, **_WG | knobs)
+        with pytest.raises(ValueError, match=what):
+            _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
+    ok = PrefillConfig(block_m=16, block_p=16, static_ring1=1, stages1=3, static_ring2=1, **_WG)
+    assert len(_plan(x, pw, ids, tw, torch.empty_like(x), ok, False)) == 7
 
 
 def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
@@ -684,6 +709,10 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
                                       capture_output=True, text=True).stderr
             r["spills"] = [l.strip() for l in info.splitlines() if "spill" in l]
             r["serialized"] = "serialized" in info or "warpgroup.wait is injected" in info
+            # CTA barriers between a chunk's MMAs and its ring refill (Triton's inserted ones).
+            segs = [g.split("cp.async.commit_group")[0] for g in ptx.split("wgmma.commit_group")[1:]
+                    if "cp.async.commit_group" in g]
+            r["bar_after_mma"] = max((g.count("bar.sync") for g in segs), default=0)
         if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per OMMA
             r["block_m"] = L.constexprs["BM"]
             r["omma_loop"] = omma_loop(c.asm["cubin"])
@@ -730,6 +759,10 @@ _KNOBS = [
     (_GLM5[1], "block_m=64, stages1=3, group_n2=4, prefetch1=2, prefetch2=2"),
     # GEMM2 on one warpgroup with two accumulators at block_m = 64 (H200 table, TP8 T = 8192).
     (_GLM5[0], "block_m=64, stages1=3, block_n2=64, warps2=4, group_n2=4, accs2=2"),
+    # The activation ring in separate allocations: no barriers inserted around its refills.
+    (_GLM5[0], "block_m=64, stages1=3, block_n2=64, warps2=4, accs2=2, group_n2=8, "
+               "static_ring1=1"),
+    (_GLM5[1], "block_m=128, stages1=3, group_n2=4, static_ring1=1, static_ring2=1"),
 ]
 
 
@@ -811,6 +844,9 @@ def _check_wgmma_design(rows, where):
         if "accs2=2" in r["config"] and r["block_m"] <= 32:
             assert not spills, r
     assert any("accs2=2" in r["config"] for r in gl), f"{where}: no two-accumulator GEMM2 compiled"
+    for i in (1, 2):  # the static ring's point: no barrier between a chunk's MMAs and its refill
+        sr = [r for r in gl if r["kernel"] == f"_wgmma_gemm{i}" and f"static_ring{i}=1" in r["config"]]
+        assert sr and all(r["bar_after_mma"] == 0 for r in sr), (where, i, sr)
 
 
 @pytest.mark.slow

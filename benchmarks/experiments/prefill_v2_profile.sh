@@ -3,12 +3,13 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
 # final3 ~5 min: the A/B again (without fused-shared: final1's A/B mapped block_m 128 wrong),
-# triton_kernels in the same process, and the regression baseline)
+# triton_kernels in the same process, and the regression baseline; ring ~6 min: static_ring1/2
+# against the shipped configs over T at TP8 and EP8, then the prefill GPU tier)
 # $OUT gets ncu_details.txt, ncu_source.csv.gz, run.log (the short report) and results.tar.gz
 # (every JSON and full log), re-packed after each step so a run cut short keeps what it measured.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -98,6 +99,21 @@ timeout 100 python -m pytest benchmarks -p no:cacheprovider -rs --fp4ext-rounds 
   --benchmark-columns=min,median,max,rounds --fp4ext-presets glm5-tp8,glm5-ep8 --fp4ext-paths decode,prefill \
   --benchmark-save=h200-glm5 > $R/baseline.log 2>&1; echo rc=$? >> $R/baseline.log
 tail -3 $R/baseline.log >> $OUT/run.log; pack
+fi
+if [ "$1" = ring ]; then
+# static_ring1/2 (the ring in separate allocations: no CTA barriers inserted around its refills)
+# against the shipped configs: GLM-5 TP8 and EP8 over T, then the prefill GPU tier (its knob tests
+# run both on the fp32 twin).
+step ring_tp8
+OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_NAME=prefill_ring_tp8 SWEEP_KNOBS="[{'static_ring1': 1}]" \
+  timeout 150 python benchmarks/experiments/prefill_knob_sweep.py > $R/ring_tp8.log 2>&1
+grep -A40 "bf16 matmul" $R/ring_tp8.log >> $OUT/run.log; pack
+step ring_ep8
+OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_ring_ep8 \
+  SWEEP_KNOBS="[{'static_ring1': 1}, {'static_ring1': 1, 'static_ring2': 1}]" \
+  timeout 200 python benchmarks/experiments/prefill_knob_sweep.py > $R/ring_ep8.log 2>&1
+grep -A40 "bf16 matmul" $R/ring_ep8.log >> $OUT/run.log; pack
+tier tier_prefill tests/test_prefill_kernels.py 200
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

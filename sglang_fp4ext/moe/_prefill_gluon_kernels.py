@@ -21,7 +21,8 @@ scheduler-cycle, tensor pipe 38%). Here the loop is software-pipelined by hand:
   _permute_k``, one pass over ``T x H``) and writes ``inter`` already permuted for GEMM2.
 * One CTA barrier per 256-deep chunk orders the ring: every thread's copies of chunk ``c`` have
   landed and every warpgroup's MMAs of chunk ``c - 1`` are done before chunk ``c``'s MMAs start
-  and before chunk ``c - 1``'s buffer is refilled.
+  and before chunk ``c - 1``'s buffer is refilled. In one allocation indexed at run time Triton
+  adds two more per chunk (``_ring``); ``SR`` (``PrefillConfig.static_ring*``) avoids them.
 
 K (``H`` for GEMM1, ``I`` for GEMM2) must be a multiple of 256 (``prefill_config`` checks); the
 grid is ``(Np / BN, m_tiles)`` as in v1. Gluon kernels do not run under the Triton interpreter;
@@ -90,11 +91,34 @@ def _load_codes(qe, se, qoff, soff, kc, s_chunk_stride):
 
 
 @gluon.jit
-def _copy_chunk(xs, buf, xp, kc):
-    """Issue the ``cp.async`` copies of chunk ``kc``'s two 128-wide halves into ring slot ``buf``."""
-    cp.async_copy_global_to_shared(xs.index(2 * buf), xp + kc * 256)
-    cp.async_copy_global_to_shared(xs.index(2 * buf + 1), xp + kc * 256 + 128)
+def _copy_chunk(lo, hi, xp, kc):
+    """Issue the ``cp.async`` copies of chunk ``kc``'s two 128-wide halves into ``lo``, ``hi``."""
+    cp.async_copy_global_to_shared(lo, xp + kc * 256)
+    cp.async_copy_global_to_shared(hi, xp + kc * 256 + 128)
     cp.commit_group()
+
+
+@gluon.jit
+def _ring(BM: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr):
+    """The activation ring with static slots (``SR``): ``NS`` (2 or 3) stages of two [BM, 128]
+    halves, each its own allocation, ``(lo0, hi0, lo1, hi1, ..)``. Triton's shared-memory barrier
+    insertion tracks hazards per allocation: in one ``[2 NS, BM, 128]`` allocation indexed at run
+    time it cannot tell the slot being refilled from the slots the MMAs read, and puts a CTA
+    barrier before each half's copies (two per chunk; Nsight Compute, prefill_v2_step2: 13% of
+    GEMM1's stall samples on the first)."""
+    if NS == 2:
+        r = (gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS))
+    else:
+        r = (gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS))
+    return r
 
 
 @gluon.jit
@@ -102,15 +126,15 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                 PF: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
-                 XS: gl.constexpr, CL: gl.constexpr):
+                 PF: gl.constexpr, SR: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
+                 AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr):
     """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)``."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
                    NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, WL, ML, AL, XS)
+                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, SR, WL, ML, AL, XS)
 
 
 @gluon.jit
@@ -118,8 +142,9 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                 NG: gl.constexpr, PF: gl.constexpr, ACCS: gl.constexpr, WL: gl.constexpr,
-                 ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr):
+                 NG: gl.constexpr, PF: gl.constexpr, ACCS: gl.constexpr, SR: gl.constexpr,
+                 WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
+                 CL: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256)."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
@@ -132,7 +157,8 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     else:
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, WL, ML, AL, XS)
+                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, SR, WL, ML, AL,
+                       XS)
 
 
 @gluon.jit
@@ -140,8 +166,8 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                    s_e_stride, s_chunk_stride,
                    GATED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                   NG: gl.constexpr, PF: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
-                   AL: gl.constexpr, XS: gl.constexpr):
+                   NG: gl.constexpr, PF: gl.constexpr, SR: gl.constexpr, WL: gl.constexpr,
+                   ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
     ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring).
 
@@ -165,9 +191,14 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     NIT = gl.minimum(NG, NP // BN - nb0) * KC
 
     xp = _act_ptrs(x_ptr, sorted_ptr, row0, nrows, TOP_K, stride_x, GATED, BM, AL)
-    xs = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, BM, 128], XS)
-    for i in gl.static_range(NS - 1):
-        _copy_chunk(xs, i, xp, gl.minimum(i, NIT - 1) % KC)  # past the end: re-read the last
+    if SR:
+        xs = _ring(BM, NS, XS)
+        for i in gl.static_range(NS - 1):
+            _copy_chunk(xs[2 * i], xs[2 * i + 1], xp, gl.minimum(i, NIT - 1) % KC)
+    else:
+        xs = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, BM, 128], XS)
+        for i in gl.static_range(NS - 1):  # past the end: re-read the last
+            _copy_chunk(xs.index(2 * i), xs.index(2 * i + 1), xp, gl.minimum(i, NIT - 1) % KC)
 
     qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
                                         BN, WL)
@@ -180,7 +211,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     if NG == 1:  # no block loop: the K loop alone (fewer live registers: 214 vs 255 + spills)
         acc, p_lo, p_hi, q0, q1, q2 = _row_block(
             acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, 0, KC, NIT,
-            s_chunk_stride, BN, NS, PF, ML)
+            s_chunk_stride, BN, NS, PF, SR, ML)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NOUT, NP,
                   stride_dst, GATED, BN, BM, ML, nrows)
@@ -188,7 +219,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         for g in range(NIT // KC):
             acc, p_lo, p_hi, q0, q1, q2 = _row_block(
                 acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
-                s_chunk_stride, BN, NS, PF, ML)
+                s_chunk_stride, BN, NS, PF, SR, ML)
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
             _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
                       NP, stride_dst, GATED, BN, BM, ML, nrows)
@@ -259,28 +290,52 @@ def _load_chunk(qe, se, qoff, soff, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl
 @gluon.jit
 def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
                s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, PF: gl.constexpr,
-               ML: gl.constexpr):
+               SR: gl.constexpr, ML: gl.constexpr):
     """The K loop of row block ``nb0 + g``: issues its MMAs (the last ones still in flight on
     return) with the code queue ``q0 .. q{PF-1}`` (chunks ``it ..``, flat ``it = g KC + kc``)
-    refilled ``PF`` chunks ahead."""
-    for kc in range(KC):
-        it = g * KC + kc
-        qn = _load_chunk(qe, se, qoff, soff, QB, nb0, it + PF, KC, NIT, s_chunk_stride, BN)
-        a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)  # overlaps the previous MMAs
-        # p_lo/p_hi (the previous chunk's operands) stay live until its MMAs are done.
-        acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
-        cp.wait_group(NS - 2)
-        barrier()  # all copies of this chunk landed; every warpgroup's previous MMAs done
-        fence_async_shared()
-        buf = it % NS
-        # A block's first MMA ignores the accumulator (no register writes between MMAs).
-        acc = warpgroup_mma(a_lo, xs.index(2 * buf).permute((1, 0)), acc, use_acc=kc > 0,
-                            is_async=True)
-        acc = warpgroup_mma(a_hi, xs.index(2 * buf + 1).permute((1, 0)), acc, is_async=True)
-        _copy_chunk(xs, (it + NS - 1) % NS, xp, gl.minimum(it + NS - 1, NIT - 1) % KC)
-        p_lo, p_hi = a_lo, a_hi
-        q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
+    refilled ``PF`` chunks ahead. ``SR``: ``xs`` is ``_ring``'s static slots (``KC`` a multiple
+    of ``NS``, so chunk ``kc``'s slot is ``kc % NS``: the loop is unrolled by ``NS``); else one
+    allocation indexed at run time."""
+    if SR:
+        for kq in range(KC // NS):
+            for s in gl.static_range(NS):
+                acc, p_lo, p_hi, q0, q1, q2 = _chunk(
+                    acc, p_lo, p_hi, q0, q1, q2, xs[2 * s], xs[2 * s + 1],
+                    xs[2 * ((s + NS - 1) % NS)], xs[2 * ((s + NS - 1) % NS) + 1], xp, qe, se, qoff, soff, QB, nb0, g * KC + kq * NS + s,
+                    kq * NS + s, KC, NIT, s_chunk_stride, BN, NS, PF, ML)
+    else:
+        for kc in range(KC):
+            it = g * KC + kc
+            buf = it % NS
+            nxt = (it + NS - 1) % NS
+            acc, p_lo, p_hi, q0, q1, q2 = _chunk(
+                acc, p_lo, p_hi, q0, q1, q2, xs.index(2 * buf), xs.index(2 * buf + 1),
+                xs.index(2 * nxt), xs.index(2 * nxt + 1), xp, qe, se, qoff, soff, QB, nb0, it,
+                kc, KC, NIT, s_chunk_stride, BN, NS, PF, ML)
     return acc, p_lo, p_hi, q0, q1, q2
+
+
+@gluon.jit
+def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, xp, qe, se, qoff, soff, QB, nb0,
+           it, kc, KC, NIT, s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr,
+           PF: gl.constexpr, ML: gl.constexpr):
+    """Flat chunk ``it`` (``kc`` of its block): decode it while the previous chunk's MMAs run,
+    start its MMAs on the ring slot ``x_lo``/``x_hi``, refill ``n_lo``/``n_hi`` (the previous
+    chunk's slot) with chunk ``it + NS - 1``. Returns the accumulator, this chunk's operands
+    (live until its MMAs are done) and the code queue."""
+    qn = _load_chunk(qe, se, qoff, soff, QB, nb0, it + PF, KC, NIT, s_chunk_stride, BN)
+    a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)  # overlaps the previous MMAs
+    # p_lo/p_hi (the previous chunk's operands) stay live until its MMAs are done.
+    acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
+    cp.wait_group(NS - 2)
+    barrier()  # all copies of this chunk landed; every warpgroup's previous MMAs done
+    fence_async_shared()
+    # A block's first MMA ignores the accumulator (no register writes between MMAs).
+    acc = warpgroup_mma(a_lo, x_lo.permute((1, 0)), acc, use_acc=kc > 0, is_async=True)
+    acc = warpgroup_mma(a_hi, x_hi.permute((1, 0)), acc, is_async=True)
+    _copy_chunk(n_lo, n_hi, xp, gl.minimum(it + NS - 1, NIT - 1) % KC)
+    q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
+    return acc, a_lo, a_hi, q0, q1, q2
 
 
 @gluon.jit
@@ -304,7 +359,7 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
 
     xp = _act_ptrs(x_ptr, sorted_ptr, row0, nrows, 1, stride_x, False, BM, AL)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, 128], XS)
-    _copy_chunk(xs, 0, xp, 0)
+    _copy_chunk(xs.index(0), xs.index(1), xp, 0)
 
     qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
                                         BN, WL)

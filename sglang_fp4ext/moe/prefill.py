@@ -315,6 +315,14 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
             f"fused_moe_nvfp4_prefill: PrefillConfig(accs2=2) runs GEMM2 one K chunk per row "
             f"block and needs intermediate_size == {K_CHUNK}, got {I}"
         )
+    for i, K in ((1, H), (2, I)):
+        ns = getattr(config, f"stages{i}")
+        if getattr(config, f"static_ring{i}") and (K // K_CHUNK) % ns:
+            raise ValueError(
+                f"fused_moe_nvfp4_prefill: PrefillConfig(static_ring{i}=1) unrolls GEMM{i}'s K "
+                f"loop by stages{i}={ns}, which must divide its {K // K_CHUNK} K chunks "
+                f"({'hidden' if i == 1 else 'intermediate'}_size {K} / {K_CHUNK})"
+            )
     P = T * top_k
     dev = x.device
     nbins = num_bins(E)
@@ -370,6 +378,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     BN=bn,
                     NS=getattr(config, f"stages{i}"),
                     PF=getattr(config, f"prefetch{i}"),
+                    SR=getattr(config, f"static_ring{i}"),
                     **(dict(NG=ng, ACCS=config.accs2) if i == 2 else {}),
                     **G.layouts(bn, config.block_m, warps),
                 ),

@@ -36,7 +36,8 @@ WGMMA_SMEM_LIMIT = 232_448
 def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
-    return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1)
+    return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1,
+                   static_ring1=0, static_ring2=0)
 
 
 def prefill_activations() -> str:
@@ -90,7 +91,10 @@ class PrefillConfig(ConfigDict):
     wgmma only: ``prefetch*``, the K chunks of FP4 codes each GEMM keeps in flight ahead of its
     decode (1-3, in registers); ``accs2``, GEMM2's accumulators: 2 overlaps a row block's
     epilogue with the next block's MMAs (``I`` = 256 only: one K chunk per block;
-    ``group_n2`` <= 8, the blocks are unrolled).
+    ``group_n2`` <= 8, the blocks are unrolled); ``static_ring*`` 1: the activation ring's stages
+    are separate shared allocations and the K loop is unrolled by ``stages*`` (2 or 3, a divisor
+    of the GEMM's K / 256), so Triton inserts no CTA barriers around the ring's refills (GEMM2:
+    with ``accs2`` = 1, the one that has a ring).
     """
 
     block_m: int = 128
@@ -109,6 +113,8 @@ class PrefillConfig(ConfigDict):
     prefetch1: int = 1
     prefetch2: int = 1
     accs2: int = 1
+    static_ring1: int = 0
+    static_ring2: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -162,11 +168,13 @@ class PrefillConfig(ConfigDict):
             )
         if self.kernels == "wgmma":
             self._check_wgmma()
-        elif (self.prefetch1, self.prefetch2, self.accs2) != (1, 1, 1):
+        elif (self.prefetch1, self.prefetch2, self.accs2) != (1, 1, 1) or (
+            self.static_ring1, self.static_ring2) != (0, 0):
             raise ValueError(
-                f"PrefillConfig: prefetch1, prefetch2 and accs2 are knobs of the wgmma kernels; "
-                f"kernels={self.kernels!r} needs 1, got {self.prefetch1}, {self.prefetch2}, "
-                f"{self.accs2}"
+                f"PrefillConfig: prefetch1, prefetch2, accs2 and static_ring1/2 are knobs of the "
+                f"wgmma kernels; kernels={self.kernels!r} needs 1, 1, 1, 0, 0, got "
+                f"{self.prefetch1}, {self.prefetch2}, {self.accs2}, {self.static_ring1}, "
+                f"{self.static_ring2}"
             )
         if self.kernels == "w4a4":
             if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
@@ -219,6 +227,18 @@ class PrefillConfig(ConfigDict):
                 f"PrefillConfig(kernels='wgmma'): accs2 must be 1 or 2, and 2 needs group_n2 <= 8 "
                 f"(its row blocks are unrolled), got accs2={self.accs2!r}, "
                 f"group_n2={self.group_n2}"
+            )
+        for i in (1, 2):
+            sr, ns = getattr(self, f"static_ring{i}"), getattr(self, f"stages{i}")
+            if sr not in (0, 1) or (sr and ns > 3):
+                raise ValueError(
+                    f"PrefillConfig(kernels='wgmma'): static_ring{i} must be 0 or 1, and 1 needs "
+                    f"stages{i} <= 3, got static_ring{i}={sr!r}, stages{i}={ns}"
+                )
+        if self.static_ring2 and self.accs2 == 2:
+            raise ValueError(
+                "PrefillConfig(kernels='wgmma'): static_ring2 is for GEMM2's ring; with accs2=2 "
+                "GEMM2 has none (its activations are copied once per program)"
             )
         if self.combine != "ordered":
             raise ValueError("PrefillConfig(kernels='wgmma') has only the ordered combine")

@@ -179,6 +179,12 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # prefill_v2_step2/: kept as the one candidate that can say otherwise on a new GPU).
             lambda: r(base, block_n2=128, warps2=8, accs2=1) if shape.I == K_CHUNK else None,
             lambda: r(base, prefetch1=2, prefetch2=2),
+            # The activation ring without Triton's inserted barriers (static slots), where the
+            # stages divide the K chunks (GEMM2: where it has a ring, I > 256).
+            lambda: r(base, static_ring1=1) if (shape.H // K_CHUNK) % base.stages1 == 0 else None,
+            lambda: r(base, static_ring1=1, static_ring2=1)
+            if (shape.H // K_CHUNK) % base.stages1 == 0 and base.accs2 == 1
+            and (shape.I // K_CHUNK) % base.stages2 == 0 else None,
         ]
         return _unique_valid(make, min(limit, MAX_CANDIDATES))
 
