@@ -199,6 +199,11 @@ CASES = [
         dict(shared=True, drop=0.2),
     ),
     Case("heuristic_config", 12, 256, 64, 23, 8, None, dict(skew=0.5, drop=0.1)),
+    # GEMM1 tiles the sorted rows on its own block_m1 (larger, then smaller than GEMM2's).
+    Case("gemm1_own_tiles_bm1_32", 8, 256, 64, 37, 4, PrefillConfig(**_SMALL, block_m1=32),
+         dict(skew=1.0, drop=0.1)),
+    Case("gemm1_own_tiles_bm1_16", 8, 256, 64, 37, 4,
+         PrefillConfig(block_m=32, block_m1=16, block_p=64, group_n2=2), dict(skew=1.0)),
 ]
 
 
@@ -311,7 +316,7 @@ def test_wgmma_config_rules():
         (dict(block_k1=128), "block_k1 must be 256"),
         (dict(stages2=5), "stages2 must be in"),
         (dict(block_m=128, stages1=4), "within 232448"),
-        (dict(block_m=256), "block_m must be <= 128"),
+        (dict(block_m=256), "block_m and block_m1 must be <= 128"),
         (dict(combine="atomic"), "only the ordered combine"),
         (dict(kernels="gluon"), "kernels must be one of"),
         (dict(prefetch1=4), "prefetch1 must be 1, 2 or 3"),
@@ -322,6 +327,9 @@ def test_wgmma_config_rules():
         (dict(kernels="w4a4", accs2=2), "knobs of the wgmma kernels"),
         (dict(kernels="dot", block_k2=128, static_ring1=1), "knobs of the wgmma kernels"),
         (dict(static_ring1=2), "static_ring1 must be 0 or 1"),
+        (dict(block_m1=48), "block_m1 must be 0"),
+        (dict(block_m=32, block_m1=256), "block_m and block_m1 must be <= 128"),
+        (dict(block_m=32, block_m1=128, stages1=4), "GEMM1 block_m=128"),
         (dict(static_ring2=1, stages2=4, block_m=32), "1 needs stages2 <= 3"),
         (dict(static_ring2=1, accs2=2, group_n2=8), "with accs2=2 GEMM2 has none"),
     ):
@@ -763,6 +771,9 @@ _KNOBS = [
     (_GLM5[0], "block_m=64, stages1=3, block_n2=64, warps2=4, accs2=2, group_n2=8, "
                "static_ring1=1"),
     (_GLM5[1], "block_m=128, stages1=3, group_n2=4, static_ring1=1, static_ring2=1"),
+    # GEMM1 on 128-token tiles while GEMM2 keeps 64 (TP8 T >= 4096: GEMM1 faster at 128).
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, block_n2=64, warps2=4, accs2=2, "
+               "group_n2=8"),
 ]
 
 

@@ -102,10 +102,11 @@ tail -3 $R/baseline.log >> $OUT/run.log; pack
 fi
 if [ "$1" = ring ]; then
 # static_ring1/2 (the ring in separate allocations: no CTA barriers inserted around its refills)
-# against the shipped configs: GLM-5 TP8 and EP8 over T, then the prefill GPU tier (its knob tests
-# run both on the fp32 twin).
+# and GEMM1 on its own 128-token tiles (block_m1) against the shipped configs, GLM-5 TP8 and EP8
+# over T; then the prefill GPU tier (its knob tests run both on the fp32 twin).
 step ring_tp8
-OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_NAME=prefill_ring_tp8 SWEEP_KNOBS="[{'static_ring1': 1}]" \
+OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_NAME=prefill_ring_tp8 \
+  SWEEP_KNOBS="[{'static_ring1': 1}, {'block_m1': 128, 'stages1': 3}, {'block_m1': 128, 'stages1': 3, 'static_ring1': 1}]" \
   timeout 150 python benchmarks/experiments/prefill_knob_sweep.py > $R/ring_tp8.log 2>&1
 grep -A40 "bf16 matmul" $R/ring_tp8.log >> $OUT/run.log; pack
 step ring_ep8

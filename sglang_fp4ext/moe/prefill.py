@@ -216,12 +216,12 @@ def _plan(
         inter.fill_(float("nan"))
         if not atomic:
             partial.fill_(float("nan"))
-    m_tiles = max_m_tiles(P, E, config.block_m)
+    m_tiles, bm1 = max_m_tiles(P, E, config.block_m), config.gemm1_block_m
     common = dict(NBINS=nbins, BM=config.block_m, COMPUTE_F32=compute_f32)
     launches.append(
         _Launch(
             "_prefill_gemm1",
-            (w13.n_pad // config.block_n1, m_tiles),
+            (w13.n_pad // config.block_n1, max_m_tiles(P, E, bm1)),
             (
                 x,
                 sorted_pair,
@@ -241,7 +241,7 @@ def _plan(
                 w13.scale.stride(0),
                 w13.scale.stride(1),
             ),
-            dict(common, BN=config.block_n1, BK=config.block_k1),
+            dict(common, BM=bm1, BN=config.block_n1, BK=config.block_k1),
             config.warps1,
             config.stages1,
         )
@@ -343,15 +343,15 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
             1,
         )
     )
-    m_tiles = max_m_tiles(P, E, config.block_m)
     for i, (w, src, dst, K, nout, ng) in enumerate(
         ((w13, xk, inter, H, I, 1), (w2, inter, partial, I, H, config.group_n2)), start=1
     ):
         bn, warps = getattr(config, f"block_n{i}"), getattr(config, f"warps{i}")
+        bm = config.gemm1_block_m if i == 1 else config.block_m
         launches.append(
             _Launch(
                 f"_wgmma_gemm{i}",
-                (-(-(w.n_pad // bn) // ng), m_tiles),
+                (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, bm)),
                 (
                     src,
                     sorted_pair,
@@ -374,13 +374,13 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                 ),
                 dict(
                     NBINS=nbins,
-                    BM=config.block_m,
+                    BM=bm,
                     BN=bn,
                     NS=getattr(config, f"stages{i}"),
                     PF=getattr(config, f"prefetch{i}"),
                     SR=getattr(config, f"static_ring{i}"),
                     **(dict(NG=ng, ACCS=config.accs2) if i == 2 else {}),
-                    **G.layouts(bn, config.block_m, warps),
+                    **G.layouts(bn, bm, warps),
                 ),
                 warps,
                 1,
@@ -429,11 +429,11 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
     launches.append(
         _Launch(
             "_w4a4_gemm1",
-            (w13.n_pad // config.block_n1, m_tiles),
+            (w13.n_pad // config.block_n1, max_m_tiles(P, E, config.gemm1_block_m)),
             (xq, xs, sorted_pair, counts, w13.q, w13.scale, w13.alpha, gs1, gs2, iq, is_, I,
              w13.n_pad, H // K_CHUNK, top_k, w13.q.stride(0), w13.q.stride(1),
              w13.scale.stride(0), w13.scale.stride(1)),
-            dict(common, BN=config.block_n1),
+            dict(common, BM=config.gemm1_block_m, BN=config.block_n1),
             config.warps1,
             config.stages1,
             module="w4a4",

@@ -94,7 +94,8 @@ class PrefillConfig(ConfigDict):
     ``group_n2`` <= 8, the blocks are unrolled); ``static_ring*`` 1: the activation ring's stages
     are separate shared allocations and the K loop is unrolled by ``stages*`` (2 or 3, a divisor
     of the GEMM's K / 256), so Triton inserts no CTA barriers around the ring's refills (GEMM2:
-    with ``accs2`` = 1, the one that has a ring).
+    with ``accs2`` = 1, the one that has a ring). ``block_m1``: GEMM1's tokens per M tile when it
+    differs from GEMM2's (0: ``block_m``, every family).
     """
 
     block_m: int = 128
@@ -115,6 +116,13 @@ class PrefillConfig(ConfigDict):
     accs2: int = 1
     static_ring1: int = 0
     static_ring2: int = 0
+    block_m1: int = 0
+
+    @property
+    def gemm1_block_m(self) -> int:
+        """GEMM1's tokens per M tile: ``block_m1``, or ``block_m`` when it is 0 (the two GEMMs
+        tile the same sorted rows independently)."""
+        return self.block_m1 or self.block_m
 
     def __post_init__(self):
         for f in fields(self):
@@ -127,6 +135,11 @@ class PrefillConfig(ConfigDict):
                 raise ValueError(
                     f"PrefillConfig.{name} must be a power of two, got {getattr(self, name)!r}"
                 )
+        if self.block_m1 and not (_pow2(self.block_m1) and 16 <= self.block_m1 <= 256):
+            raise ValueError(
+                f"PrefillConfig.block_m1 must be 0 (GEMM1 tiles as block_m) or a power of two in "
+                f"[16, 256], got {self.block_m1!r}"
+            )
         if not 16 <= self.block_m <= 256:
             raise ValueError(
                 f"PrefillConfig.block_m must be in [16, 256] (tl.dot needs >= 16), "
@@ -186,14 +199,15 @@ class PrefillConfig(ConfigDict):
                 raise ValueError("PrefillConfig(kernels='w4a4') has only the ordered combine")
 
     def _check_wgmma(self):
-        if self.block_m > 128:
+        if max(self.block_m, self.gemm1_block_m) > 128:
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): block_m must be <= 128 (the accumulator lives in "
-                f"registers), got {self.block_m}"
+                f"PrefillConfig(kernels='wgmma'): block_m and block_m1 must be <= 128 (the "
+                f"accumulator lives in registers), got {self.block_m}, {self.block_m1}"
             )
         for i in (1, 2):
             bn, w, bk = getattr(self, f"block_n{i}"), getattr(self, f"warps{i}"), getattr(self, f"block_k{i}")
             ns = getattr(self, f"stages{i}")
+            bm = self.gemm1_block_m if i == 1 else self.block_m
             one_wg = i == 2 and (bn, w, ns) == (64, 4, 2)
             if (bn, w) != (128, 8) and not one_wg:
                 # Step 1 (prefill_v2_step1/wgmma_ab_1_h200.json) saw one warpgroup (64 rows, 4
@@ -210,11 +224,11 @@ class PrefillConfig(ConfigDict):
                     f"PrefillConfig(kernels='wgmma'): block_k{i} must be {K_CHUNK} (a layout chunk "
                     f"per step), got {bk}"
                 )
-            if not 2 <= ns <= 4 or 2 * ns * self.block_m * 128 * 2 > WGMMA_SMEM_LIMIT:
+            if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 > WGMMA_SMEM_LIMIT:
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
-                    f"(2 x stages x block_m x 256 B = {2 * ns * self.block_m * 256} B) within "
-                    f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, block_m={self.block_m}"
+                    f"(2 x stages x block_m x 256 B = {2 * ns * bm * 256} B) within "
+                    f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, GEMM{i} block_m={bm}"
                 )
         for name in ("prefetch1", "prefetch2"):
             if getattr(self, name) not in (1, 2, 3):

@@ -179,6 +179,9 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # prefill_v2_step2/: kept as the one candidate that can say otherwise on a new GPU).
             lambda: r(base, block_n2=128, warps2=8, accs2=1) if shape.I == K_CHUNK else None,
             lambda: r(base, prefetch1=2, prefetch2=2),
+            # GEMM1 on twice GEMM2's M tile (GEMM1 decodes each expert's weights once per tile;
+            # GEMM2 at I = 256 spills at 128 tokens).
+            lambda: r(base, block_m1=2 * bm, stages1=3) if base.block_m1 == 0 and bm == 64 else None,
             # The activation ring without Triton's inserted barriers (static slots), where the
             # stages divide the K chunks (GEMM2: where it has a ring, I > 256).
             lambda: r(base, static_ring1=1) if (shape.H // K_CHUNK) % base.stages1 == 0 else None,
