@@ -7,7 +7,12 @@ TP8, or EP8 with ``ep8``; the decode path, or the prefill path with ``prefill``.
 ``decode_diagnosis_h200.json``) and, with ``-k regex:_prefill_gemm --launch-skip 4`` plus
 ``--section InstructionStats --section ComputeWorkloadAnalysis`` and ``4096 prefill``,
 ``benchmarks/results/ncu_prefill_tp8_4096_before_h200.txt`` (prefill kernels of commit adfc0cf).
+``NCU_KNOBS`` (a Python literal dict) replaces fields of the prefill call's config (the H200
+table's or the heuristic's), e.g. ``NCU_KNOBS="{'static_ring1': 1}"``.
 """
+import ast
+import dataclasses
+import os
 import sys
 
 import torch
@@ -26,6 +31,14 @@ prep = PreparedMoEWeights.from_moe_weights(
 )
 ids, tw, _ = uniform_routing(T, bs, device="cuda", generator=gen)
 x = torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
+kw = {}
+if os.environ.get("NCU_KNOBS") and call is fused_moe_nvfp4_prefill:
+    from sglang_fp4ext.moe.config import prefill_config_for
+    from sglang_fp4ext.moe.shape import current_target
+
+    base = prefill_config_for(T, prep.shape(ids.shape[1]), current_target())
+    kw["config"] = dataclasses.replace(base, **ast.literal_eval(os.environ["NCU_KNOBS"]))
+    print("ncu_target config:", kw["config"], flush=True)
 for _ in range(3):
-    call(x, prep, ids, tw)
+    call(x, prep, ids, tw, **kw)
 torch.cuda.synchronize()

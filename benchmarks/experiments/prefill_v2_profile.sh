@@ -8,8 +8,8 @@
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
 # final3 ~5 min: the A/B again (without fused-shared: final1's A/B mapped block_m 128 wrong),
-# triton_kernels in the same process, and the regression baseline; ring ~6 min: static_ring1/2
-# against the shipped configs over T at TP8 and EP8, then the prefill GPU tier)
+# triton_kernels in the same process, and the regression baseline; ring ~7 min: static_ring1/2
+# and block_m1 against the shipped configs over T at TP8 and EP8, ncu, the prefill GPU tier)
 # $OUT gets ncu_details.txt, ncu_source.csv.gz, run.log (the short report) and results.tar.gz
 # (every JSON and full log), re-packed after each step so a run cut short keeps what it measured.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -103,7 +103,8 @@ fi
 if [ "$1" = ring ]; then
 # static_ring1/2 (the ring in separate allocations: no CTA barriers inserted around its refills)
 # and GEMM1 on its own 128-token tiles (block_m1) against the shipped configs, GLM-5 TP8 and EP8
-# over T; then the prefill GPU tier (its knob tests run both on the fp32 twin).
+# over T; Nsight Compute of the static-ring GEMM1; then the prefill GPU tier (its knob tests run
+# both on the fp32 twin).
 step ring_tp8
 OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_NAME=prefill_ring_tp8 \
   SWEEP_KNOBS="[{'static_ring1': 1}, {'block_m1': 128, 'stages1': 3}, {'block_m1': 128, 'stages1': 3, 'static_ring1': 1}]" \
@@ -114,6 +115,18 @@ OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_
   SWEEP_KNOBS="[{'static_ring1': 1}, {'static_ring1': 1, 'static_ring2': 1}]" \
   timeout 200 python benchmarks/experiments/prefill_knob_sweep.py > $R/ring_ep8.log 2>&1
 grep -A40 "bf16 matmul" $R/ring_ep8.log >> $OUT/run.log; pack
+step ncu_ring  # did the barrier stalls go (GEMM1, TP8 T = 4096, static ring)?
+if [ -n "$NCU" ]; then
+  NCU_KNOBS="{'static_ring1': 1}" timeout 200 $NCU --clock-control none -k regex:_wgmma_gemm1 \
+    --launch-skip 2 --launch-count 1 --set full --import-source yes -o /tmp/ncu_ring \
+    python benchmarks/experiments/ncu_target.py 4096 prefill > $R/ncu_ring_run.log 2>&1
+  $NCU -i /tmp/ncu_ring.ncu-rep --page details > $R/ncu_ring_details.txt 2>&1
+  $NCU -i /tmp/ncu_ring.ncu-rep --page source --csv --print-source sass > /tmp/ncu_ring_source.csv 2>&1
+  python benchmarks/experiments/ncu_stalls.py /tmp/ncu_ring_source.csv 12 > $R/ncu_ring_stalls.txt 2>&1
+  grep -E "Duration|Issue Slots Busy|Registers Per" $R/ncu_ring_details.txt >> $OUT/run.log
+  head -14 $R/ncu_ring_stalls.txt >> $OUT/run.log
+fi
+pack
 tier tier_prefill tests/test_prefill_kernels.py 200
 fi
 if [ "$1" = tiers ]; then
