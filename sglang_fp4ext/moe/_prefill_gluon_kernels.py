@@ -298,11 +298,12 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0,
     allocation indexed at run time."""
     if SR:
         for kq in range(KC // NS):
-            for s in gl.static_range(NS):
+            for s in gl.static_range(NS):  # refill the previous chunk's slot, s - 1
                 acc, p_lo, p_hi, q0, q1, q2 = _chunk(
                     acc, p_lo, p_hi, q0, q1, q2, xs[2 * s], xs[2 * s + 1],
-                    xs[2 * ((s + NS - 1) % NS)], xs[2 * ((s + NS - 1) % NS) + 1], xp, qe, se, qoff, soff, QB, nb0, g * KC + kq * NS + s,
-                    kq * NS + s, KC, NIT, s_chunk_stride, BN, NS, PF, ML)
+                    xs[2 * ((s + NS - 1) % NS)], xs[2 * ((s + NS - 1) % NS) + 1], xp, qe, se,
+                    qoff, soff, QB, nb0, g * KC + kq * NS + s, kq * NS + s, KC, NIT,
+                    s_chunk_stride, BN, NS, PF, ML)
     else:
         for kc in range(KC):
             it = g * KC + kc

@@ -210,14 +210,15 @@ class PrefillConfig(ConfigDict):
             bm = self.gemm1_block_m if i == 1 else self.block_m
             one_wg = i == 2 and (bn, w, ns) == (64, 4, 2)
             if (bn, w) != (128, 8) and not one_wg:
-                # Step 1 (prefill_v2_step1/wgmma_ab_1_h200.json) saw one warpgroup (64 rows, 4
-                # warps) give wrong results, always with 3 stages in one of the GEMMs; step 2
-                # (prefill_v2_step2/) found every one-warpgroup config it ran right, cause
-                # unexplained. Allowed where the GPU tier checks it: GEMM2 at 2 stages.
+                # One warpgroup (64 rows, 4 warps) was wrong in step 1's first A/B
+                # (prefill_v2_step1/wgmma_ab_1_h200.json), the run that also read unwritten
+                # sorted slots past a tile's end; right in every step-2 run. Allowed where the
+                # GPU tier checks it (GEMM2 at 2 stages) and where it won (GEMM2 at I = 256).
+                gemm2 = " or, for GEMM2, 64 on 4 warps at 2 stages" if i == 2 else ""
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): block_n{i} must be 128 on 8 warps (two "
-                    f"warpgroups of 64 weight rows){' or, for GEMM2, 64 on 4 warps at 2 stages' if i == 2 else ''}, "
-                    f"got block_n{i}={bn}, warps{i}={w}, stages{i}={ns}"
+                    f"warpgroups of 64 weight rows){gemm2}, got block_n{i}={bn}, warps{i}={w}, "
+                    f"stages{i}={ns}"
                 )
             if bk != K_CHUNK:
                 raise ValueError(
