@@ -55,6 +55,7 @@ from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.prefill_config import (
     PrefillConfig,
     served_prefill_config,
+    static_ring_fits,
     wgmma_supports_shape,
 )
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
@@ -317,7 +318,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         )
     for i, K in ((1, H), (2, I)):
         ns = getattr(config, f"stages{i}")
-        if getattr(config, f"static_ring{i}") and (K // K_CHUNK) % ns:
+        if getattr(config, f"static_ring{i}") and not static_ring_fits(K, ns):
             raise ValueError(
                 f"fused_moe_nvfp4_prefill: PrefillConfig(static_ring{i}=1) unrolls GEMM{i}'s K "
                 f"loop by stages{i}={ns}, which must divide its {K // K_CHUNK} K chunks "

@@ -59,6 +59,12 @@ def served_prefill_config(cfg: "PrefillConfig", has_input_scales: bool) -> "Pref
     return cfg
 
 
+def static_ring_fits(K: int, stages: int) -> bool:
+    """``static_ring*`` unrolls a GEMM's K loop by its ring depth: ``stages`` must divide its
+    ``K / 256`` chunks (``K`` = H for GEMM1, I for GEMM2)."""
+    return (K // K_CHUNK) % stages == 0
+
+
 def wgmma_supports_shape(H: int, I: int) -> bool:
     """The wgmma kernels step K one 256-wide layout chunk at a time and read K unpadded."""
     return H % K_CHUNK == 0 and I % K_CHUNK == 0

@@ -134,7 +134,7 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
 
 def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_CANDIDATES):
     """Prefill-path ``PrefillConfig`` candidates for ``token_bucket(T)`` (module docstring)."""
-    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
+    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config, static_ring_fits
 
     b = token_bucket(T)
     base = prefill_heuristic_config(b, shape, target)
@@ -183,11 +183,12 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # GEMM2 at I = 256 spills at 128 tokens).
             lambda: r(base, block_m1=2 * bm, stages1=3) if base.block_m1 == 0 and bm == 64 else None,
             # The activation ring without Triton's inserted barriers (static slots), where the
-            # stages divide the K chunks (GEMM2: where it has a ring, I > 256).
-            lambda: r(base, static_ring1=1) if (shape.H // K_CHUNK) % base.stages1 == 0 else None,
+            # stages divide the K chunks (GEMM2 only where it has a ring: the config rejects
+            # static_ring2 with accs2 = 2).
+            lambda: r(base, static_ring1=1) if static_ring_fits(shape.H, base.stages1) else None,
             lambda: r(base, static_ring1=1, static_ring2=1)
-            if (shape.H // K_CHUNK) % base.stages1 == 0 and base.accs2 == 1
-            and (shape.I // K_CHUNK) % base.stages2 == 0 else None,
+            if static_ring_fits(shape.H, base.stages1) and static_ring_fits(shape.I, base.stages2)
+            else None,
         ]
         return _unique_valid(make, min(limit, MAX_CANDIDATES))
 
