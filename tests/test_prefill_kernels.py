@@ -339,9 +339,11 @@ def test_wgmma_config_rules():
     assert eval(repr(knobs)) == knobs
     one_wg = PrefillConfig(block_m=64, stages1=3, block_n2=64, warps2=4, accs2=2, **_WG)
     assert PrefillConfig.from_dict(one_wg.to_dict()) == one_wg  # GEMM2 on one warpgroup
-    twin = w4a16_twin_config(replace(knobs, static_ring1=1))  # the fallback drops the knobs
-    assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1) == (
-        "dot", 1, 1, 1, 0)
+    # The fallback drops the knobs, GEMM1's own tile too (the dot family at 128 rows and 3
+    # stages needs 233,472 B of shared memory: measured in the H200 self-check tier).
+    twin = w4a16_twin_config(replace(knobs, static_ring1=1, block_m1=128))
+    assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1,
+            twin.block_m1) == ("dot", 1, 1, 1, 0, 0)
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -589,6 +591,14 @@ def test_wgmma_heuristic(monkeypatch):
                                                     8192: 128}
     assert all(c.group_n2 == 4 for c in ep.values())
     assert all((c.block_n2, c.warps2, c.accs2) == (128, 8, 1) for c in ep.values())
+    # From block_m 64: GEMM1's ring in static slots (3 stages divide H / 256 = 24); at I = 256
+    # GEMM1 on its own 128-row tiles (step 3's same-run sweep); DeepSeek-R1's 28 chunks: no.
+    assert {T: (c.static_ring1, c.block_m1) for T, c in got.items()} == {
+        512: (0, 0), 1024: (0, 0), 2048: (1, 128), 4096: (1, 128), 8192: (1, 128)}
+    assert {T: (c.static_ring1, c.block_m1) for T, c in ep.items()} == {
+        512: (0, 0), 1024: (0, 0), 2048: (1, 0), 4096: (1, 0), 8192: (1, 0)}
+    dsr1 = prefill_heuristic_config(4096, MoEShape(256, 7168, 256, 8), h200)
+    assert (dsr1.static_ring1, dsr1.block_m1, dsr1.stages1) == (0, 128, 3)
     assert prefill_heuristic_config(4096, MoEShape(8, 384, 256, 2), h200).kernels == "dot"
     # Blackwell: W4A4 (128 rows on 8 warps on sm_100 for tcgen05, 64 on 4 on sm_120); bf16
     # activations on request.

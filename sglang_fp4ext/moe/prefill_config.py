@@ -37,7 +37,7 @@ def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
     return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1,
-                   static_ring1=0, static_ring2=0)
+                   static_ring1=0, static_ring2=0, block_m1=0)
 
 
 def prefill_activations() -> str:
@@ -306,11 +306,22 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
       .json``, same run, GLM-5 TP8): GEMM2 178 vs 216 us at T = 512, 251 vs 306 at 1024, 392 vs
       431 at 2048, 635 vs 727 at 4096, 1,142 vs 1,305 at 8192 (4 blocks per program: 1,100). At
       EP8 (I = 2048) one warpgroup lost (T = 4096: 724 vs 453 us): 8 warps stay above.
+    * From ``block_m`` 64 (``prefill_v2_step3/prefill_ring_{tp8,ep8}_h200.json``, same run):
+      GEMM1's activation ring in static slots (``static_ring1``, where the 3 stages divide
+      ``H / 256``; Nsight Compute: barrier stalls 16.6% -> 5.5% of GEMM1's samples): TP8
+      T = 2048 / 4096 / 8192 912 / 1,505 / 2,673 vs 950 / 1,567 / 2,765 us, EP8 818 / 1,207 /
+      1,881 vs 854 / 1,265 / 1,987. Below 64 it lost (TP8 T = 512: 512 vs 409; EP8 475 vs 356).
+      Where ``I`` <= 512 capped ``block_m`` at 64 (GEMM2's spills), GEMM1 tiles 128 rows of its
+      own (``block_m1``: each tile decodes its expert's weights once): TP8 with the static ring
+      897 / 1,424 / 2,461 us.
     """
     bm = _wgmma_block_m(rows, shape)
     one_chunk = shape.I == K_CHUNK
+    static1 = int(bm >= 64 and static_ring_fits(shape.H, 3))
     return PrefillConfig(
         block_m=bm,
+        block_m1=128 if bm == 64 and shape.I <= 512 else 0,
+        static_ring1=static1,
         block_n1=128,
         block_k1=K_CHUNK,
         warps1=8,

@@ -54,8 +54,9 @@ __all__ = [
 
 logger = logging.getLogger("sglang_fp4ext")
 
-#: (E, H, I, T) of the check: 2 K chunks for GEMM1, one for GEMM2; a handful of tokens.
-CHECK_SHAPE = dict(E=16, H=512, I=256, T_decode=5, T_prefill=64)
+#: (E, H, I, T) of the check: 6 K chunks for GEMM1 (every ring depth, 2 or 3, divides them: a
+#: static ring unrolls by it), one for GEMM2; a handful of tokens.
+CHECK_SHAPE = dict(E=16, H=1536, I=256, T_decode=5, T_prefill=64)
 #: A kernel that is right runs at rms_rel ~2.4e-3 (bf16 rounding of the intermediate and the
 #: output); a wrong expert, slot, scale or tile gives errors of order 1.
 RMS_REL, MAX_REL = 2e-2, 5e-2

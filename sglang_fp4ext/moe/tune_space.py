@@ -20,7 +20,9 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   expert sees ~EP times fewer rows than the per-rank shape suggests); 64-row tiles for both GEMMs.
   Where the heuristic picks the wgmma family (sm_90): the heuristic; the ``tl.dot`` family's
   heuristic; ``block_m`` /2, x2 and /4; the other GEMM1 ring depth (2 <-> 3); 4 <-> 8 GEMM2
-  row blocks per program; 3 GEMM2 stages. Where it picks the W4A4 family (sm_100 / sm_120): the
+  row blocks per program; 3 GEMM2 stages; GEMM2 at ``I`` = 256 on two warpgroups; code prefetch 2;
+  GEMM1's own 128-row tile and its static ring, each flipped from the heuristic's choice; both
+  rings static. Where it picks the W4A4 family (sm_100 / sm_120): the
   heuristic; the ``tl.dot`` W4A16 heuristic; ``block_m`` /2, x2, /4; 3 stages; twice the GEMM1
   rows on twice the warps.
   The atomic combine is never a candidate (it is not deterministic run to run).
@@ -162,8 +164,9 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
     if base.kernels == "wgmma":
         # sm_90: the v2 family around its heuristic, the v1 family's heuristic, and the knobs
         # that moved the time in the H200 A/B (prefill_config._wgmma_config's docstring).
-        def st1(v):
-            return dict(block_m=m(v), stages1=3 if v >= 64 else 2)
+        def st1(v):  # below 64 rows the static ring and GEMM1's own tile lost (H200)
+            small = {} if v >= 64 else dict(static_ring1=0, block_m1=0)
+            return dict(block_m=m(v), stages1=3 if v >= 64 else 2, **small)
 
         make = [
             lambda: base,
@@ -180,12 +183,14 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             lambda: r(base, block_n2=128, warps2=8, accs2=1) if shape.I == K_CHUNK else None,
             lambda: r(base, prefetch1=2, prefetch2=2),
             # GEMM1 on twice GEMM2's M tile (GEMM1 decodes each expert's weights once per tile;
-            # GEMM2 at I = 256 spills at 128 tokens).
-            lambda: r(base, block_m1=2 * bm, stages1=3) if base.block_m1 == 0 and bm == 64 else None,
+            # GEMM2 at I = 256 spills at 128 tokens), or on GEMM2's where the heuristic splits.
+            lambda: (r(base, block_m1=0) if base.block_m1 else
+                     r(base, block_m1=2 * bm, stages1=3) if bm == 64 else None),
             # The activation ring without Triton's inserted barriers (static slots), where the
-            # stages divide the K chunks (GEMM2 only where it has a ring: the config rejects
-            # static_ring2 with accs2 = 2).
-            lambda: r(base, static_ring1=1) if static_ring_fits(shape.H, base.stages1) else None,
+            # stages divide the K chunks, or with them where the heuristic has it static (GEMM2
+            # only where it has a ring: the config rejects static_ring2 with accs2 = 2).
+            lambda: (r(base, static_ring1=0) if base.static_ring1 else
+                     r(base, static_ring1=1) if static_ring_fits(shape.H, base.stages1) else None),
             lambda: r(base, static_ring1=1, static_ring2=1)
             if static_ring_fits(shape.H, base.stages1) and static_ring_fits(shape.I, base.stages2)
             else None,
