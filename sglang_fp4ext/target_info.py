@@ -107,6 +107,12 @@ def supports_gluon_decode(cap: Capability | None) -> bool:
     return cap is not None and cap >= (8, 0) and not is_interpreter()
 
 
+def supports_pdl(cap: Capability | None) -> bool:
+    """Programmatic dependent launch (``griddepcontrol``: a kernel starts while the one before
+    it in the stream finishes, and waits for it in-kernel) exists from SM90."""
+    return cap is not None and cap >= (9, 0)
+
+
 def supports_wgmma_prefill(cap: Capability | None) -> bool:
     """The Gluon prefill kernels (``warpgroup_mma``, Hopper's asynchronous warpgroup MMA) exist on
     SM90 only; the interpreter runs only the ``tl.dot`` family."""

@@ -3,7 +3,8 @@
 Every test runs both kernel families, ``dot`` (``tl.dot``, v1) and ``gluon`` (v2, two launches),
 the one-launch Gluon kernel (``gluon1``: ``launches=1``) and the Gluon pairs GEMM2 whose partials a
 third launch sums, each expert's pair chunks over 4 programs (``gluon3``: ``combine="kernel"``,
-``split_t=4``); Gluon runs only on a GPU (the CPU
+``split_t=4``), and the Gluon launches with programmatic dependent launch (``gluonp``: ``pdl=1``);
+Gluon runs only on a GPU (the CPU
 tier compiles it ahead of time, ``tests/test_gluon_aot.py``).
 
 Tolerance vs the fp32 reference: the kernels round the SiLU·mul intermediate and the output to
@@ -28,11 +29,15 @@ from tests import glm5_cases
 pytestmark = pytest.mark.gpu
 MAX_REL, RMS_REL = 1e-2, 5e-3
 
-FAMILIES = ["dot", "gluon", "gluon1", "gluon3"]
+FAMILIES = ["dot", "gluon", "gluon1", "gluon3", "gluonp"]
 
 
 def _as(cfg, kernels):
-    """``cfg`` on family ``kernels``; ``gluon1`` = its one-launch form (slot grid, token GEMM2)."""
+    """``cfg`` on family ``kernels``; ``gluon1`` = its one-launch form (slot grid, token GEMM2);
+    ``gluonp``: programmatic dependent launch, the pairs GEMM2 with the third-launch combine."""
+    if kernels == "gluonp":
+        c = _as(cfg, "gluon3" if cfg.gemm2 == "pairs" else "gluon")
+        return dataclasses.replace(c, pdl=1, split_t=1)
     if kernels == "gluon3":
         pairs = cfg.gemm2 == "pairs"
         return dataclasses.replace(
@@ -161,6 +166,50 @@ def test_graph_replay_matches_eager_bit_for_bit(name, T, gemm2, kernels, seed):
         if not torch.equal(eager.view(torch.int16), replayed[i].view(torch.int16)):
             raise AssertionError(f"replay {i} differs from eager")
     assert torch.isfinite(replayed.float()).all()
+
+
+@pytest.mark.parametrize(
+    "name,T,gemm2",
+    [("tp8_shared", 1, "pairs"), ("tp8_shared", 4, "tokens"), ("tp8_shared", 64, "pairs"),
+     ("ep8", 2, "pairs"), ("ep8", 16, "tokens")],
+)
+def test_pdl_chain_matches_eager_bit_for_bit(name, T, gemm2, seed):
+    """Three layer calls in one graph with programmatic dependent launch (each GEMM2 starts
+    while its GEMM1 runs, each GEMM1 while the previous layer ends, all sharing the
+    workspaces), replayed with fresh inputs: every output equals the eager calls without PDL to
+    the bit, so no kernel read a workspace before the kernel writing it had finished."""
+    _, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    base = _config(pw, glm5_cases.inputs(name, T, g)[1], gemm2, "gluonp")
+    assert base.pdl == 1
+    plain = dataclasses.replace(base, pdl=0)
+    static = [[t.clone() for t in glm5_cases.inputs(name, T, g)] for _ in range(3)]
+    outs = [torch.empty(T, 6144, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+
+    def layers():
+        for (x, ids, tw), o in zip(static, outs):
+            fused_moe_nvfp4(x, pw, ids, tw, out=o, config=base)
+
+    layers()  # warm-up: compile + workspaces
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layers()
+    for rep in range(50):
+        fresh = [glm5_cases.inputs(name, T, g) for _ in range(3)]
+        if rep % 5 == 0:
+            fresh[1][1][0] = -1  # a token with no local expert in the middle layer
+        for dst, src in zip(static, fresh):
+            for d, s_ in zip(dst, src):
+                d.copy_(s_)
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        for i, (x, ids, tw) in enumerate(fresh):
+            want = fused_moe_nvfp4(x, pw, ids, tw, config=plain)
+            if not torch.equal(want.view(torch.int16), outs[i].view(torch.int16)):
+                raise AssertionError(f"replay {rep}, layer {i}: PDL differs from eager")
+    _counters_zero()
 
 
 @pytest.mark.parametrize("kernels", FAMILIES)

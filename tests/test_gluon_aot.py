@@ -65,7 +65,9 @@ for v in variants:
                     mma="mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx,
                     decode="fma.rn.bf16x2" in ptx, wide_loads=ptx.count("ld.global.v4"),
                     acquire=".gpu.acquire." in ptx, release=".gpu.release." in ptx,
-                    cp_async="cp.async" in ptx))
+                    cp_async="cp.async" in ptx, gdc_wait="griddepcontrol.wait" in ptx,
+                    gdc_launch="griddepcontrol.launch_dependents" in ptx,
+                    l2_prefetch=ptx.count("prefetch.global.L2")))
 print(json.dumps(out))
 """
 
@@ -91,6 +93,12 @@ def _gluon_configs():
         for T in (1, 8):  # deeper prefetch at small T
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", depth=3)))
+        for T in (1, 4, 64):  # programmatic dependent launch (sm_90+)
+            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            c = dataclasses.replace(c, kernels="gluon", pdl=1)
+            if c.gemm2 == "pairs":
+                c = dataclasses.replace(c, combine="kernel")
+            cfgs.add((s.top_k, c))
         # The one-launch form of the small-T configs.
         for T in (1, 4):
             c = heuristic_config(T, s, Target("sm_90", None, 132))
@@ -105,9 +113,10 @@ def _variants():
     """Distinct kernel specialisations (split-K, top_k and the grid are runtime arguments)."""
     seen, out = set(), []
     for k, c in sorted(_gluon_configs(), key=repr):
+        pdl = dict(PDL=bool(c.pdl and c.launches == 2))  # AOT: constexprs are named, defaults too
         vs = [dict(kernel=1, BN=c.block_n1, BT=c.block_t, num_warps=c.warps1,
                    constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
-                                   BLOCK_P=c.block_p, DEPTH=c.depth, SPLIT_T=c.split_t))]
+                                   BLOCK_P=c.block_p, DEPTH=c.depth, SPLIT_T=c.split_t, **pdl))]
         k_pow2 = 1 << (k - 1).bit_length()
         if c.launches == 1:
             vs = [dict(kernel=4, BN=c.block_n1, BN2=c.block_n2, BT=c.block_t,
@@ -117,15 +126,16 @@ def _variants():
         elif c.gemm2 == "tokens":
             vs.append(dict(kernel=2, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
                            constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t,
-                                           DEPTH=c.depth)))
+                                           DEPTH=c.depth, **pdl)))
         else:
             vs.append(dict(kernel=3, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
                            constexprs=dict(K_POW2=k_pow2, SLOT_MODE=c.grid == "slots",
                                            BN=c.block_n2, BT=c.block_t, DEPTH=c.depth,
                                            COMBINE=c.combine == "counter",
-                                           SPLIT_T=c.split_t)))
+                                           SPLIT_T=c.split_t, **pdl)))
             if c.combine == "kernel":
-                vs.append(dict(kernel=5, BN=0, BT=0, num_warps=4, constexprs=dict(BLOCK=1024)))
+                vs.append(dict(kernel=5, BN=0, BT=0, num_warps=4,
+                               constexprs=dict(BLOCK=1024, **pdl)))
         for v in vs:
             key = json.dumps(v, sort_keys=True)
             if key not in seen:
@@ -137,8 +147,11 @@ def _variants():
 @pytest.fixture(scope="module")
 def compiled():
     variants = _variants()
-    some = [next(v for v in variants if v["kernel"] == i) for i in (1, 2, 3, 4, 5)]
-    todo = {80: some, 90: variants, 100: some, 120: variants}
+    some = [next(v for v in variants if v["kernel"] == i and not v["constexprs"].get("PDL"))
+            for i in (1, 2, 3, 4, 5)]
+    pdl = [next(v for v in variants if v["kernel"] == i and v["constexprs"].get("PDL"))
+           for i in (1, 2, 3, 5)]  # griddepcontrol: sm_90+ (no PDL variant runs on sm_80)
+    todo = {80: some, 90: variants, 100: some + pdl, 120: variants}
     res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
     site = triton36_site()
     if site:
@@ -149,6 +162,8 @@ def compiled():
 def test_there_are_gluon_configs_to_compile():
     kinds = {v["kernel"] for v in _variants()}
     assert kinds == {1, 2, 3, 4, 5}, kinds
+    pdl = {v["kernel"] for v in _variants() if v["constexprs"].get("PDL")}
+    assert pdl == {1, 2, 3, 5}, pdl
 
 
 @pytest.mark.parametrize("cc", [80, 90, 100, 120])
@@ -165,6 +180,20 @@ def test_every_gluon_config_compiles_to_the_design(compiled, cc):
         assert r["shared"] <= 64, f"sm_{cc}: unexpected shared memory: {r}"
         if r["kernel"] == 4:  # one launch: readiness released by GEMM1, acquired by GEMM2
             assert r["acquire"] and r["release"], f"sm_{cc}: no acquire/release: {r}"
+        _check_pdl(r, cc)
+
+
+def _check_pdl(r, cc):
+    """A PDL variant waits for the previous grid and lets the next start; a GEMM2 that knows its
+    experts before GEMM1 ends (token GEMM2, slot-grid pairs GEMM2) prefetches their weights into
+    L2 first. Without PDL none of it is in the PTX."""
+    c = r["constexprs"]
+    if not c.get("PDL"):
+        assert not (r["gdc_wait"] or r["gdc_launch"] or r["l2_prefetch"]), f"sm_{cc}: {r}"
+        return
+    assert cc >= 90 and r["gdc_wait"] and r["gdc_launch"], f"sm_{cc}: no griddepcontrol: {r}"
+    prefetches = r["kernel"] == 2 or (r["kernel"] == 3 and c["SLOT_MODE"])
+    assert (r["l2_prefetch"] > 0) == prefetches, f"sm_{cc}: L2 prefetch: {r}"
 
 
 def test_sm120_shared_memory_fits(compiled):
@@ -181,6 +210,7 @@ def test_triton_36_compiles_them_too(compiled):
         for r in rows:
             ok = r["kernel"] == 5 or r["mma"] and r["decode"] and r["wide_loads"] >= 4
             assert ok, f"3.6 sm_{cc}: {r}"
+            _check_pdl(r, cc)
 
 
 @pytest.mark.parametrize("role", ["gemm1", "gemm2_tok", "gemm2"])
@@ -194,7 +224,8 @@ def test_both_families_take_the_launchers_arguments(role):
     g, g_extra = decode._kernel("gluon", role, 64, cfg, 2, 3)
     d, d_extra = decode._kernel("dot", role, 64, cfg, 2, 3)
     assert [a for a in d.arg_names if a != "COMPUTE_F32"] == [
-        a for a in g.arg_names if a not in ("WL", "XL", "ML", "DEPTH", "COMBINE", "SPLIT_T")
+        a for a in g.arg_names
+        if a not in ("WL", "XL", "ML", "DEPTH", "COMBINE", "SPLIT_T", "PDL")
     ]
     assert set(g_extra) - {"COMBINE", "SPLIT_T"} == {"num_warps", "WL", "XL", "ML", "DEPTH"}
     assert ("SPLIT_T" in g_extra) == (role != "gemm2_tok")

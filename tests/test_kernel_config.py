@@ -52,6 +52,7 @@ def test_frozen_hashable_repr_round_trip():
         ({"ctas_per_sm": 3}, "ctas_per_sm"),
         ({"depth": 4}, "depth must be"),
         ({"combine": "atomic"}, "combine must be"),
+        ({"pdl": 2}, "pdl must be 0 or 1"),
     ],
 )
 def test_invalid_configs_rejected(kwargs, msg):
@@ -83,6 +84,23 @@ def test_heuristic_is_deterministic_and_fills_the_gpu(shape, target):
         n_tiles2 = -(-shape.H // 128) * 128 // big.block_n2
         assert big.tiles2 > 1
         assert n_tiles2 // big.tiles2 * shape.E >= target.num_sms
+
+
+def test_heuristic_pdl_only_at_one_token_with_the_pairs_gemm2_where_the_gpu_has_it(monkeypatch):
+    """Programmatic dependent launch: T = 1 with the pairs GEMM2 on sm_90+ (it won there in
+    every H200 run; with the token GEMM2 and from T = 2 it lost), never on sm_80 or the dot
+    family."""
+    from sglang_fp4ext import target_info
+
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
+    qwen3 = MoEShape(128, 2048, 768, 8)
+    a100 = Target("sm_80", None, 108)
+    got = {(s.E, t.arch, T): heuristic_config(T, s, t) for s in (qwen3, EP8, TP8)
+           for t in (H200, PRO6000, a100) for T in (1, 2, 16)}
+    for (E, arch, T), c in got.items():
+        want = T == 1 and arch != "sm_80" and c.gemm2 == "pairs" and c.kernels == "gluon"
+        assert c.pdl == int(want), (E, arch, T, c)
+    assert got[(128, "sm_90", 1)].pdl == 1  # Qwen3-30B-A3B: the pairs GEMM2 at one token
 
 
 def test_token_bucket():

@@ -218,6 +218,49 @@ def _add(a, b):
     return a + b
 
 
+# ---- programmatic dependent launch (sm_90+; module docstring) ----
+
+
+@gluon.jit
+def _gdc_wait():
+    """Block until the grid this one depends on has finished and its writes are visible."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    """Let the next kernel of the stream start once every program of this grid has said so."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.b32 $0, 0;", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prefetch_l2(ptr, pred):
+    """Ask L2 for the line holding each ``ptr`` where ``pred``: no registers held, no wait."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+        "=r,l,r", args=[ptr, pred.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prefetch_weights(q_ptr, s_ptr, es, eok, row0, kc0, kc1, q_e_stride, q_row_stride,
+                      s_e_stride, s_chunk_stride, BN: gl.constexpr, PF: gl.constexpr):
+    """L2 prefetch of rows ``row0 .. row0 + BN`` of experts ``es`` (where ``eok``; a vector in
+    ``SliceLayout(1, PF)``), K chunks ``kc0 .. kc1``: one 128-byte code line per row and chunk,
+    one scale line per 8 rows (the layouts of ``layout.py``)."""
+    r = row0 + gl.arange(0, BN, layout=gl.SliceLayout(0, PF))
+    e64 = gl.expand_dims(es.to(gl.int64), 1)
+    r2 = gl.expand_dims(r, 0)
+    qrow = q_ptr + e64 * q_e_stride + r2 * q_row_stride
+    srow = s_ptr + e64 * s_e_stride + r2 * 16
+    ok = gl.expand_dims(eok, 1) & (r2 >= 0)
+    sok = ok & (r2 % 8 == 0)
+    for kc in range(kc0, kc1):
+        _prefetch_l2(qrow + kc * 128, ok)
+        _prefetch_l2(srow + kc * s_chunk_stride, sok)
+
+
 @gluon.jit
 def _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE: gl.constexpr,
            BLOCK_P: gl.constexpr, PL: gl.constexpr):
@@ -299,13 +342,17 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
            KC, CPS, TOP_K, SPLIT_K,
            SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BLOCK_P: gl.constexpr,
            WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-           SPLIT_T: gl.constexpr):
+           SPLIT_T: gl.constexpr, PDL: gl.constexpr = False):
     """``_decode_dot_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
     NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt).
     Grid axis 2 is ``SPLIT_K * SPLIT_T``: program ``ks + SPLIT_K * cs`` takes K split ``ks`` of
     the expert's pair chunks ``cs, cs + SPLIT_T, ..`` (an expert with many pairs, e.g. a fused
-    shared expert, is spread over ``SPLIT_T`` programs instead of looping alone)."""
+    shared expert, is spread over ``SPLIT_T`` programs instead of looping alone). With ``PDL``
+    it touches memory only after the previous kernel has finished, then lets GEMM2 start."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    if PDL:
+        _gdc_wait()
+        _gdc_launch_dependents()
     pid0 = gl.program_id(0)
     e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE, BLOCK_P, PL)
     if m == 0:
@@ -385,9 +432,21 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
 def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
                stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
                K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr):
+               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
+               PDL: gl.constexpr = False):
     """``_decode_dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
-    and walks the token's valid experts in slot order (the pair in MMA column 0)."""
+    and walks the token's valid experts in slot order (the pair in MMA column 0). With ``PDL``
+    it starts while GEMM1 runs: it asks L2 for the weights of its row tile of every expert of
+    the token, then waits for GEMM1."""
+    if PDL:
+        _gdc_launch_dependents()
+        PF: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, gl.num_warps()], [1, 0])
+        kj = gl.arange(0, K_POW2, layout=gl.SliceLayout(1, PF))
+        idt = gl.load(ids_ptr + gl.program_id(0) * TOP_K + kj, mask=kj < TOP_K, other=-1)
+        idt = idt.to(gl.int32)
+        _prefetch_weights(q_ptr, s_ptr, idt, (idt >= 0) & (idt < E), gl.program_id(1) * BN, 0,
+                          KC, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, BN, PF)
+        _gdc_wait()
     _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ids_ptr, 0,
                     gl.program_id(0), gl.program_id(1), E, H, I, NP, stride_out, q_e_stride,
                     q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K, False, DEPTH, K_POW2,
@@ -506,12 +565,14 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
            s_chunk_stride, KC, CPS, TOP_K, SPLIT_K, NT,
            K_POW2: gl.constexpr, SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
            WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-           COMBINE: gl.constexpr, SPLIT_T: gl.constexpr):
+           COMBINE: gl.constexpr, SPLIT_T: gl.constexpr, PDL: gl.constexpr = False):
     """``_decode_dot_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
     weight for all pairs of one expert, row tiles ``pid1 * NT ..``, and with ``COMBINE`` the
     arrival-counter top-k combine (ws (P, SPLIT_K, NP) fp32 by weight row; cnt (T, NB) int32,
     zero between calls). Without it the partials are all it writes: ``_combine`` follows. Grid
-    axis 2 is ``SPLIT_K * SPLIT_T`` as in ``_gemm1`` (pair chunks spread over programs)."""
+    axis 2 is ``SPLIT_K * SPLIT_T`` as in ``_gemm1`` (pair chunks spread over programs). With
+    ``PDL`` it starts while GEMM1 runs; on the slot grid (the expert is its slot's id, known
+    before GEMM1 ends) it asks L2 for its row tiles' weights first, then waits for GEMM1."""
     KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])
     TL: gl.constexpr = gl.BlockedLayout([K_POW2, 1], [1, 32], [1, gl.num_warps()], [0, 1])
     pid0 = gl.program_id(0)
@@ -519,6 +580,17 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
     pid2 = gl.program_id(2)
     ks = pid2 % SPLIT_K
     cs = pid2 // SPLIT_K
+    if PDL:
+        _gdc_launch_dependents()
+        if SLOT_MODE:
+            PF: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, gl.num_warps()], [1, 0])
+            es = gl.load(ids_ptr + pid0 + gl.zeros([1], gl.int32, gl.SliceLayout(1, PF)))
+            es = es.to(gl.int32)
+            for nb in range(pid1 * NT, gl.minimum(pid1 * NT + NT, NB)):
+                _prefetch_weights(q_ptr, s_ptr, es, (es >= 0) & (es < E), nb * BN, ks * CPS,
+                                  gl.minimum(ks * CPS + CPS, KC), q_e_stride, q_row_stride,
+                                  s_e_stride, s_chunk_stride, BN, PF)
+        _gdc_wait()
     if COMBINE:
         if (pid0 < T) & (pid2 == 0):
             # A token with no local expert gets no arrival at all: write its zeros here.
@@ -603,11 +675,15 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
 
 @gluon.jit
 def _combine(ws_ptr, ids_ptr, out_ptr, E, H, NP, stride_out, TOP_K, SPLIT_K,
-             BLOCK: gl.constexpr):
+             BLOCK: gl.constexpr, PDL: gl.constexpr = False):
     """``out[t, rows]`` = the sum of token ``t``'s GEMM2 partials (ws (P, SPLIT_K, NP) fp32) in the
     fixed order slot ``j``, then split ``s`` (the order of ``_gemm2``'s in-kernel combine, so the
-    result is the same to the bit); a token with no local expert gets zeros."""
+    result is the same to the bit); a token with no local expert gets zeros. With ``PDL`` it
+    is launched while GEMM2 runs and waits for it."""
     L: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    if PDL:
+        _gdc_wait()
+        _gdc_launch_dependents()
     t = gl.program_id(0)
     rows = gl.program_id(1) * BLOCK + gl.arange(0, BLOCK, layout=L)
     rm = rows < H

@@ -147,9 +147,12 @@ def fused_moe_nvfp4(
                       inter, ws1, cnt1, plist, pcnt, g1)
         corrupt_if_asked("decode", family, out)
         return out
-    gemm1, extra1 = _kernel(family, "gemm1", config.block_n1, config, config.warps1, config.stages1)
+    pdl = _pdl(family, config, dev)
+    gemm1, extra1 = _kernel(family, "gemm1", config.block_n1, config, config.warps1,
+                            config.stages1, pdl)
     role2 = "gemm2_tok" if config.gemm2 == "tokens" else "gemm2"
-    gemm2, extra2 = _kernel(family, role2, config.block_n2, config, config.warps2, config.stages2)
+    gemm2, extra2 = _kernel(family, role2, config.block_n2, config, config.warps2,
+                            config.stages2, pdl)
     gemm1[g1](
         hidden_states,
         topk_ids,
@@ -249,7 +252,7 @@ def fused_moe_nvfp4(
 
         G._combine[(T, -(-H // _COMBINE_BLOCK))](
             ws2, topk_ids, out, E, H, w2.n_pad, out.stride(0), top_k, config.split_k2,
-            BLOCK=_COMBINE_BLOCK, num_warps=4,
+            BLOCK=_COMBINE_BLOCK, num_warps=4, **_pdl_args(pdl),
         )
     corrupt_if_asked("decode", family, out)
     return out
@@ -257,6 +260,23 @@ def fused_moe_nvfp4(
 
 _COMBINE_BLOCK = 1024
 _SM_COUNT: dict[int, int] = {}
+_PDL_DEVICE: dict[int, bool] = {}
+
+
+def _pdl(family: str, cfg: KernelConfig, dev: torch.device) -> bool:
+    """Whether this call's Gluon kernels run with programmatic dependent launch (``cfg.pdl`` on
+    a GPU that has it; asked once per device)."""
+    if family != "gluon" or not cfg.pdl:
+        return False
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _PDL_DEVICE:
+        _PDL_DEVICE[idx] = target_info.supports_pdl(target_info.device_capability(idx))
+    return _PDL_DEVICE[idx]
+
+
+def _pdl_args(pdl: bool) -> dict:
+    """A PDL kernel's constexpr and Triton's launch option (the launch attribute)."""
+    return dict(PDL=True, launch_pdl=True) if pdl else {}
 
 
 def fused_grid(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights, sms: int):
@@ -307,14 +327,15 @@ _KERNELS = {
 }
 
 
-def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int, stages: int):
+def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int, stages: int,
+            pdl: bool = False):
     """The kernel of ``role`` in ``family`` and its launch-only arguments (Triton is imported
-    only when launching)."""
+    only when launching); ``pdl``: Gluon with programmatic dependent launch (``_pdl``)."""
     if family == "gluon":
         from sglang_fp4ext.moe import _decode_gluon_kernels as G
 
         lay = G.layouts(block_n, cfg.block_t, warps)
-        extra = dict(num_warps=warps, DEPTH=cfg.depth, **lay)
+        extra = dict(num_warps=warps, DEPTH=cfg.depth, **lay, **_pdl_args(pdl))
         if role != "gemm2_tok":
             extra["SPLIT_T"] = cfg.split_t
         if role == "gemm2":

@@ -15,7 +15,8 @@ packs ``tiles2`` row tiles into a program while there are more than ~8 programs 
 per-program setup and the combine bookkeeping are amortised. While experts see few pairs
 (``T * top_k / D <= 2``; H200 tuning picked it for GLM-5 TP8 up to T = 32) GEMM2 is
 token-centric instead (``gemm2="tokens"``), unless that gives fewer 32-row programs than SMs. On the Gluon family the pairs GEMM2 leaves its top-k
-sum to a third launch (``combine="kernel"``).
+sum to a third launch (``combine="kernel"``). At one token with the pairs GEMM2 the Gluon launches
+use programmatic dependent launch where the GPU has it (``pdl``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class KernelConfig(ConfigDict):
     pairs (a fused shared expert sees every token) does not run alone while the rest idle.
     ``depth``: Gluon K loops keep this many weight chunks in flight beyond the one being decoded
     (1-3; more bytes in flight per program where few programs run, more registers).
+    ``pdl``: 1 launches the Gluon kernels with programmatic dependent launch where the GPU has it
+    (sm_90+; the dot family, the one-launch kernel and older GPUs ignore it, as the self-check's
+    dot fallback does): GEMM2 starts while GEMM1 runs,
+    asks L2 for its weights (slot grid or token GEMM2) and waits for GEMM1 in-kernel; the
+    combine and the next GEMM1 start early the same way and wait before touching memory.
     """
 
     grid: str = "slots"
@@ -88,6 +94,7 @@ class KernelConfig(ConfigDict):
     depth: int = 1
     combine: str = "counter"
     split_t: int = 1
+    pdl: int = 0
 
     def __post_init__(self):
         if self.kernels not in KERNEL_FAMILIES:
@@ -107,6 +114,8 @@ class KernelConfig(ConfigDict):
             raise ValueError(
                 f"KernelConfig.combine must be 'counter' or 'kernel', got {self.combine!r}"
             )
+        if self.pdl not in (0, 1):
+            raise ValueError(f"KernelConfig.pdl must be 0 or 1, got {self.pdl!r}")
         if self.depth not in (1, 2, 3):
             raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
         if self.launches not in (1, 2):
@@ -225,4 +234,10 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
         # summing the partials was 1.05-1.48x faster wherever the pairs GEMM2 ran (H200, GLM-5
         # TP8 T = 64-256, EP8 T = 16-256: decode_v2_step2/combine_ab_h200.json).
         combine="kernel" if gluon and gemm2 == "pairs" else "counter",
+        # One token, pairs GEMM2: starting GEMM2 while GEMM1 runs (its weights asked of L2) won
+        # at T = 1 in every H200 run, layers back to back or not (GLM-5 EP8 3-5%, Qwen3-30B-A3B
+        # 5-6%); the token GEMM2 with it lost back to back (TP8 29.1 vs 25.2 us, DeepSeek-R1
+        # 31.1 vs 26.8) and from T = 2 (4-14%) (decode_v2_step3/).
+        pdl=int(gluon and b == 1 and gemm2 == "pairs" and target_info.supports_pdl(
+            target_info.arch_capability(target.arch))),
     )

@@ -8,7 +8,7 @@ first :data:`QUICK_CANDIDATES`), in priority order:
 * decode (:func:`decode_candidates`), around ``decode_config.heuristic_config``: the heuristic; the
   other kernel family (Gluon <-> ``tl.dot``); the other GEMM2 form (``tokens`` <-> ``pairs``);
   the pairs GEMM2 with the other top-k combine and (from 2 pairs per expert) with ``split_t=4``;
-  one launch vs two; GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
+  one launch vs two; programmatic dependent launch flipped (sm_90+); GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
   with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
   GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (the first
   :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.decode_config import heuristic_config
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
@@ -119,6 +120,9 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
                   combine="counter" if base.combine == "kernel" else "kernel"),
         lambda: r(base if base.gemm2 == "pairs" else flip(), split_t=hot(4)),
         lambda: r(base, launches=3 - base.launches),  # one launch vs two (slot grid, tokens)
+        # programmatic dependent launch flipped, where the GPU has it (two or three launches)
+        lambda: r(base, pdl=1 - base.pdl) if base.kernels == "gluon" and base.launches == 2
+        and target_info.supports_pdl(target_info.arch_capability(target.arch)) else None,
         lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
         lambda: r(base, split_k1=split1(2 * sk1)),
         lambda: r(base, split_k1=split1(sk1 // 2)),
