@@ -26,6 +26,11 @@ What Gluon changes is where the bytes go:
 * **Row order.** Within each 16-row MMA tile, MMA row ``8h + g`` reads weight row ``2g + h``: the
   gate row ``2j`` and up row ``2j + 1`` of the interleaved w13 land in the same thread's
   accumulators, so SiLU·mul is register-local.
+* **Programmatic dependent launch** (``PDL``, sm_90+, launched with Triton's ``launch_pdl``): a
+  kernel may start before the one ahead of it in the stream has finished. Each waits
+  (``griddepcontrol.wait``) before it writes anything or reads what an earlier kernel of the call
+  wrote; before that wait a GEMM2 only reads the routing ids and asks L2 for its weights
+  (``prefetch.global.L2``), so results are the same to the bit with or without it.
 
 Layouts are built on the host (``weight_layout``, ``act_layout``, ``mma_layout``) and passed as
 constexpr arguments. Gluon kernels do not run under the Triton interpreter; the CPU tier
@@ -218,7 +223,7 @@ def _add(a, b):
     return a + b
 
 
-# ---- programmatic dependent launch (sm_90+; module docstring) ----
+# ---- programmatic dependent launch (module docstring) ----
 
 
 @gluon.jit
