@@ -168,20 +168,21 @@ def test_graph_replay_matches_eager_bit_for_bit(name, T, gemm2, kernels, seed):
     assert torch.isfinite(replayed.float()).all()
 
 
+@pytest.mark.parametrize("pdl", [1, 2])
 @pytest.mark.parametrize(
     "name,T,gemm2",
     [("tp8_shared", 1, "pairs"), ("tp8_shared", 4, "tokens"), ("tp8_shared", 64, "pairs"),
      ("ep8", 2, "pairs"), ("ep8", 16, "tokens")],
 )
-def test_pdl_chain_matches_eager_bit_for_bit(name, T, gemm2, seed):
-    """Three layer calls in one graph with programmatic dependent launch (each GEMM2 starts
-    while its GEMM1 runs, each GEMM1 while the previous layer ends, all sharing the
+def test_pdl_chain_matches_eager_bit_for_bit(name, T, gemm2, pdl, seed):
+    """Three layer calls in one graph with programmatic dependent launch, either trigger (each
+    GEMM2 starts while its GEMM1 runs, each GEMM1 while the previous layer ends, all sharing the
     workspaces), replayed with fresh inputs: every output equals the eager calls without PDL to
     the bit, so no kernel read a workspace before the kernel writing it had finished."""
     _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    base = _config(pw, glm5_cases.inputs(name, T, g)[1], gemm2, "gluonp")
-    assert base.pdl == 1
+    base = dataclasses.replace(_config(pw, glm5_cases.inputs(name, T, g)[1], gemm2, "gluonp"),
+                               pdl=pdl)
     plain = dataclasses.replace(base, pdl=0)
     static = [[t.clone() for t in glm5_cases.inputs(name, T, g)] for _ in range(3)]
     outs = [torch.empty(T, 6144, dtype=torch.bfloat16, device="cuda") for _ in range(3)]

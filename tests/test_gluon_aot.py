@@ -93,9 +93,9 @@ def _gluon_configs():
         for T in (1, 8):  # deeper prefetch at small T
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", depth=3)))
-        for T in (1, 4, 64):  # programmatic dependent launch (sm_90+)
+        for T, pdl in ((1, 1), (4, 1), (64, 1), (1, 2), (64, 2)):  # PDL (sm_90+), both triggers
             c = heuristic_config(T, s, Target("sm_90", None, 132))
-            c = dataclasses.replace(c, kernels="gluon", pdl=1)
+            c = dataclasses.replace(c, kernels="gluon", pdl=pdl)
             if c.gemm2 == "pairs":
                 c = dataclasses.replace(c, combine="kernel")
             cfgs.add((s.top_k, c))
@@ -113,7 +113,7 @@ def _variants():
     """Distinct kernel specialisations (split-K, top_k and the grid are runtime arguments)."""
     seen, out = set(), []
     for k, c in sorted(_gluon_configs(), key=repr):
-        pdl = dict(PDL=bool(c.pdl and c.launches == 2))  # AOT: constexprs are named, defaults too
+        pdl = dict(PDL=c.pdl if c.launches == 2 else 0)  # AOT: constexprs are named, defaults too
         vs = [dict(kernel=1, BN=c.block_n1, BT=c.block_t, num_warps=c.warps1,
                    constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
                                    BLOCK_P=c.block_p, DEPTH=c.depth, SPLIT_T=c.split_t, **pdl))]
@@ -149,8 +149,8 @@ def compiled():
     variants = _variants()
     some = [next(v for v in variants if v["kernel"] == i and not v["constexprs"].get("PDL"))
             for i in (1, 2, 3, 4, 5)]
-    pdl = [next(v for v in variants if v["kernel"] == i and v["constexprs"].get("PDL"))
-           for i in (1, 2, 3, 5)]  # griddepcontrol: sm_90+ (no PDL variant runs on sm_80)
+    pdl = [next(v for v in variants if v["kernel"] == i and v["constexprs"].get("PDL") == p)
+           for i in (1, 2, 3, 5) for p in (1, 2)]  # griddepcontrol: sm_90+ (none on sm_80)
     todo = {80: some, 90: variants, 100: some + pdl, 120: variants}
     res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
     site = triton36_site()
@@ -162,8 +162,8 @@ def compiled():
 def test_there_are_gluon_configs_to_compile():
     kinds = {v["kernel"] for v in _variants()}
     assert kinds == {1, 2, 3, 4, 5}, kinds
-    pdl = {v["kernel"] for v in _variants() if v["constexprs"].get("PDL")}
-    assert pdl == {1, 2, 3, 5}, pdl
+    pdl = {(v["kernel"], v["constexprs"]["PDL"]) for v in _variants() if v["constexprs"].get("PDL")}
+    assert pdl == {(k, p) for k in (1, 2, 3, 5) for p in (1, 2)}, pdl
 
 
 @pytest.mark.parametrize("cc", [80, 90, 100, 120])
@@ -184,14 +184,16 @@ def test_every_gluon_config_compiles_to_the_design(compiled, cc):
 
 
 def _check_pdl(r, cc):
-    """A PDL variant waits for the previous grid and lets the next start; a GEMM2 that knows its
+    """A PDL variant waits for the previous grid and lets the next start (1: every kernel, at
+    once; 2: GEMM1 after its K loops, the others implicitly at exit); a GEMM2 that knows its
     experts before GEMM1 ends (token GEMM2, slot-grid pairs GEMM2) prefetches their weights into
     L2 first. Without PDL none of it is in the PTX."""
     c = r["constexprs"]
     if not c.get("PDL"):
         assert not (r["gdc_wait"] or r["gdc_launch"] or r["l2_prefetch"]), f"sm_{cc}: {r}"
         return
-    assert cc >= 90 and r["gdc_wait"] and r["gdc_launch"], f"sm_{cc}: no griddepcontrol: {r}"
+    launches = c["PDL"] == 1 or r["kernel"] == 1
+    assert cc >= 90 and r["gdc_wait"] and r["gdc_launch"] == launches, f"sm_{cc}: {r}"
     prefetches = r["kernel"] == 2 or (r["kernel"] == 3 and c["SLOT_MODE"])
     assert (r["l2_prefetch"] > 0) == prefetches, f"sm_{cc}: L2 prefetch: {r}"
 

@@ -52,7 +52,7 @@ def test_frozen_hashable_repr_round_trip():
         ({"ctas_per_sm": 3}, "ctas_per_sm"),
         ({"depth": 4}, "depth must be"),
         ({"combine": "atomic"}, "combine must be"),
-        ({"pdl": 2}, "pdl must be 0 or 1"),
+        ({"pdl": 3}, "pdl must be 0, 1 or 2"),
     ],
 )
 def test_invalid_configs_rejected(kwargs, msg):

@@ -12,7 +12,7 @@ table; ``shipped`` = the package's own) with one-launch forms of it (``launches=
 SM, GEMM1 split-K, GEMM2 row tile, warps). ``--sweep split_t`` spreads each expert's pair chunks over more programs.
 ``--sweep combine`` tries the pairs GEMM2 with its top-k sum in a third launch.
 ``--sweep depth`` tries 2 and 3 weight chunks in flight (``depth``). ``--sweep pdl`` times the
-shipped and the heuristic's config without and with programmatic dependent launch (``pdl``);
+shipped and the heuristic's config at each ``--pdl`` level of programmatic dependent launch;
 ``--repeat N`` times every candidate N times, interleaved (median); with ``--separate`` every layer
 copy is followed by a one-element torch kernel, as other kernels follow an MoE layer in a
 model, so a layer's GEMM1 cannot start early on the previous layer's last kernel. ``--split`` adds each
@@ -156,14 +156,14 @@ def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
-def pdl_candidates(base: KernelConfig, heur: KernelConfig) -> list[KernelConfig]:
+def pdl_candidates(base: KernelConfig, heur: KernelConfig, levels=(0, 1)) -> list[KernelConfig]:
     """``base`` and the heuristic's config, each without and with programmatic dependent launch
-    (Gluon, two or three launches)."""
+    at ``levels`` (Gluon, two or three launches)."""
     r = dataclasses.replace
     out = []
     for c in (base, heur):
         c = r(c, kernels="gluon", launches=2)
-        out += [r(c, pdl=0), r(c, pdl=1)]
+        out += [r(c, pdl=p) for p in levels]
     return _unique(out, drop=base)
 
 
@@ -192,6 +192,7 @@ def main(argv=None) -> int:
                     help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
     ap.add_argument("--sweep", choices=("families", "one_launch", "depth", "combine", "split_t",
                                         "pdl", "none"), default="families")
+    ap.add_argument("--pdl", default="0,1", help="--sweep pdl: the pdl levels to time")
     ap.add_argument("--repeat", type=int, default=1,
                     help="time every candidate this many times, interleaved; report the median")
     ap.add_argument("--separate", action="store_true",
@@ -272,7 +273,7 @@ def main(argv=None) -> int:
             elif args.sweep == "combine":
                 cands = [v1] + combine_candidates(v1, prepared[0].w2.k_pad // 256)
             elif args.sweep == "pdl":
-                cands = [v1] + pdl_candidates(v1, heur)
+                cands = [v1] + pdl_candidates(v1, heur, [int(p) for p in args.pdl.split(",")])
             else:
                 cands = [v1] + (candidates(v1, kc1)[:1] if args.quick else candidates(v1, kc1))
             cands += [heur] if heur not in cands and args.sweep != "none" else []

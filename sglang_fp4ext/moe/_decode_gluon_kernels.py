@@ -26,8 +26,10 @@ What Gluon changes is where the bytes go:
 * **Row order.** Within each 16-row MMA tile, MMA row ``8h + g`` reads weight row ``2g + h``: the
   gate row ``2j`` and up row ``2j + 1`` of the interleaved w13 land in the same thread's
   accumulators, so SiLU·mul is register-local.
-* **Programmatic dependent launch** (``PDL``, sm_90+, launched with Triton's ``launch_pdl``): a
-  kernel may start before the one ahead of it in the stream has finished. Each waits
+* **Programmatic dependent launch** (``PDL`` 1 or 2, sm_90+, launched with Triton's
+  ``launch_pdl``): a kernel may start before the one ahead of it in the stream has finished; with
+  1 a kernel lets the next start at once, with 2 GEMM1 does so after its K loops and the others
+  at their exit (the next kernel's programs are then placed as these finish). Each waits
   (``griddepcontrol.wait``) before it writes anything or reads what an earlier kernel of the call
   wrote; before that wait a GEMM2 only reads the routing ids and asks L2 for its weights
   (``prefetch.global.L2``), so results are the same to the bit with or without it.
@@ -347,16 +349,18 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
            KC, CPS, TOP_K, SPLIT_K,
            SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BLOCK_P: gl.constexpr,
            WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-           SPLIT_T: gl.constexpr, PDL: gl.constexpr = False):
+           SPLIT_T: gl.constexpr, PDL: gl.constexpr = 0):
     """``_decode_dot_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
     NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt).
     Grid axis 2 is ``SPLIT_K * SPLIT_T``: program ``ks + SPLIT_K * cs`` takes K split ``ks`` of
     the expert's pair chunks ``cs, cs + SPLIT_T, ..`` (an expert with many pairs, e.g. a fused
     shared expert, is spread over ``SPLIT_T`` programs instead of looping alone). With ``PDL``
-    it touches memory only after the previous kernel has finished, then lets GEMM2 start."""
+    it touches memory only after the previous kernel has finished, then lets GEMM2 start: at
+    once (1) or after its K loops (2: GEMM2's programs are placed as GEMM1's finish)."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    if PDL:
+    if PDL != 0:
         _gdc_wait()
+    if PDL == 1:
         _gdc_launch_dependents()
     pid0 = gl.program_id(0)
     e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE, BLOCK_P, PL)
@@ -367,7 +371,7 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
                 pid0 * gl.num_programs(1) + gl.program_id(1), e, m, lbase, gl.program_id(1),
                 pid2 % SPLIT_K, pid2 // SPLIT_K, P, I, NP, stride_x, q_e_stride, q_row_stride,
                 s_e_stride, s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, False, DEPTH, SPLIT_T, BN,
-                BT, WL, XL, ML)
+                BT, WL, XL, ML, PDL == 2)
 
 
 @gluon.jit
@@ -375,11 +379,13 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
                 lbase, nb, ks, cs, P, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride,
                 s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, SIGNAL: gl.constexpr,
                 DEPTH: gl.constexpr, SPLIT_T: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-                WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr):
+                WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
+                LATE_TRIGGER: gl.constexpr = False):
     """Row tile ``nb``, K split ``ks``, pair chunks ``cs, cs + SPLIT_T, ..`` of expert ``e``
     (``m > 0`` pairs listed at ``lbase``): partials through ws and the arrival counter
     ``cnt_ptr[tile]`` (``SPLIT_K * SPLIT_T`` arrivals) when K is split; whoever finishes the
-    tile writes SiLU·mul to inter and, with ``SIGNAL``, releases ``ready_ptr[e] += 1``."""
+    tile writes SiLU·mul to inter and, with ``SIGNAL``, releases ``ready_ptr[e] += 1``. With
+    ``LATE_TRIGGER`` the next kernel may start once every program has left its K loops."""
     e64 = e.to(gl.int64)
     qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
     se = s_ptr + e64 * s_e_stride
@@ -408,6 +414,8 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
         else:
             wp = ws_ptr + gl.expand_dims((ks * P + cpairs).to(gl.int64) * NP, 0)
             gl.store(wp + gl.expand_dims(wrow, 1), acc, mask=gl.expand_dims(cm, 0))
+    if LATE_TRIGGER:
+        _gdc_launch_dependents()
     if SPLIT_K > 1:
         barrier()  # every thread's partials are written before the release below
         cp = cnt_ptr + tile
@@ -438,13 +446,15 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
                stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
                K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
                WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-               PDL: gl.constexpr = False):
+               PDL: gl.constexpr = 0):
     """``_decode_dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
     and walks the token's valid experts in slot order (the pair in MMA column 0). With ``PDL``
     it starts while GEMM1 runs: it asks L2 for the weights of its row tile of every expert of
-    the token, then waits for GEMM1."""
-    if PDL:
-        _gdc_launch_dependents()
+    the token, then waits for GEMM1; with 1 it lets the next kernel start at once, with 2 when
+    it exits."""
+    if PDL != 0:
+        if PDL == 1:
+            _gdc_launch_dependents()
         PF: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, gl.num_warps()], [1, 0])
         kj = gl.arange(0, K_POW2, layout=gl.SliceLayout(1, PF))
         idt = gl.load(ids_ptr + gl.program_id(0) * TOP_K + kj, mask=kj < TOP_K, other=-1)
@@ -570,14 +580,15 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
            s_chunk_stride, KC, CPS, TOP_K, SPLIT_K, NT,
            K_POW2: gl.constexpr, SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
            WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-           COMBINE: gl.constexpr, SPLIT_T: gl.constexpr, PDL: gl.constexpr = False):
+           COMBINE: gl.constexpr, SPLIT_T: gl.constexpr, PDL: gl.constexpr = 0):
     """``_decode_dot_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
     weight for all pairs of one expert, row tiles ``pid1 * NT ..``, and with ``COMBINE`` the
     arrival-counter top-k combine (ws (P, SPLIT_K, NP) fp32 by weight row; cnt (T, NB) int32,
     zero between calls). Without it the partials are all it writes: ``_combine`` follows. Grid
     axis 2 is ``SPLIT_K * SPLIT_T`` as in ``_gemm1`` (pair chunks spread over programs). With
     ``PDL`` it starts while GEMM1 runs; on the slot grid (the expert is its slot's id, known
-    before GEMM1 ends) it asks L2 for its row tiles' weights first, then waits for GEMM1."""
+    before GEMM1 ends) it asks L2 for its row tiles' weights first, then waits for GEMM1 (next
+    kernel: as ``_gemm2_tok``)."""
     KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])
     TL: gl.constexpr = gl.BlockedLayout([K_POW2, 1], [1, 32], [1, gl.num_warps()], [0, 1])
     pid0 = gl.program_id(0)
@@ -585,8 +596,9 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
     pid2 = gl.program_id(2)
     ks = pid2 % SPLIT_K
     cs = pid2 // SPLIT_K
-    if PDL:
-        _gdc_launch_dependents()
+    if PDL != 0:
+        if PDL == 1:
+            _gdc_launch_dependents()
         if SLOT_MODE:
             PF: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, gl.num_warps()], [1, 0])
             es = gl.load(ids_ptr + pid0 + gl.zeros([1], gl.int32, gl.SliceLayout(1, PF)))
@@ -680,14 +692,15 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
 
 @gluon.jit
 def _combine(ws_ptr, ids_ptr, out_ptr, E, H, NP, stride_out, TOP_K, SPLIT_K,
-             BLOCK: gl.constexpr, PDL: gl.constexpr = False):
+             BLOCK: gl.constexpr, PDL: gl.constexpr = 0):
     """``out[t, rows]`` = the sum of token ``t``'s GEMM2 partials (ws (P, SPLIT_K, NP) fp32) in the
     fixed order slot ``j``, then split ``s`` (the order of ``_gemm2``'s in-kernel combine, so the
     result is the same to the bit); a token with no local expert gets zeros. With ``PDL`` it
-    is launched while GEMM2 runs and waits for it."""
+    is launched while GEMM2 runs and waits for it (next kernel: as ``_gemm2_tok``)."""
     L: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
-    if PDL:
+    if PDL != 0:
         _gdc_wait()
+    if PDL == 1:
         _gdc_launch_dependents()
     t = gl.program_id(0)
     rows = gl.program_id(1) * BLOCK + gl.arange(0, BLOCK, layout=L)

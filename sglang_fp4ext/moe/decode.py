@@ -263,20 +263,20 @@ _SM_COUNT: dict[int, int] = {}
 _PDL_DEVICE: dict[int, bool] = {}
 
 
-def _pdl(family: str, cfg: KernelConfig, dev: torch.device) -> bool:
-    """Whether this call's Gluon kernels run with programmatic dependent launch (``cfg.pdl`` on
-    a GPU that has it; asked once per device)."""
+def _pdl(family: str, cfg: KernelConfig, dev: torch.device) -> int:
+    """The programmatic dependent launch this call's Gluon kernels run with: ``cfg.pdl`` on a GPU
+    that has it (asked once per device), else 0."""
     if family != "gluon" or not cfg.pdl:
-        return False
+        return 0
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     if idx not in _PDL_DEVICE:
         _PDL_DEVICE[idx] = target_info.supports_pdl(target_info.device_capability(idx))
-    return _PDL_DEVICE[idx]
+    return cfg.pdl if _PDL_DEVICE[idx] else 0
 
 
-def _pdl_args(pdl: bool) -> dict:
+def _pdl_args(pdl: int) -> dict:
     """A PDL kernel's constexpr and Triton's launch option (the launch attribute)."""
-    return dict(PDL=True, launch_pdl=True) if pdl else {}
+    return dict(PDL=pdl, launch_pdl=True) if pdl else {}
 
 
 def fused_grid(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights, sms: int):
@@ -328,7 +328,7 @@ _KERNELS = {
 
 
 def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int, stages: int,
-            pdl: bool = False):
+            pdl: int = 0):
     """The kernel of ``role`` in ``family`` and its launch-only arguments (Triton is imported
     only when launching); ``pdl``: Gluon with programmatic dependent launch (``_pdl``)."""
     if family == "gluon":

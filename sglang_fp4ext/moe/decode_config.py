@@ -68,11 +68,12 @@ class KernelConfig(ConfigDict):
     pairs (a fused shared expert sees every token) does not run alone while the rest idle.
     ``depth``: Gluon K loops keep this many weight chunks in flight beyond the one being decoded
     (1-3; more bytes in flight per program where few programs run, more registers).
-    ``pdl``: 1 launches the Gluon kernels with programmatic dependent launch where the GPU has it
-    (sm_90+; the dot family, the one-launch kernel and older GPUs ignore it, as the self-check's
-    dot fallback does): GEMM2 starts while GEMM1 runs,
-    asks L2 for its weights (slot grid or token GEMM2) and waits for GEMM1 in-kernel; the
-    combine and the next GEMM1 start early the same way and wait before touching memory.
+    ``pdl``: 1 or 2 launches the Gluon kernels with programmatic dependent launch where the GPU
+    has it (sm_90+; the dot family, the one-launch kernel and older GPUs ignore it, as the
+    self-check's dot fallback does): GEMM2 starts while GEMM1 runs, asks L2 for its weights (slot
+    grid or token GEMM2) and waits for GEMM1 in-kernel; the combine and the next GEMM1 start
+    early the same way and wait before touching memory. With 1 each kernel lets the next start
+    at once; with 2 GEMM1 does so after its K loops and the others at their exit.
     """
 
     grid: str = "slots"
@@ -114,8 +115,8 @@ class KernelConfig(ConfigDict):
             raise ValueError(
                 f"KernelConfig.combine must be 'counter' or 'kernel', got {self.combine!r}"
             )
-        if self.pdl not in (0, 1):
-            raise ValueError(f"KernelConfig.pdl must be 0 or 1, got {self.pdl!r}")
+        if self.pdl not in (0, 1, 2):
+            raise ValueError(f"KernelConfig.pdl must be 0, 1 or 2, got {self.pdl!r}")
         if self.depth not in (1, 2, 3):
             raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
         if self.launches not in (1, 2):
