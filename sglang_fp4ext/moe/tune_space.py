@@ -121,7 +121,7 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         lambda: r(base if base.gemm2 == "pairs" else flip(), split_t=hot(4)),
         lambda: r(base, launches=3 - base.launches),  # one launch vs two (slot grid, tokens)
         # programmatic dependent launch flipped, where the GPU has it (two or three launches)
-        lambda: r(base, pdl=1 - base.pdl) if base.kernels == "gluon" and base.launches == 2
+        lambda: r(base, pdl=0 if base.pdl else 1) if base.kernels == "gluon" and base.launches == 2
         and target_info.supports_pdl(target_info.arch_capability(target.arch)) else None,
         lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
         lambda: r(base, split_k1=split1(2 * sk1)),
