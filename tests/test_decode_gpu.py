@@ -213,6 +213,23 @@ def test_pdl_chain_matches_eager_bit_for_bit(name, T, gemm2, pdl, seed):
     _counters_zero()
 
 
+@pytest.mark.parametrize("name,T", [("tp8_shared", 4), ("ep8", 16), ("tp8_shared", 1)])
+def test_l2_prefetch_changes_no_bit(name, T, seed):
+    """The token GEMM2 asking L2 for its experts' weights first (``l2_prefetch``) reads and
+    computes exactly what it did: equal to the bit, and to the fp32 twin within tolerance."""
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    ids[0, 1] = -1  # a dropped slot
+    cfg = dataclasses.replace(_config(pw, ids, "tokens", "gluon"), pdl=0)
+    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
+    out = torch.full_like(a, float("nan"))
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, l2_prefetch=1))
+    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
+                 what=f"{name} T={T} l2_prefetch")
+
+
 @pytest.mark.parametrize("kernels", FAMILIES)
 @pytest.mark.parametrize("name,T", [("tp8_shared", 3), ("tp8_shared", 128), ("ep8", 64)])
 def test_deterministic_across_runs(name, T, kernels, seed):

@@ -99,6 +99,10 @@ def _gluon_configs():
             if c.gemm2 == "pairs":
                 c = dataclasses.replace(c, combine="kernel")
             cfgs.add((s.top_k, c))
+        for T in (2, 8):  # the token GEMM2 asking L2 for its experts' weights first
+            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1,
+                                                   tiles2=1, l2_prefetch=1)))
         # The one-launch form of the small-T configs.
         for T in (1, 4):
             c = heuristic_config(T, s, Target("sm_90", None, 132))
@@ -126,7 +130,7 @@ def _variants():
         elif c.gemm2 == "tokens":
             vs.append(dict(kernel=2, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
                            constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t,
-                                           DEPTH=c.depth, **pdl)))
+                                           DEPTH=c.depth, L2PF=bool(c.l2_prefetch), **pdl)))
         else:
             vs.append(dict(kernel=3, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
                            constexprs=dict(K_POW2=k_pow2, SLOT_MODE=c.grid == "slots",
@@ -162,6 +166,7 @@ def compiled():
 def test_there_are_gluon_configs_to_compile():
     kinds = {v["kernel"] for v in _variants()}
     assert kinds == {1, 2, 3, 4, 5}, kinds
+    assert any(v["constexprs"].get("L2PF") and not v["constexprs"]["PDL"] for v in _variants())
     pdl = {(v["kernel"], v["constexprs"]["PDL"]) for v in _variants() if v["constexprs"].get("PDL")}
     assert pdl == {(k, p) for k in (1, 2, 3, 5) for p in (1, 2)}, pdl
 
@@ -190,7 +195,8 @@ def _check_pdl(r, cc):
     L2 first. Without PDL none of it is in the PTX."""
     c = r["constexprs"]
     if not c.get("PDL"):
-        assert not (r["gdc_wait"] or r["gdc_launch"] or r["l2_prefetch"]), f"sm_{cc}: {r}"
+        assert not (r["gdc_wait"] or r["gdc_launch"]), f"sm_{cc}: {r}"
+        assert (r["l2_prefetch"] > 0) == bool(c.get("L2PF")), f"sm_{cc}: L2 prefetch: {r}"
         return
     launches = c["PDL"] == 1 or r["kernel"] == 1
     assert cc >= 90 and r["gdc_wait"] and r["gdc_launch"] == launches, f"sm_{cc}: {r}"
@@ -227,7 +233,7 @@ def test_both_families_take_the_launchers_arguments(role):
     d, d_extra = decode._kernel("dot", role, 64, cfg, 2, 3)
     assert [a for a in d.arg_names if a != "COMPUTE_F32"] == [
         a for a in g.arg_names
-        if a not in ("WL", "XL", "ML", "DEPTH", "COMBINE", "SPLIT_T", "PDL")
+        if a not in ("WL", "XL", "ML", "DEPTH", "COMBINE", "SPLIT_T", "PDL", "L2PF")
     ]
     assert set(g_extra) - {"COMBINE", "SPLIT_T"} == {"num_warps", "WL", "XL", "ML", "DEPTH"}
     assert ("SPLIT_T" in g_extra) == (role != "gemm2_tok")

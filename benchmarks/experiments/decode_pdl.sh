@@ -11,8 +11,9 @@
 #        triton_kernels decode peers and tk prefill peers, each in one process with fp4ext
 #   bash benchmarks/experiments/decode_pdl.sh t1        # ~2 min, .peers carried: T = 1 without and
 #        with PDL back to back (5 interleaved timings), Marlin at GLM-5 TP8 T = 1, 2
-#   bash benchmarks/experiments/decode_pdl.sh trigger   # ~9 min (next session): pdl 0 / 1 / 2,
-#        back to back and with a kernel between layers, 3 interleaved timings, then the PDL tests
+#   bash benchmarks/experiments/decode_pdl.sh trigger   # ~9 min (next session): pdl 0 / 1 / 2 and
+#        the token GEMM2's L2 prefetch, back to back and with a kernel between layers, 3
+#        interleaved timings, then the PDL and L2-prefetch GPU tests
 # $OUT gets run.log (the short report) and results.tar.gz (every JSON and full log), re-packed
 # after each step so a run cut short keeps what it measured.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -68,15 +69,16 @@ step marlin_t1
 timeout 80 bash .peers/marlin/device_run.sh --out $R/marlin_t1 --shapes glm5_tp8 --ts 1,2 > $R/marlin_t1.log 2>&1
 grep TIME $R/marlin_t1.log >> $OUT/run.log; pack
 fi
-if [ "$1" = trigger ]; then  # PDL 1 (trigger at once) vs 2 (GEMM1 after its K loops, others at exit)
+if [ "$1" = trigger ]; then  # PDL 1 (trigger at once) vs 2 (GEMM1 after its K loops, others at
+# exit), and the token GEMM2's L2 prefetch without PDL (l2_prefetch)
 for sep in "" "--separate"; do
   tag=trigger${sep:+_separate}
   step $tag
-  timeout 200 python benchmarks/experiments/gluon_decode_ab.py --sweep pdl --pdl 0,1,2 \
+  timeout 200 python benchmarks/experiments/gluon_decode_ab.py --sweep pdl --pdl 0,1,2 --l2-prefetch \
     --v1-table shipped --shapes glm5_tp8,glm5_ep8,glm5_tp8_shared,qwen3_30b --tokens 1,2,4,8,16,64 \
     --repeat 3 $sep --out $R/$tag --deadline-s 170 > $R/$tag.log 2>&1
   grep -A30 "copy BW" $R/$tag.log >> $OUT/run.log; pack
 done
-tier tier_pdl 150 tests/test_decode_gpu.py -k "pdl or gluonp"
+tier tier_pdl 150 tests/test_decode_gpu.py -k "pdl or gluonp or l2_prefetch"
 fi
 cat $OUT/run.log

@@ -156,14 +156,18 @@ def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
-def pdl_candidates(base: KernelConfig, heur: KernelConfig, levels=(0, 1)) -> list[KernelConfig]:
+def pdl_candidates(base: KernelConfig, heur: KernelConfig, levels=(0, 1),
+                   l2: bool = False) -> list[KernelConfig]:
     """``base`` and the heuristic's config, each without and with programmatic dependent launch
-    at ``levels`` (Gluon, two or three launches)."""
+    at ``levels`` (Gluon, two or three launches), and with ``l2`` a token GEMM2 also with its
+    L2 prefetch alone (``l2_prefetch``)."""
     r = dataclasses.replace
     out = []
     for c in (base, heur):
         c = r(c, kernels="gluon", launches=2)
         out += [r(c, pdl=p) for p in levels]
+        if l2 and c.gemm2 == "tokens":
+            out.append(r(c, pdl=0, l2_prefetch=1))
     return _unique(out, drop=base)
 
 
@@ -193,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", choices=("families", "one_launch", "depth", "combine", "split_t",
                                         "pdl", "none"), default="families")
     ap.add_argument("--pdl", default="0,1", help="--sweep pdl: the pdl levels to time")
+    ap.add_argument("--l2-prefetch", action="store_true",
+                    help="--sweep pdl: also each token GEMM2 with l2_prefetch=1, without PDL")
     ap.add_argument("--repeat", type=int, default=1,
                     help="time every candidate this many times, interleaved; report the median")
     ap.add_argument("--separate", action="store_true",
@@ -273,7 +279,8 @@ def main(argv=None) -> int:
             elif args.sweep == "combine":
                 cands = [v1] + combine_candidates(v1, prepared[0].w2.k_pad // 256)
             elif args.sweep == "pdl":
-                cands = [v1] + pdl_candidates(v1, heur, [int(p) for p in args.pdl.split(",")])
+                cands = [v1] + pdl_candidates(v1, heur, [int(p) for p in args.pdl.split(",")],
+                                              args.l2_prefetch)
             else:
                 cands = [v1] + (candidates(v1, kc1)[:1] if args.quick else candidates(v1, kc1))
             cands += [heur] if heur not in cands and args.sweep != "none" else []

@@ -446,21 +446,23 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
                stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
                K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
                WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-               PDL: gl.constexpr = 0):
+               PDL: gl.constexpr = 0, L2PF: gl.constexpr = False):
     """``_decode_dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
-    and walks the token's valid experts in slot order (the pair in MMA column 0). With ``PDL``
-    it starts while GEMM1 runs: it asks L2 for the weights of its row tile of every expert of
-    the token, then waits for GEMM1; with 1 it lets the next kernel start at once, with 2 when
-    it exits."""
-    if PDL != 0:
-        if PDL == 1:
-            _gdc_launch_dependents()
+    and walks the token's valid experts in slot order (the pair in MMA column 0), one after the
+    other. With ``L2PF`` it first asks L2 for the weights of its row tile of every expert of the
+    token, so that walk waits on L2 rather than DRAM after its first expert. With ``PDL`` it
+    does so while GEMM1 runs, then waits for GEMM1; with 1 it lets the next kernel start at
+    once, with 2 when it exits."""
+    if PDL == 1:
+        _gdc_launch_dependents()
+    if (PDL != 0) or L2PF:
         PF: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, gl.num_warps()], [1, 0])
         kj = gl.arange(0, K_POW2, layout=gl.SliceLayout(1, PF))
         idt = gl.load(ids_ptr + gl.program_id(0) * TOP_K + kj, mask=kj < TOP_K, other=-1)
         idt = idt.to(gl.int32)
         _prefetch_weights(q_ptr, s_ptr, idt, (idt >= 0) & (idt < E), gl.program_id(1) * BN, 0,
                           KC, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, BN, PF)
+    if PDL != 0:
         _gdc_wait()
     _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ids_ptr, 0,
                     gl.program_id(0), gl.program_id(1), E, H, I, NP, stride_out, q_e_stride,

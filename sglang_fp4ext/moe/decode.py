@@ -338,6 +338,8 @@ def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int,
         extra = dict(num_warps=warps, DEPTH=cfg.depth, **lay, **_pdl_args(pdl))
         if role != "gemm2_tok":
             extra["SPLIT_T"] = cfg.split_t
+        elif cfg.l2_prefetch:
+            extra["L2PF"] = True
         if role == "gemm2":
             extra["COMBINE"] = cfg.combine == "counter"
         return getattr(G, _KERNELS[family][role]), extra

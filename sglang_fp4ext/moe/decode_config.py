@@ -74,6 +74,8 @@ class KernelConfig(ConfigDict):
     grid or token GEMM2) and waits for GEMM1 in-kernel; the combine and the next GEMM1 start
     early the same way and wait before touching memory. With 1 each kernel lets the next start
     at once; with 2 GEMM1 does so after its K loops and the others at their exit.
+    ``l2_prefetch``: 1 has the Gluon token GEMM2 ask L2 for all its experts' row tiles when it
+    starts (its walk over the token's experts then waits on L2, not DRAM; PDL implies it).
     """
 
     grid: str = "slots"
@@ -96,6 +98,7 @@ class KernelConfig(ConfigDict):
     combine: str = "counter"
     split_t: int = 1
     pdl: int = 0
+    l2_prefetch: int = 0
 
     def __post_init__(self):
         if self.kernels not in KERNEL_FAMILIES:
@@ -117,6 +120,8 @@ class KernelConfig(ConfigDict):
             )
         if self.pdl not in (0, 1, 2):
             raise ValueError(f"KernelConfig.pdl must be 0, 1 or 2, got {self.pdl!r}")
+        if self.l2_prefetch not in (0, 1):
+            raise ValueError(f"KernelConfig.l2_prefetch must be 0 or 1, got {self.l2_prefetch!r}")
         if self.depth not in (1, 2, 3):
             raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
         if self.launches not in (1, 2):
