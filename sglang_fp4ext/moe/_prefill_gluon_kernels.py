@@ -454,7 +454,7 @@ def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT,
         _store_gated(y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN, BM)
     else:
         pair = gl.load(sorted_ptr + rc)
-        tw = gl.load(tw_ptr + pair).to(gl.float32)
+        tw = gl.load(tw_ptr + rc).to(gl.float32)  # sorted_tw, by sorted row: not through pair
         _store_weighted(y * gl.expand_dims(tw, 0), dst_ptr, rows, pair, cmask, nb, NOUT,
                         stride_dst, BN, BM)
 

@@ -13,7 +13,8 @@ Grouping (a deterministic counting sort of the pair slots by expert, stable in s
    spare bins), ``start[e]`` = exclusive prefix of ``counts`` over experts.
 3. ``_group_scatter``, grid ``(NB,)``: ``sorted_pair[start[e] + hist[b, e] + rank] = p``, where
    ``rank`` counts earlier slots of block ``b`` with the same expert (sort + segmented scan).
-   ``sorted_pair[0 : sum(counts)]`` lists the valid pairs grouped by expert in slot order.
+   ``sorted_pair[0 : sum(counts)]`` lists the valid pairs grouped by expert in slot order; the
+   prefill also gets ``sorted_tw[row] = topk_weights[sorted_pair[row]]`` (fp32).
 
 M tiles: expert ``e`` owns ``cdiv(counts[e], BM)`` tiles of ``BM`` consecutive sorted rows, in
 expert order; a GEMM program finds its tile's expert from ``counts`` (``_tile_of``). The launch
@@ -30,7 +31,7 @@ bytes per pipeline stage); see ``_w4a16_step``.
 4. ``_prefill_gemm1``, grid ``(Np1 / BN, m_tiles)``: ``inter[r] = silu(x[t] @ gate_e^T) *
    (x[t] @ up_e^T)`` for sorted row ``r`` holding pair ``p`` (token ``t = p // top_k``), bf16
    ``(P, I)`` in sorted order.
-5. ``_prefill_gemm2``, grid ``(cdiv(Np2 / BN, NG), m_tiles)``: ``y = topk_weights[p] * inter[r] @
+5. ``_prefill_gemm2``, grid ``(cdiv(Np2 / BN, NG), m_tiles)``: ``y = sorted_tw[r] * inter[r] @
    down_e^T``, ``NG`` row blocks per program.
    Ordered combine (default): ``y`` goes to row ``p`` of a bf16 ``(P, H)`` workspace. Atomic
    combine (opt-in): fp32 ``atomic_add`` into ``acc32[t]`` (order of addition not fixed).
@@ -101,9 +102,12 @@ def _run_length(b1, c1, b2, c2):
 
 @triton.jit
 def _group_scatter(
-    ids_ptr, prefix_ptr, start_ptr, sorted_ptr, P, E, NBINS: tl.constexpr, BLOCK_P: tl.constexpr
+    ids_ptr, tw_ptr, prefix_ptr, start_ptr, sorted_ptr, sorted_tw_ptr, P, E, NBINS: tl.constexpr,
+    BLOCK_P: tl.constexpr, WITH_TW: tl.constexpr
 ):
-    """sorted_pair[start[e] + prefix[b, e] + rank] = p for every valid pair p of block b."""
+    """sorted_pair[start[e] + prefix[b, e] + rank] = p for every valid pair p of block b, and with
+    ``WITH_TW`` sorted_tw[same row] = topk_weights[p] as fp32 (the GEMM2 epilogues then read the
+    routing weight by sorted row, beside the pair, instead of through it)."""
     b = tl.program_id(0)
     i = tl.arange(0, BLOCK_P)
     offs = b * BLOCK_P + i
@@ -113,7 +117,11 @@ def _group_scatter(
     e = key // BLOCK_P
     _, run = tl.associative_scan((e, tl.full([BLOCK_P], 1, tl.int32)), 0, _run_length)
     pos = tl.load(start_ptr + e) + tl.load(prefix_ptr + b * NBINS + e) + run - 1
-    tl.store(sorted_ptr + pos, b * BLOCK_P + key % BLOCK_P, mask=e < E)
+    pair = b * BLOCK_P + key % BLOCK_P
+    tl.store(sorted_ptr + pos, pair, mask=e < E)
+    if WITH_TW:
+        tw = tl.load(tw_ptr + pair, mask=e < E, other=0.0).to(tl.float32)
+        tl.store(sorted_tw_ptr + pos, tw, mask=e < E)
 
 
 @triton.jit
@@ -321,7 +329,7 @@ def _prefill_gemm2(
     r = row0 + tl.arange(0, BM)
     rmask = tl.arange(0, BM) < nrows
     pair = tl.load(sorted_ptr + r, mask=rmask, other=0)
-    tw = tl.load(tw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
+    tw = tl.load(tw_ptr + r, mask=rmask, other=0.0).to(tl.float32)  # sorted_tw, by sorted row
     if ATOMIC:
         drow = (pair // TOP_K).to(tl.int64) * stride_dst
     else:

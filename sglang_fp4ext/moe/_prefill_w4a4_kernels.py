@@ -220,7 +220,7 @@ def _w4a4_gemm2(iq_ptr, is_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_
                        r.to(tl.int64), rows, KC, q_row_stride, s_chunk_stride, BN, BM,
                        COMPUTE_F32)
     pair = tl.load(sorted_ptr + r)
-    tw = tl.load(tw_ptr + pair).to(tl.float32)
+    tw = tl.load(tw_ptr + r).to(tl.float32)  # sorted_tw, by sorted row
     y = acc * (tl.load(a_ptr + e64 * NP + rows) * tl.load(gs2_ptr))[:, None] * tw[None, :]
     ptr = dst_ptr + pair.to(tl.int64)[None, :] * stride_dst + rows[:, None]
     tl.store(ptr, _to_bf16(y, COMPUTE_F32), mask=(rows[:, None] < H) & (i < nrows)[None, :])

@@ -28,6 +28,8 @@ workspace         shape, dtype                    meaning
 ``start``         (NBINS,) int32                  first sorted row of each expert
 ``sorted_pair``   (P,) int32                      pair slots grouped by expert (first
                                                   ``sum(counts)`` entries are meaningful)
+``sorted_tw``     (P,) fp32                       ``topk_weights`` of ``sorted_pair``'s slots
+                                                  (GEMM2 reads them beside the pairs)
 ``inter``         (P, I) bf16                     SiLU·mul output, sorted-row order
 ``partial``       (P, H) bf16 | (T, H) fp32       ordered: weighted GEMM2 row per pair slot;
                                                   atomic: fp32 accumulator (zeroed per call)
@@ -148,16 +150,18 @@ class _Launch:
         )
 
 
-def _group_plan(ids: torch.Tensor, E: int, block_p: int):
-    """Workspaces and the 3 grouping launches for flat ``ids`` (P,)."""
+def _group_plan(ids: torch.Tensor, E: int, block_p: int, tw: torch.Tensor | None = None):
+    """Workspaces and the 3 grouping launches for flat ``ids`` (P,); with the flat routing
+    weights ``tw`` (P,) also ``sorted_tw`` (else None)."""
     P = ids.numel()
     nbins = num_bins(E)
     nb = max(1, -(-P // block_p))
-    ws = torch.empty(nb * nbins + 2 * nbins + max(P, 1), dtype=torch.int32, device=ids.device)
+    ws = torch.empty(nb * nbins + 2 * nbins + 2 * max(P, 1), dtype=torch.int32, device=ids.device)
     hist = ws[: nb * nbins]
     counts = ws[nb * nbins : nb * nbins + nbins]
     start = ws[nb * nbins + nbins : nb * nbins + 2 * nbins]
     sorted_pair = ws[nb * nbins + 2 * nbins :][:P]
+    sorted_tw = ws[nb * nbins + 2 * nbins + max(P, 1) :][:P].view(torch.float32)
     launches = [
         _Launch("_group_count", (nb,), (ids, hist, P, E), dict(NBINS=nbins, BLOCK_P=block_p), 4, 1),
         _Launch(
@@ -171,13 +175,13 @@ def _group_plan(ids: torch.Tensor, E: int, block_p: int):
         _Launch(
             "_group_scatter",
             (nb,),
-            (ids, hist, start, sorted_pair, P, E),
-            dict(NBINS=nbins, BLOCK_P=block_p),
+            (ids, ids if tw is None else tw, hist, start, sorted_pair, sorted_tw, P, E),
+            dict(NBINS=nbins, BLOCK_P=block_p, WITH_TW=tw is not None),
             4,
             1,
         ),
     ]
-    return launches, sorted_pair, counts, start
+    return launches, sorted_pair, counts, start, (None if tw is None else sorted_tw)
 
 
 def _plan(
@@ -207,7 +211,8 @@ def _plan(
     nbins = num_bins(E)
     atomic = config.combine == "atomic"
 
-    launches, sorted_pair, counts, _ = _group_plan(topk_ids.reshape(-1), E, config.block_p)
+    launches, sorted_pair, counts, _, sorted_tw = _group_plan(
+        topk_ids.reshape(-1), E, config.block_p, topk_weights.reshape(-1))
     inter = torch.empty(P, I, dtype=torch.bfloat16, device=dev)
     if atomic:
         partial = torch.zeros(T, H, dtype=torch.float32, device=dev)
@@ -255,7 +260,7 @@ def _plan(
                 inter,
                 sorted_pair,
                 counts,
-                topk_weights,
+                sorted_tw,
                 w2.q,
                 w2.scale,
                 w2.alpha,
@@ -327,7 +332,8 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     P = T * top_k
     dev = x.device
     nbins = num_bins(E)
-    launches, sorted_pair, counts, _ = _group_plan(topk_ids.reshape(-1), E, config.block_p)
+    launches, sorted_pair, counts, _, sorted_tw = _group_plan(
+        topk_ids.reshape(-1), E, config.block_p, topk_weights.reshape(-1))
     xk = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     inter = torch.empty(P, I, dtype=torch.bfloat16, device=dev)
     partial = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
@@ -357,7 +363,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     src,
                     sorted_pair,
                     counts,
-                    topk_weights,
+                    sorted_tw,
                     w.q,
                     w.scale,
                     w.alpha,
@@ -410,7 +416,8 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
     P = T * top_k
     dev = x.device
     nbins = num_bins(E)
-    launches, sorted_pair, counts, _ = _group_plan(topk_ids.reshape(-1), E, config.block_p)
+    launches, sorted_pair, counts, _, sorted_tw = _group_plan(
+        topk_ids.reshape(-1), E, config.block_p, topk_weights.reshape(-1))
     xq = torch.empty(T, H // 2, dtype=torch.uint8, device=dev)
     xs = torch.empty(T, H // 16, dtype=torch.uint8, device=dev)
     iq = torch.empty(P, I // 2, dtype=torch.uint8, device=dev)
@@ -444,7 +451,7 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
         _Launch(
             "_w4a4_gemm2",
             (w2.n_pad // config.block_n2, m_tiles),
-            (iq, is_, sorted_pair, counts, topk_weights, w2.q, w2.scale, w2.alpha, gs2, partial, H,
+            (iq, is_, sorted_pair, counts, sorted_tw, w2.q, w2.scale, w2.alpha, gs2, partial, H,
              w2.n_pad, I // K_CHUNK, w2.q.stride(0), w2.q.stride(1), w2.scale.stride(0),
              w2.scale.stride(1), partial.stride(0)),
             dict(common, BN=config.block_n2),
@@ -495,7 +502,8 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_p: int = 102
         raise ValueError(f"group_by_expert: block_p must be a power of two >= 16, got {block_p}")
     if not topk_ids.is_contiguous() or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError("group_by_expert: topk_ids must be a contiguous int32/int64 tensor")
-    launches, sorted_pair, counts, start = _group_plan(topk_ids.reshape(-1), num_experts, block_p)
+    launches, sorted_pair, counts, start, _ = _group_plan(topk_ids.reshape(-1), num_experts,
+                                                          block_p)
     for launch in launches:
         launch.run()
     return sorted_pair, counts, start
