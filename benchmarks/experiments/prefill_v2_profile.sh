@@ -3,13 +3,14 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
 # final3 ~5 min: the A/B again (without fused-shared: final1's A/B mapped block_m 128 wrong),
 # triton_kernels in the same process, and the regression baseline; ring ~7 min: static_ring1/2
-# and block_m1 against the shipped configs over T at TP8 and EP8, ncu, the prefill GPU tier)
+# and block_m1 against the shipped configs over T at TP8 and EP8, ncu, the prefill GPU tier;
+# sorted_tw ~4 min: the prefill GPU tier, then the TP8 sweep again for GEMM2's time by row weight)
 # $OUT gets ncu_details.txt, ncu_source.csv.gz, run.log (the short report) and results.tar.gz
 # (every JSON and full log), re-packed after each step so a run cut short keeps what it measured.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -128,6 +129,17 @@ if [ -n "$NCU" ]; then
 fi
 pack
 tier tier_prefill tests/test_prefill_kernels.py 200
+fi
+if [ "$1" = sorted_tw ]; then
+# GEMM2 reading the routing weight by sorted row (sorted_tw, shipped unmeasured after step 3):
+# the prefill GPU tier first, then the heuristic's TP8 configs timed per kernel; compare their
+# gemm2 us with prefill_v2_step3/prefill_ring_tp8_h200.json (the same configs: its {} rows at
+# T <= 1024, its static-ring + block_m1 rows above; same script, a day apart).
+tier tier_prefill tests/test_prefill_kernels.py 200
+step tw_tp8
+OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_NAME=prefill_sorted_tw_tp8 SWEEP_KNOBS="[]" \
+  timeout 150 python benchmarks/experiments/prefill_knob_sweep.py > $R/tw_tp8.log 2>&1
+grep -A40 "bf16 matmul" $R/tw_tp8.log >> $OUT/run.log; pack
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200
