@@ -275,6 +275,19 @@ def test_readme_decode_v2_table_matches_the_committed_results():
     assert (rows[0]["shape"], rows[0]["T"]) in late and (rows[-1]["shape"], rows[-1]["T"]) not in late
 
 
+def test_readme_prefill_v2_table_matches_the_committed_results():
+    """The README's prefill table is ``prefill_peers_table()`` of the committed tk peer JSON and
+    step 3's sweeps, and its step-3 column is the config the shipped H200 table names."""
+    rt = _readme_table()
+    text = (ROOT / "README.md").read_text()
+    block = text.split(rt.PREFILL_MARKER)[1].split(rt.PREFILL_END)[0].strip()
+    assert block == rt.prefill_peers_table().strip(), "run: python benchmarks/readme_table.py --write"
+    tk = json.loads((rt.PREFILL_PEERS_DIR / "tk_peer_glm5_tp8.json").read_text())["results"]
+    r = next(x for x in tk if x["T"] == 4096)
+    assert f"| TP8 | 4096 | {r['fp4ext']['us']:.1f} | {r['tk']['us']:.1f} |" in block
+    assert "1567.3 → 1423.6" in block  # step 2's heuristic -> the shipped static ring + block_m1
+
+
 def test_readme_suite_table_lists_each_peer(tmp_path):
     """Formatting only: a pytest-benchmark file built here (inputs to the renderer, not
     measurements) with an SGLang peer next to the torch one."""
