@@ -23,6 +23,7 @@ __all__ = [
     "prefill_heuristic_config",
     "served_prefill_config",
     "w4a16_twin_config",
+    "wgmma_gemm1_knobs",
     "wgmma_supports_shape",
 ]
 
@@ -280,6 +281,16 @@ def _wgmma_block_m(rows: float, shape: MoEShape) -> int:
     return min(64 if shape.I <= 512 else 128, max(32, near))
 
 
+def wgmma_gemm1_knobs(block_m: int, shape: MoEShape) -> dict:
+    """GEMM1's ring depth, static ring and own M tile for the wgmma family at ``block_m`` (the
+    heuristic's rule, ``_wgmma_config``; the tuner applies it when it moves ``block_m``): 3
+    stages, the static ring where they divide H / 256 and, at I <= 512, 128-token tiles from
+    ``block_m`` 64; 2 stages and neither below."""
+    big = block_m >= 64
+    return dict(stages1=3 if big else 2, static_ring1=int(big and static_ring_fits(shape.H, 3)),
+                block_m1=128 if block_m == 64 and shape.I <= 512 else 0)
+
+
 def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
     """The wgmma family's default (sm_90), from the same-run A/B on the H200
     (``benchmarks/results/prefill_v2_step1/wgmma_ab_final_h200.json``: GLM-5 TP8, TP8 with the
@@ -317,15 +328,12 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
     """
     bm = _wgmma_block_m(rows, shape)
     one_chunk = shape.I == K_CHUNK
-    static1 = int(bm >= 64 and static_ring_fits(shape.H, 3))
     return PrefillConfig(
         block_m=bm,
-        block_m1=128 if bm == 64 and shape.I <= 512 else 0,
-        static_ring1=static1,
+        **wgmma_gemm1_knobs(bm, shape),
         block_n1=128,
         block_k1=K_CHUNK,
         warps1=8,
-        stages1=3 if bm >= 64 else 2,
         block_n2=64 if one_chunk else 128,
         block_k2=K_CHUNK,
         warps2=4 if one_chunk else 8,

@@ -144,7 +144,11 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
 
 def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_CANDIDATES):
     """Prefill-path ``PrefillConfig`` candidates for ``token_bucket(T)`` (module docstring)."""
-    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config, static_ring_fits
+    from sglang_fp4ext.moe.prefill_config import (
+        prefill_heuristic_config,
+        static_ring_fits,
+        wgmma_gemm1_knobs,
+    )
 
     b = token_bucket(T)
     base = prefill_heuristic_config(b, shape, target)
@@ -172,9 +176,8 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
     if base.kernels == "wgmma":
         # sm_90: the v2 family around its heuristic, the v1 family's heuristic, and the knobs
         # that moved the time in the H200 A/B (prefill_config._wgmma_config's docstring).
-        def st1(v):  # below 64 rows the static ring and GEMM1's own tile lost (H200)
-            small = {} if v >= 64 else dict(static_ring1=0, block_m1=0)
-            return dict(block_m=m(v), stages1=3 if v >= 64 else 2, **small)
+        def st1(v):  # GEMM1's ring and tile follow block_m as in the heuristic
+            return dict(block_m=m(v), **wgmma_gemm1_knobs(v, shape))
 
         make = [
             lambda: base,
