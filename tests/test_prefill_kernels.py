@@ -332,6 +332,8 @@ def test_wgmma_config_rules():
         (dict(block_m=32, block_m1=128, stages1=4), "GEMM1 block_m=128"),
         (dict(static_ring2=1, stages2=4, block_m=32), "1 needs stages2 <= 3"),
         (dict(static_ring2=1, accs2=2, group_n2=8), "with accs2=2 GEMM2 has none"),
+        (dict(kernels="dot", block_k2=128, smem_epi2=1), "knobs of the wgmma kernels"),
+        (dict(smem_epi2=2), "smem_epi2 must be 0 or 1"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -341,9 +343,9 @@ def test_wgmma_config_rules():
     assert PrefillConfig.from_dict(one_wg.to_dict()) == one_wg  # GEMM2 on one warpgroup
     # The fallback drops the knobs, GEMM1's own tile too (the dot family at 128 rows and 3
     # stages needs 233,472 B of shared memory: measured in the H200 self-check tier).
-    twin = w4a16_twin_config(replace(knobs, static_ring1=1, block_m1=128))
+    twin = w4a16_twin_config(replace(knobs, static_ring1=1, block_m1=128, smem_epi2=1))
     assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1,
-            twin.block_m1) == ("dot", 1, 1, 1, 0, 0)
+            twin.block_m1, twin.smem_epi2) == ("dot", 1, 1, 1, 0, 0, 0)
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -731,6 +733,8 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
             segs = [g.split("cp.async.commit_group")[0] for g in ptx.split("wgmma.commit_group")[1:]
                     if "cp.async.commit_group" in g]
             r["bar_after_mma"] = max((g.count("bar.sync") for g in segs), default=0)
+            # Global stores by width: GEMM2's staged epilogue stores 16 bytes per thread.
+            r["st_global"] = {w: ptx.count(f"st.global{w}.b32 ") for w in ("", ".v2", ".v4")}
         if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per OMMA
             r["block_m"] = L.constexprs["BM"]
             r["omma_loop"] = omma_loop(c.asm["cubin"])
@@ -784,6 +788,11 @@ _KNOBS = [
     # GEMM1 on 128-token tiles while GEMM2 keeps 64 (TP8 T >= 4096: GEMM1 faster at 128).
     (_GLM5[0], "block_m=64, block_m1=128, stages1=3, block_n2=64, warps2=4, accs2=2, "
                "group_n2=8"),
+    # GEMM2's epilogue through shared memory (16-byte stores): two accumulators (TP8 shipped
+    # config) and the K loop with a ring (EP8 at 128 tokens).
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
+               "accs2=2, group_n2=8, smem_epi2=1"),
+    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, group_n2=4, smem_epi2=1"),
 ]
 
 
@@ -865,6 +874,12 @@ def _check_wgmma_design(rows, where):
         if "accs2=2" in r["config"] and r["block_m"] <= 32:
             assert not spills, r
     assert any("accs2=2" in r["config"] for r in gl), f"{where}: no two-accumulator GEMM2 compiled"
+    for r in gl:  # GEMM2's staged epilogue: only 16-byte global stores; else 4-byte ones
+        if r["kernel"] == "_wgmma_gemm2":
+            st = r["st_global"]
+            want = ".v4" if "smem_epi2=1" in r["config"] else ""
+            assert st[want] and sum(st.values()) == st[want], (where, st, r["config"])
+    assert any("smem_epi2=1" in r["config"] for r in gl), f"{where}: no staged GEMM2 epilogue"
     for i in (1, 2):  # the static ring's point: no barrier between a chunk's MMAs and its refill
         sr = [r for r in gl if r["kernel"] == f"_wgmma_gemm{i}" and f"static_ring{i}=1" in r["config"]]
         assert sr and all(r["bar_after_mma"] == 0 for r in sr), (where, i, sr)
@@ -1082,3 +1097,34 @@ def test_wgmma_two_accumulators_ragged_last_program(group_n2, rows2, seed):
         sout.fill_(float("nan"))
         graph.replay()
         assert torch.equal(sout.view(torch.int16), out.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("I, accs2, rows2", [(256, 2, 64), (256, 2, 128), (512, 1, 128)])
+def test_wgmma_staged_epilogue_equals_register_epilogue(I, accs2, rows2, seed):
+    """``smem_epi2`` moves GEMM2's finished row blocks through shared memory and stores 16 bytes
+    of a pair row per thread: the same fp32 values rounded once, so the output equals the
+    register epilogue's bit for bit. H = 1280: ragged last programs (blocks that store nothing);
+    T = 300 at 2 of 8 experts: partial M tiles; I = 512: the K loop with a ring (one
+    accumulator); then graph replay equals eager."""
+    w, pw = _weights(8, 1280, I)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = 300
+    x = torch.randn(T, 1280, generator=g, device="cuda").to(torch.bfloat16)
+    ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
+    outs = []
+    for staged in (0, 1):
+        cfg = PrefillConfig(block_m=32, group_n2=4, accs2=accs2, block_n2=rows2,
+                            warps2=rows2 // 16, smem_epi2=staged, **_WG)
+        out = torch.full((T, 1280), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
+        outs.append(out)
+    assert_close(outs[1], fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
+    assert torch.equal(outs[1].view(torch.int16), outs[0].view(torch.int16))
+    graph = torch.cuda.CUDAGraph()
+    sout = torch.full_like(outs[1], float("nan"))
+    with torch.cuda.graph(graph):
+        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=sout, config=cfg)
+    sout.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(sout.view(torch.int16), outs[1].view(torch.int16))

@@ -30,7 +30,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
-from sglang_fp4ext.moe import _decode_dot_kernels, _prefill_kernels
+from sglang_fp4ext.moe import (
+    _decode_dot_kernels,
+    _prefill_gluon_kernels,
+    _prefill_kernels,
+    _prefill_w4a4_kernels,
+)
 from sglang_fp4ext.moe import decode as F
 from sglang_fp4ext.moe import prefill as PF
 from sglang_fp4ext.moe.config import config_for, prefill_config_for
@@ -110,8 +115,10 @@ def prefill_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
     k = shape.top_k
     x = _meta(torch.bfloat16, T, shape.H)
     plan = PF._plan(x, w, _meta(torch.int32, T, k), _meta(torch.float32, T, k), x, cfg, False)
+    mods = {"w4a4": _prefill_w4a4_kernels}
     return [
-        (getattr(_prefill_kernels, L.kernel), L.grid, L.args, dict(L.constexprs))
+        (getattr(_prefill_gluon_kernels if L.gluon else mods.get(L.module, _prefill_kernels),
+                 L.kernel), L.grid, L.args, dict(L.constexprs))
         + (L.num_warps, L.num_stages)
         for L in plan
         if "gemm" in L.kernel
@@ -150,8 +157,13 @@ def _mma_loop(lines: list[str]) -> list[str]:
 
 def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
     sig, consts, attrs = _signature(fn, args, constexprs)
+    gluon = fn.__module__.endswith("_gluon_kernels")
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        Source = ASTSource
     k = triton.compile(
-        ASTSource(fn, sig, consts, attrs),
+        Source(fn, sig, consts, attrs),
         target=GPUTarget("cuda", cc, 32),
         options=dict(num_warps=warps, num_stages=stages),
     )
@@ -176,9 +188,13 @@ def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
         grid=list(grid),
         warps=warps,
         stages=stages,
-        constexprs={k: v for k, v in constexprs.items() if k != "COMPUTE_F32"},
+        # Layouts (Gluon) by name only: not JSON.
+        constexprs={k: v if isinstance(v, (int, float, str)) else type(v).__name__
+                    for k, v in constexprs.items() if k != "COMPUTE_F32"},
         registers=int(re.search(r"REG:(\d+)", res).group(1)),
         spill_bytes=int(re.search(r"LOCAL:(\d+)", res).group(1)),
+        # Register spills live in the stack frame (cuobjdump's LOCAL is other local memory).
+        stack_bytes=int(re.search(r"STACK:(\d+)", res).group(1)),
         shared_bytes=k.metadata.shared,
         instructions=sum(1 for l in lines if re.match(r"\s+/\*[0-9a-f]+\*/", l)),
         mma_loop_instructions=len(loop),
@@ -212,7 +228,8 @@ def main(argv=None) -> int:
             rows.append(r)
             print(
                 f"{case:16} {r['kernel']:16} regs {r['registers']:3} spill {r['spill_bytes']} "
-                f"loop {r['mma_loop_instructions']:5} total {r['instructions']}",
+                f"stack {r['stack_bytes']} loop {r['mma_loop_instructions']:5} "
+                f"total {r['instructions']}",
                 file=sys.stderr,
             )
     doc = dict(

@@ -59,6 +59,8 @@ def layouts(BN: int, BM: int, W: int) -> dict:
         AL=gl.BlockedLayout([1, 8], [2, 16], [W, 1], [1, 0]),
         XS=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2),
         CL=gl.BlockedLayout([1], [32], [W], [0]),
+        # GEMM2's staged store (``TS``): [BM tokens, BN rows] bf16, 16 bytes of a pair row each.
+        SL=gl.BlockedLayout([1, 8], [32 * 8 // BN, BN // 8], [W, 1], [1, 0]),
     )
 
 
@@ -127,14 +129,15 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
                  PF: gl.constexpr, SR: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
-                 AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr):
+                 AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
     """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)``."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
                    NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, SR, WL, ML, AL, XS)
+                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, SR, 0, WL, ML, AL, XS,
+                   SL)
 
 
 @gluon.jit
@@ -143,22 +146,23 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
                  NG: gl.constexpr, PF: gl.constexpr, ACCS: gl.constexpr, SR: gl.constexpr,
-                 WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
-                 CL: gl.constexpr):
+                 TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
+                 XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
-    ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256)."""
+    ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256). ``TS``:
+    the epilogue's staged store (``_store_staged``)."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
     if ACCS == 2:
         _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                         NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                        BM, BN, NG, PF, WL, ML, AL, XS)
+                        BM, BN, NG, PF, TS, WL, ML, AL, XS, SL)
     else:
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, SR, WL, ML, AL,
-                       XS)
+                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, SR, TS, WL, ML, AL,
+                       XS, SL)
 
 
 @gluon.jit
@@ -166,8 +170,9 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                    s_e_stride, s_chunk_stride,
                    GATED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                   NG: gl.constexpr, PF: gl.constexpr, SR: gl.constexpr, WL: gl.constexpr,
-                   ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr):
+                   NG: gl.constexpr, PF: gl.constexpr, SR: gl.constexpr, TS: gl.constexpr,
+                   WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
+                   SL: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
     ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring).
 
@@ -214,7 +219,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
             s_chunk_stride, BN, NS, PF, SR, ML)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NOUT, NP,
-                  stride_dst, GATED, BN, BM, ML, nrows)
+                  stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
     else:
         for g in range(NIT // KC):
             acc, p_lo, p_hi, q0, q1, q2 = _row_block(
@@ -222,7 +227,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                 s_chunk_stride, BN, NS, PF, SR, ML)
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
             _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
-                      NP, stride_dst, GATED, BN, BM, ML, nrows)
+                      NP, stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
             p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)  # done: not live into the next block
             p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     cp.wait_group(0)
@@ -343,7 +348,8 @@ def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, xp, qe, se, qoff
 def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                     NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
                     BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, PF: gl.constexpr,
-                    WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr):
+                    TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
+                    XS: gl.constexpr, SL: gl.constexpr):
     """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``program_id(0) * NG ..``
     of the M tile, each one chunk of MMAs, with two accumulators so that a block's epilogue
     runs while the next block's MMAs do (``_grouped_wgmma`` with one accumulator waits for
@@ -383,27 +389,28 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, 2 * h + 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, ML)
+            BN, BM, PF, TS, ML, SL)
         acc_a, acc_b, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_a, acc_b, p_lo, p_hi, q0, q1, q2, 2 * h + 2, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, ML)
+            BN, BM, PF, TS, ML, SL)
     if NG % 2 == 0:
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, NG - 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, ML)
+            BN, BM, PF, TS, ML, SL)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b, p_lo, p_hi))
     else:
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, p_lo, p_hi))
     _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + NB - 1, NOUT, NP,
-              stride_dst, False, BN, BM, ML, gl.where(NG - 1 < NB, nrows, 0))
+              stride_dst, False, TS, BN, BM, ML, SL, gl.where(NG - 1 < NB, nrows, 0))
 
 
 @gluon.jit
 def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g, x_lo, x_hi, qe, se, qoff, soff, QB, nb0,
                 NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-                BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr, ML: gl.constexpr):
+                BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr, TS: gl.constexpr,
+                ML: gl.constexpr, SL: gl.constexpr):
     """Block ``g`` of ``_one_chunk_2acc``: decode it while block ``g - 1``'s MMAs (into ``busy``)
     run, start its MMAs into ``free``, then store block ``g - 1`` while they run. Returns the
     accumulators swapped (``g``'s in flight, ``g - 1``'s free), the operands and the queue."""
@@ -415,7 +422,7 @@ def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g, x_lo, x_hi, qe, se, qoff,
     y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=2, deps=(busy, p_lo, p_hi))
     # Blocks past NB (a ragged last program) repeat block NB - 1 and store nothing.
     _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows,
-              nb0 + gl.minimum(g - 1, NB - 1), NOUT, NP, stride_dst, False, BN, BM, ML,
+              nb0 + gl.minimum(g - 1, NB - 1), NOUT, NP, stride_dst, False, TS, BN, BM, ML, SL,
               gl.where(g - 1 < NB, nrows, 0))
     q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
     return free, y, a_lo, a_hi, q0, q1, q2
@@ -438,10 +445,11 @@ def _shift(q0, q1, q2, qn, PF: gl.constexpr):
 
 @gluon.jit
 def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT, NP,
-              stride_dst, GATED: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
-              ML: gl.constexpr, nstore):
+              stride_dst, GATED: gl.constexpr, TS: gl.constexpr, BN: gl.constexpr,
+              BM: gl.constexpr, ML: gl.constexpr, SL: gl.constexpr, nstore):
     """Stores row block ``nb``'s finished accumulator (GEMM1: SiLU·mul; GEMM2: weighted), its
-    first ``nstore`` (``nrows``, or 0: nothing) of the tile's ``nrows`` columns."""
+    first ``nstore`` (``nrows``, or 0: nothing) of the tile's ``nrows`` columns. GEMM2 with
+    ``TS``: through shared memory (``_store_staged``), else from the accumulator registers."""
     # Per-column index tensors are built here: kept live across the K loop they would hold
     # BM / 4 registers each per thread.
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
@@ -453,10 +461,13 @@ def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT,
     if GATED:
         _store_gated(y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN, BM)
     else:
-        pair = gl.load(sorted_ptr + rc)
         tw = gl.load(tw_ptr + rc).to(gl.float32)  # sorted_tw, by sorted row: not through pair
-        _store_weighted(y * gl.expand_dims(tw, 0), dst_ptr, rows, pair, cmask, nb, NOUT,
-                        stride_dst, BN, BM)
+        if TS:
+            _store_staged(y * gl.expand_dims(tw, 0), sorted_ptr, dst_ptr, row0, nrows, nstore, nb,
+                          NOUT, stride_dst, BN, BM, SL)
+        else:
+            _store_weighted(y * gl.expand_dims(tw, 0), dst_ptr, rows, gl.load(sorted_ptr + rc),
+                            cmask, nb, NOUT, stride_dst, BN, BM)
 
 
 @gluon.jit
@@ -490,3 +501,24 @@ def _store_weighted(y, dst_ptr, rows, pair, cmask, nb, NOUT, stride_dst, BN: gl.
         hi.to(gl.bfloat16).to(gl.uint16, bitcast=True).to(gl.uint32) << 16)
     wp = dst_ptr.to(gl.pointer_type(gl.uint32)) + (pp.to(gl.int64) * stride_dst + hh) // 2
     gl.store(wp, word, mask=mm)
+
+
+@gluon.jit
+def _store_staged(y, sorted_ptr, dst_ptr, row0, nrows, nstore, nb, NOUT, stride_dst,
+                  BN: gl.constexpr, BM: gl.constexpr, SL: gl.constexpr):
+    """``_store_weighted`` through shared memory (``PrefillConfig.smem_epi2``): row block ``nb``
+    [BN MMA rows, BM columns] -> bf16 in weight-row order, transposed to [BM, BN] and moved by
+    ``convert_layout`` (Triton's shared-memory round trip) to ``SL``, where each thread holds 16
+    contiguous bytes of one pair row: 16-byte stores filling whole sectors, and one pair index
+    per row and thread instead of one per accumulator column (``_store_weighted``: 4-byte stores,
+    8 of every 32 bytes a sector moves; step 2's Nsight Compute put 18% of GEMM2's stall samples
+    on that address chain). Same values as ``_store_weighted``: one rounding of the same fp32."""
+    yb = y.to(gl.bfloat16)
+    # MMA row 16a + 8h + g is weight row 16a + 2g + h (_phys_row): a register renaming.
+    yb = gl.reshape(gl.permute(gl.reshape(yb, [BN // 16, 2, 8, BM]), [0, 2, 1, 3]), [BN, BM])
+    v = gl.convert_layout(gl.permute(yb, [1, 0]), SL)
+    r = gl.arange(0, BM, layout=gl.SliceLayout(1, SL))
+    h = nb * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, SL))
+    pair = gl.load(sorted_ptr + row0 + gl.minimum(r, nrows - 1))
+    ptr = dst_ptr + gl.expand_dims(pair.to(gl.int64) * stride_dst, 1) + gl.expand_dims(h, 0)
+    gl.store(ptr, v, mask=gl.expand_dims(r < nstore, 1) & gl.expand_dims(h < NOUT, 0))

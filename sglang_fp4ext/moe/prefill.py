@@ -386,7 +386,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     NS=getattr(config, f"stages{i}"),
                     PF=getattr(config, f"prefetch{i}"),
                     SR=getattr(config, f"static_ring{i}"),
-                    **(dict(NG=ng, ACCS=config.accs2) if i == 2 else {}),
+                    **(dict(NG=ng, ACCS=config.accs2, TS=config.smem_epi2) if i == 2 else {}),
                     **G.layouts(bn, bm, warps),
                 ),
                 warps,

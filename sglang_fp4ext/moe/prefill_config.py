@@ -38,7 +38,7 @@ def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
     return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1,
-                   static_ring1=0, static_ring2=0, block_m1=0)
+                   static_ring1=0, static_ring2=0, block_m1=0, smem_epi2=0)
 
 
 def prefill_activations() -> str:
@@ -102,7 +102,10 @@ class PrefillConfig(ConfigDict):
     are separate shared allocations and the K loop is unrolled by ``stages*`` (2 or 3, a divisor
     of the GEMM's K / 256), so Triton inserts no CTA barriers around the ring's refills (GEMM2:
     with ``accs2`` = 1, the one that has a ring). ``block_m1``: GEMM1's tokens per M tile when it
-    differs from GEMM2's (0: ``block_m``, every family).
+    differs from GEMM2's (0: ``block_m``, every family). ``smem_epi2`` (wgmma) 1: GEMM2's
+    epilogue moves each finished row block through shared memory and stores 16 contiguous bytes
+    of a pair row per thread (full sectors) instead of 4-byte pieces from the accumulator
+    registers; the same values.
     """
 
     block_m: int = 128
@@ -124,6 +127,7 @@ class PrefillConfig(ConfigDict):
     static_ring1: int = 0
     static_ring2: int = 0
     block_m1: int = 0
+    smem_epi2: int = 0
 
     @property
     def gemm1_block_m(self) -> int:
@@ -189,12 +193,12 @@ class PrefillConfig(ConfigDict):
         if self.kernels == "wgmma":
             self._check_wgmma()
         elif (self.prefetch1, self.prefetch2, self.accs2) != (1, 1, 1) or (
-            self.static_ring1, self.static_ring2) != (0, 0):
+            self.static_ring1, self.static_ring2, self.smem_epi2) != (0, 0, 0):
             raise ValueError(
-                f"PrefillConfig: prefetch1, prefetch2, accs2 and static_ring1/2 are knobs of the "
-                f"wgmma kernels; kernels={self.kernels!r} needs 1, 1, 1, 0, 0, got "
-                f"{self.prefetch1}, {self.prefetch2}, {self.accs2}, {self.static_ring1}, "
-                f"{self.static_ring2}"
+                f"PrefillConfig: prefetch1, prefetch2, accs2, static_ring1/2 and smem_epi2 are "
+                f"knobs of the wgmma kernels; kernels={self.kernels!r} needs 1, 1, 1, 0, 0, 0, "
+                f"got {self.prefetch1}, {self.prefetch2}, {self.accs2}, {self.static_ring1}, "
+                f"{self.static_ring2}, {self.smem_epi2}"
             )
         if self.kernels == "w4a4":
             if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
@@ -232,10 +236,13 @@ class PrefillConfig(ConfigDict):
                     f"PrefillConfig(kernels='wgmma'): block_k{i} must be {K_CHUNK} (a layout chunk "
                     f"per step), got {bk}"
                 )
-            if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 > WGMMA_SMEM_LIMIT:
+            # GEMM2's staged epilogue adds its [block_m, block_n2] bf16 tile to the ring.
+            staged = bm * bn * 2 if i == 2 and self.smem_epi2 else 0
+            if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 + staged > WGMMA_SMEM_LIMIT:
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
-                    f"(2 x stages x block_m x 256 B = {2 * ns * bm * 256} B) within "
+                    f"(2 x stages x block_m x 256 B = {2 * ns * bm * 256} B"
+                    f"{f', plus {staged} B for the staged epilogue' if staged else ''}) within "
                     f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, GEMM{i} block_m={bm}"
                 )
         for name in ("prefetch1", "prefetch2"):
@@ -257,6 +264,10 @@ class PrefillConfig(ConfigDict):
                     f"PrefillConfig(kernels='wgmma'): static_ring{i} must be 0 or 1, and 1 needs "
                     f"stages{i} <= 3, got static_ring{i}={sr!r}, stages{i}={ns}"
                 )
+        if self.smem_epi2 not in (0, 1):
+            raise ValueError(
+                f"PrefillConfig(kernels='wgmma'): smem_epi2 must be 0 or 1, got {self.smem_epi2!r}"
+            )
         if self.static_ring2 and self.accs2 == 2:
             raise ValueError(
                 "PrefillConfig(kernels='wgmma'): static_ring2 is for GEMM2's ring; with accs2=2 "
