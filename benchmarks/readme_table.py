@@ -282,8 +282,9 @@ def prefill_peers_table(peers_dir: Path = PREFILL_PEERS_DIR, sweeps: dict = PREF
                 continue
             mine = [r for r in sw["rows"] if r["T"] == T and r.get("ok")]
             old = next((r for r in mine if not r["knob"]), None)
-            shipped = repr(table[keys[s]][T].config)
-            best = next((r for r in mine if r["config"] == shipped), None)
+            # Configs compare as configs: a repr recorded before a field existed lacks it.
+            shipped = table[keys[s]][T].config
+            best = next((r for r in mine if _prefill_config(r["config"]) == shipped), None)
             tflops = best and 6 * T * pairs * H * I / (best["us"] * 1e-6) / 1e12
             rows.append([
                 s.upper(), str(T), f"{t['fp4ext']['us']:.1f}", f"{t['tk']['us']:.1f}",
@@ -292,6 +293,12 @@ def prefill_peers_table(peers_dir: Path = PREFILL_PEERS_DIR, sweeps: dict = PREF
                 f"{tflops:.0f} ({100 * tflops / sw['bf16_mm_tflops']:.0f}%)" if best else "-",
             ])
     return _table(cols, rows)
+
+
+def _prefill_config(text: str):
+    from sglang_fp4ext.moe.prefill_config import PrefillConfig
+
+    return eval(text, {"PrefillConfig": PrefillConfig})
 
 
 def baseline_files(root: Path = RESULTS / "pytest-benchmark") -> list[Path]:
