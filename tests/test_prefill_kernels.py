@@ -334,6 +334,8 @@ def test_wgmma_config_rules():
         (dict(static_ring2=1, accs2=2, group_n2=8), "with accs2=2 GEMM2 has none"),
         (dict(kernels="dot", block_k2=128, smem_epi2=1), "knobs of the wgmma kernels"),
         (dict(smem_epi2=2), "smem_epi2 must be 0 or 1"),
+        (dict(l2_prefetch1=5), "l2_prefetch1 must be in 0..4"),
+        (dict(kernels="dot", block_k2=128, l2_prefetch2=1), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -343,9 +345,11 @@ def test_wgmma_config_rules():
     assert PrefillConfig.from_dict(one_wg.to_dict()) == one_wg  # GEMM2 on one warpgroup
     # The fallback drops the knobs, GEMM1's own tile too (the dot family at 128 rows and 3
     # stages needs 233,472 B of shared memory: measured in the H200 self-check tier).
-    twin = w4a16_twin_config(replace(knobs, static_ring1=1, block_m1=128, smem_epi2=1))
+    twin = w4a16_twin_config(replace(knobs, static_ring1=1, block_m1=128, smem_epi2=1,
+                                     l2_prefetch1=2, l2_prefetch2=3))
     assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1,
-            twin.block_m1, twin.smem_epi2) == ("dot", 1, 1, 1, 0, 0, 0)
+            twin.block_m1, twin.smem_epi2, twin.l2_prefetch1, twin.l2_prefetch2) == (
+        "dot", 1, 1, 1, 0, 0, 0, 0, 0)
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -735,6 +739,7 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
             r["bar_after_mma"] = max((g.count("bar.sync") for g in segs), default=0)
             # Global stores by width: GEMM2's staged epilogue stores 16 bytes per thread.
             r["st_global"] = {w: ptx.count(f"st.global{w}.b32 ") for w in ("", ".v2", ".v4")}
+            r["l2_prefetch"] = "prefetch.global.L2" in ptx
         if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per OMMA
             r["block_m"] = L.constexprs["BM"]
             r["omma_loop"] = omma_loop(c.asm["cubin"])
@@ -793,6 +798,11 @@ _KNOBS = [
     (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
                "accs2=2, group_n2=8, smem_epi2=1"),
     (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, group_n2=4, smem_epi2=1"),
+    # FP4 codes asked of L2 two chunks past the register queue, both GEMMs, both GEMM2 forms.
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
+               "accs2=2, group_n2=8, l2_prefetch1=2, l2_prefetch2=2"),
+    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, group_n2=4, l2_prefetch1=2, "
+               "l2_prefetch2=2, smem_epi2=1"),
 ]
 
 
@@ -880,6 +890,10 @@ def _check_wgmma_design(rows, where):
             want = ".v4" if "smem_epi2=1" in r["config"] else ""
             assert st[want] and sum(st.values()) == st[want], (where, st, r["config"])
     assert any("smem_epi2=1" in r["config"] for r in gl), f"{where}: no staged GEMM2 epilogue"
+    for r in gl:  # the L2 code prefetch where asked for, and only there
+        i = r["kernel"][-1]
+        assert r["l2_prefetch"] == (f"l2_prefetch{i}=0" not in r["config"]), (where, r["config"])
+    assert any("l2_prefetch1=2" in r["config"] for r in gl), f"{where}: no L2 code prefetch"
     for i in (1, 2):  # the static ring's point: no barrier between a chunk's MMAs and its refill
         sr = [r for r in gl if r["kernel"] == f"_wgmma_gemm{i}" and f"static_ring{i}=1" in r["config"]]
         assert sr and all(r["bar_after_mma"] == 0 for r in sr), (where, i, sr)

@@ -10,8 +10,9 @@
 # final3 ~5 min: the A/B again (without fused-shared: final1's A/B mapped block_m 128 wrong),
 # triton_kernels in the same process, and the regression baseline; ring ~7 min: static_ring1/2
 # and block_m1 against the shipped configs over T at TP8 and EP8, ncu, the prefill GPU tier;
-# sorted_tw ~7 min: the prefill GPU tier, then TP8 and EP8 sweeps for GEMM2's time by row weight
-# and with its staged epilogue, smem_epi2)
+# sorted_tw ~6 min: TP8 and EP8 sweeps for GEMM2's time by row weight, with its staged epilogue
+# (smem_epi2) and with the L2 code prefetch (l2_prefetch1/2); run `tiers` first: its prefill GPU
+# tier checks sorted_tw and both knobs)
 # $OUT gets ncu_details.txt, ncu_source.csv.gz, run.log (the short report) and results.tar.gz
 # (every JSON and full log), re-packed after each step so a run cut short keeps what it measured.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -136,13 +137,13 @@ if [ "$1" = sorted_tw ]; then
 # the prefill GPU tier first, then the heuristic's TP8 configs timed per kernel; compare their
 # gemm2 us with prefill_v2_step3/prefill_ring_tp8_h200.json (the same configs: its {} rows at
 # T <= 1024, its static-ring + block_m1 rows above; same script, a day apart).
-# Then GEMM2's staged epilogue (smem_epi2, built after step 3; static SASS: 20-33% fewer GEMM2
-# instructions, prefill_v2_step4/sass_smem_epi2_sm90.json) against the same configs, same process.
-tier tier_prefill tests/test_prefill_kernels.py 200
+# Then step 4's knobs against the same configs, same process: GEMM2's staged epilogue (static
+# SASS: 20-33% fewer GEMM2 instructions, prefill_v2_step4/sass_smem_epi2_sm90.json), the L2 code
+# prefetch two chunks past the register queue, both.
 for s in tp8 ep8; do
 step tw_$s
 OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_PRESET=glm5-$s SWEEP_NAME=prefill_sorted_tw_$s \
-  SWEEP_KNOBS="[{'smem_epi2': 1}]" \
+  SWEEP_KNOBS="[{'smem_epi2': 1}, {'l2_prefetch1': 2, 'l2_prefetch2': 2}, {'smem_epi2': 1, 'l2_prefetch1': 2, 'l2_prefetch2': 2}]" \
   timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/tw_$s.log 2>&1
 grep -A40 "bf16 matmul" $R/tw_$s.log >> $OUT/run.log; pack
 done

@@ -44,6 +44,7 @@ from sglang_fp4ext.moe._decode_gluon_kernels import (
     _add,
     _decode_chunk,
     _phys_row,
+    _prefetch_l2,
     weight_layout,
 )
 from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
@@ -128,16 +129,17 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                 PF: gl.constexpr, SR: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
-                 AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
+                 PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr, WL: gl.constexpr,
+                 ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
+                 SL: gl.constexpr):
     """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)``."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
                    NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, SR, 0, WL, ML, AL, XS,
-                   SL)
+                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, 0, WL, ML, AL,
+                   XS, CL, SL)
 
 
 @gluon.jit
@@ -145,8 +147,8 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                 NG: gl.constexpr, PF: gl.constexpr, ACCS: gl.constexpr, SR: gl.constexpr,
-                 TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
+                 NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, ACCS: gl.constexpr,
+                 SR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
                  XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256). ``TS``:
@@ -157,12 +159,12 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     if ACCS == 2:
         _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                         NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                        BM, BN, NG, PF, TS, WL, ML, AL, XS, SL)
+                        BM, BN, NG, PF, LP, TS, WL, ML, AL, XS, CL, SL)
     else:
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, SR, TS, WL, ML, AL,
-                       XS, SL)
+                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, TS, WL, ML,
+                       AL, XS, CL, SL)
 
 
 @gluon.jit
@@ -170,9 +172,9 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                    s_e_stride, s_chunk_stride,
                    GATED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                   NG: gl.constexpr, PF: gl.constexpr, SR: gl.constexpr, TS: gl.constexpr,
-                   WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
-                   SL: gl.constexpr):
+                   NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr,
+                   TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
+                   XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
     ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring).
 
@@ -216,7 +218,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     if NG == 1:  # no block loop: the K loop alone (fewer live registers: 214 vs 255 + spills)
         acc, p_lo, p_hi, q0, q1, q2 = _row_block(
             acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, 0, KC, NIT,
-            s_chunk_stride, BN, NS, PF, SR, ML)
+            s_chunk_stride, BN, NS, PF, LP, SR, ML, CL)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NOUT, NP,
                   stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
@@ -224,7 +226,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         for g in range(NIT // KC):
             acc, p_lo, p_hi, q0, q1, q2 = _row_block(
                 acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
-                s_chunk_stride, BN, NS, PF, SR, ML)
+                s_chunk_stride, BN, NS, PF, LP, SR, ML, CL)
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
             _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
                       NP, stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
@@ -293,9 +295,23 @@ def _load_chunk(qe, se, qoff, soff, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl
 
 
 @gluon.jit
+def _prefetch_chunk(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr,
+                    CL: gl.constexpr):
+    """Ask L2 for flat chunk ``it``'s code lines (one 128-byte line per weight row) and scale
+    lines (one per 8 rows), clamped to the last chunk as ``_load_chunk`` is
+    (``PrefillConfig.l2_prefetch*``): the register queue then loads from L2, not DRAM, and
+    holds no more registers."""
+    it = gl.minimum(it, NIT - 1)
+    nb = nb0 + it // KC
+    r = gl.arange(0, BN, layout=CL)
+    _prefetch_l2(qe + nb * QB + r * (QB // BN) + (it % KC) * 32, r >= 0)
+    _prefetch_l2(se + nb * BN * 16 + (it % KC) * s_chunk_stride + r * 16, r % 8 == 0)
+
+
+@gluon.jit
 def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
                s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, PF: gl.constexpr,
-               SR: gl.constexpr, ML: gl.constexpr):
+               LP: gl.constexpr, SR: gl.constexpr, ML: gl.constexpr, CL: gl.constexpr):
     """The K loop of row block ``nb0 + g``: issues its MMAs (the last ones still in flight on
     return) with the code queue ``q0 .. q{PF-1}`` (chunks ``it ..``, flat ``it = g KC + kc``)
     refilled ``PF`` chunks ahead. ``SR``: ``xs`` is ``_ring``'s static slots (``KC`` a multiple
@@ -308,7 +324,7 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0,
                     acc, p_lo, p_hi, q0, q1, q2, xs[2 * s], xs[2 * s + 1],
                     xs[2 * ((s + NS - 1) % NS)], xs[2 * ((s + NS - 1) % NS) + 1], xp, qe, se,
                     qoff, soff, QB, nb0, g * KC + kq * NS + s, kq * NS + s, KC, NIT,
-                    s_chunk_stride, BN, NS, PF, ML)
+                    s_chunk_stride, BN, NS, PF, LP, ML, CL)
     else:
         for kc in range(KC):
             it = g * KC + kc
@@ -317,18 +333,20 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0,
             acc, p_lo, p_hi, q0, q1, q2 = _chunk(
                 acc, p_lo, p_hi, q0, q1, q2, xs.index(2 * buf), xs.index(2 * buf + 1),
                 xs.index(2 * nxt), xs.index(2 * nxt + 1), xp, qe, se, qoff, soff, QB, nb0, it,
-                kc, KC, NIT, s_chunk_stride, BN, NS, PF, ML)
+                kc, KC, NIT, s_chunk_stride, BN, NS, PF, LP, ML, CL)
     return acc, p_lo, p_hi, q0, q1, q2
 
 
 @gluon.jit
 def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, xp, qe, se, qoff, soff, QB, nb0,
            it, kc, KC, NIT, s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr,
-           PF: gl.constexpr, ML: gl.constexpr):
+           PF: gl.constexpr, LP: gl.constexpr, ML: gl.constexpr, CL: gl.constexpr):
     """Flat chunk ``it`` (``kc`` of its block): decode it while the previous chunk's MMAs run,
     start its MMAs on the ring slot ``x_lo``/``x_hi``, refill ``n_lo``/``n_hi`` (the previous
     chunk's slot) with chunk ``it + NS - 1``. Returns the accumulator, this chunk's operands
     (live until its MMAs are done) and the code queue."""
+    if LP:
+        _prefetch_chunk(qe, se, QB, nb0, it + PF + LP, KC, NIT, s_chunk_stride, BN, CL)
     qn = _load_chunk(qe, se, qoff, soff, QB, nb0, it + PF, KC, NIT, s_chunk_stride, BN)
     a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)  # overlaps the previous MMAs
     # p_lo/p_hi (the previous chunk's operands) stay live until its MMAs are done.
@@ -348,8 +366,8 @@ def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, xp, qe, se, qoff
 def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                     NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
                     BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, PF: gl.constexpr,
-                    TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
-                    XS: gl.constexpr, SL: gl.constexpr):
+                    LP: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
+                    AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
     """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``program_id(0) * NG ..``
     of the M tile, each one chunk of MMAs, with two accumulators so that a block's epilogue
     runs while the next block's MMAs do (``_grouped_wgmma`` with one accumulator waits for
@@ -389,16 +407,16 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, 2 * h + 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, TS, ML, SL)
+            BN, BM, PF, LP, TS, ML, CL, SL)
         acc_a, acc_b, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_a, acc_b, p_lo, p_hi, q0, q1, q2, 2 * h + 2, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, TS, ML, SL)
+            BN, BM, PF, LP, TS, ML, CL, SL)
     if NG % 2 == 0:
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, NG - 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, TS, ML, SL)
+            BN, BM, PF, LP, TS, ML, CL, SL)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b, p_lo, p_hi))
     else:
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, p_lo, p_hi))
@@ -409,11 +427,13 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
 @gluon.jit
 def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g, x_lo, x_hi, qe, se, qoff, soff, QB, nb0,
                 NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-                BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr, TS: gl.constexpr,
-                ML: gl.constexpr, SL: gl.constexpr):
+                BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr,
+                TS: gl.constexpr, ML: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
     """Block ``g`` of ``_one_chunk_2acc``: decode it while block ``g - 1``'s MMAs (into ``busy``)
     run, start its MMAs into ``free``, then store block ``g - 1`` while they run. Returns the
     accumulators swapped (``g``'s in flight, ``g - 1``'s free), the operands and the queue."""
+    if LP:
+        _prefetch_chunk(qe, se, QB, nb0, g + PF + LP, 1, NB, 0, BN, CL)
     qn = _load_chunk(qe, se, qoff, soff, QB, nb0, g + PF, 1, NB, 0, BN)
     a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)
     free = warpgroup_mma(a_lo, x_lo, free, use_acc=False, is_async=True)

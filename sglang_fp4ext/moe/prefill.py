@@ -385,6 +385,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     BN=bn,
                     NS=getattr(config, f"stages{i}"),
                     PF=getattr(config, f"prefetch{i}"),
+                    LP=getattr(config, f"l2_prefetch{i}"),
                     SR=getattr(config, f"static_ring{i}"),
                     **(dict(NG=ng, ACCS=config.accs2, TS=config.smem_epi2) if i == 2 else {}),
                     **G.layouts(bn, bm, warps),

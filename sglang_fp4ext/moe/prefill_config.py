@@ -38,7 +38,8 @@ def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
     return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1,
-                   static_ring1=0, static_ring2=0, block_m1=0, smem_epi2=0)
+                   static_ring1=0, static_ring2=0, block_m1=0, smem_epi2=0,
+                   l2_prefetch1=0, l2_prefetch2=0)
 
 
 def prefill_activations() -> str:
@@ -105,7 +106,9 @@ class PrefillConfig(ConfigDict):
     differs from GEMM2's (0: ``block_m``, every family). ``smem_epi2`` (wgmma) 1: GEMM2's
     epilogue moves each finished row block through shared memory and stores 16 contiguous bytes
     of a pair row per thread (full sectors) instead of 4-byte pieces from the accumulator
-    registers; the same values.
+    registers; the same values. ``l2_prefetch*`` (wgmma) n > 0: each chunk also asks L2 for the
+    FP4 codes and scales ``n`` chunks past the register queue's (``prefetch*``), so that queue
+    loads from L2 instead of DRAM without holding more registers; 0: off.
     """
 
     block_m: int = 128
@@ -128,6 +131,8 @@ class PrefillConfig(ConfigDict):
     static_ring2: int = 0
     block_m1: int = 0
     smem_epi2: int = 0
+    l2_prefetch1: int = 0
+    l2_prefetch2: int = 0
 
     @property
     def gemm1_block_m(self) -> int:
@@ -193,12 +198,14 @@ class PrefillConfig(ConfigDict):
         if self.kernels == "wgmma":
             self._check_wgmma()
         elif (self.prefetch1, self.prefetch2, self.accs2) != (1, 1, 1) or (
-            self.static_ring1, self.static_ring2, self.smem_epi2) != (0, 0, 0):
+            self.static_ring1, self.static_ring2, self.smem_epi2, self.l2_prefetch1,
+            self.l2_prefetch2) != (0, 0, 0, 0, 0):
             raise ValueError(
-                f"PrefillConfig: prefetch1, prefetch2, accs2, static_ring1/2 and smem_epi2 are "
-                f"knobs of the wgmma kernels; kernels={self.kernels!r} needs 1, 1, 1, 0, 0, 0, "
-                f"got {self.prefetch1}, {self.prefetch2}, {self.accs2}, {self.static_ring1}, "
-                f"{self.static_ring2}, {self.smem_epi2}"
+                f"PrefillConfig: prefetch1, prefetch2, accs2, static_ring1/2, smem_epi2 and "
+                f"l2_prefetch1/2 are knobs of the wgmma kernels; kernels={self.kernels!r} needs "
+                f"1, 1, 1, 0, 0, 0, 0, 0, got {self.prefetch1}, {self.prefetch2}, {self.accs2}, "
+                f"{self.static_ring1}, {self.static_ring2}, {self.smem_epi2}, "
+                f"{self.l2_prefetch1}, {self.l2_prefetch2}"
             )
         if self.kernels == "w4a4":
             if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
@@ -263,6 +270,12 @@ class PrefillConfig(ConfigDict):
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): static_ring{i} must be 0 or 1, and 1 needs "
                     f"stages{i} <= 3, got static_ring{i}={sr!r}, stages{i}={ns}"
+                )
+        for name in ("l2_prefetch1", "l2_prefetch2"):
+            if getattr(self, name) not in range(5):
+                raise ValueError(
+                    f"PrefillConfig(kernels='wgmma'): {name} must be in 0..4 (chunks past the "
+                    f"register queue asked of L2; 0: off), got {getattr(self, name)!r}"
                 )
         if self.smem_epi2 not in (0, 1):
             raise ValueError(
