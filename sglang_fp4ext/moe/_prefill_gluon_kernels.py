@@ -49,6 +49,11 @@ from sglang_fp4ext.moe._decode_gluon_kernels import (
 )
 from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
 
+# The flat-chunk divisor of a program with one row block (GEMM1): its chunks are its K chunks,
+# and a power of two above any chunk count makes the (block, chunk) split a shift and a mask
+# where a division by the run-time chunk count costs ~10 instructions per use.
+_ONE_BLOCK = gl.constexpr(1 << 24)
+
 
 @functools.cache
 def layouts(BN: int, BM: int, W: int) -> dict:
@@ -217,16 +222,16 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     acc = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, ML))
     if NG == 1:  # no block loop: the K loop alone (fewer live registers: 214 vs 255 + spills)
         acc, p_lo, p_hi, q0, q1, q2 = _row_block(
-            acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, 0, KC, NIT,
-            s_chunk_stride, BN, NS, PF, LP, SR, ML, CL)
+            acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, 0, KC, _ONE_BLOCK,
+            NIT, s_chunk_stride, BN, NS, PF, LP, SR, ML, CL)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NOUT, NP,
                   stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
     else:
         for g in range(NIT // KC):
             acc, p_lo, p_hi, q0, q1, q2 = _row_block(
-                acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
-                s_chunk_stride, BN, NS, PF, LP, SR, ML, CL)
+                acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, KC,
+                NIT, s_chunk_stride, BN, NS, PF, LP, SR, ML, CL)
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
             _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
                       NP, stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
@@ -309,21 +314,22 @@ def _prefetch_chunk(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constex
 
 
 @gluon.jit
-def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, NIT,
+def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, KD, NIT,
                s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, PF: gl.constexpr,
                LP: gl.constexpr, SR: gl.constexpr, ML: gl.constexpr, CL: gl.constexpr):
     """The K loop of row block ``nb0 + g``: issues its MMAs (the last ones still in flight on
     return) with the code queue ``q0 .. q{PF-1}`` (chunks ``it ..``, flat ``it = g KC + kc``)
     refilled ``PF`` chunks ahead. ``SR``: ``xs`` is ``_ring``'s static slots (``KC`` a multiple
     of ``NS``, so chunk ``kc``'s slot is ``kc % NS``: the loop is unrolled by ``NS``); else one
-    allocation indexed at run time."""
+    allocation indexed at run time. ``KD`` splits flat chunks into (block, chunk): ``KC``, or
+    ``_ONE_BLOCK`` where the program has one row block (a shift, not a division by ``KC``)."""
     if SR:
         for kq in range(KC // NS):
             for s in gl.static_range(NS):  # refill the previous chunk's slot, s - 1
                 acc, p_lo, p_hi, q0, q1, q2 = _chunk(
                     acc, p_lo, p_hi, q0, q1, q2, xs[2 * s], xs[2 * s + 1],
                     xs[2 * ((s + NS - 1) % NS)], xs[2 * ((s + NS - 1) % NS) + 1], xp, qe, se,
-                    qoff, soff, QB, nb0, g * KC + kq * NS + s, kq * NS + s, KC, NIT,
+                    qoff, soff, QB, nb0, g * KC + kq * NS + s, kq * NS + s, KD, NIT,
                     s_chunk_stride, BN, NS, PF, LP, ML, CL)
     else:
         for kc in range(KC):
@@ -333,7 +339,7 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0,
             acc, p_lo, p_hi, q0, q1, q2 = _chunk(
                 acc, p_lo, p_hi, q0, q1, q2, xs.index(2 * buf), xs.index(2 * buf + 1),
                 xs.index(2 * nxt), xs.index(2 * nxt + 1), xp, qe, se, qoff, soff, QB, nb0, it,
-                kc, KC, NIT, s_chunk_stride, BN, NS, PF, LP, ML, CL)
+                kc, KD, NIT, s_chunk_stride, BN, NS, PF, LP, ML, CL)
     return acc, p_lo, p_hi, q0, q1, q2
 
 
