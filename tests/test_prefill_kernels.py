@@ -335,6 +335,10 @@ def test_wgmma_config_rules():
         (dict(kernels="dot", block_k2=128, smem_epi2=1), "knobs of the wgmma kernels"),
         (dict(smem_epi2=2), "smem_epi2 must be 0 or 1"),
         (dict(l2_prefetch1=5), "l2_prefetch1 must be in 0..4"),
+        (dict(static_ring1=1, code_ring1=3), "code_ring1 must be 0 .* a multiple of stages1"),
+        (dict(code_ring1=2), "with static_ring1=1"),
+        (dict(static_ring2=1, code_ring2=2, prefetch2=2), "prefetch2=1"),
+        (dict(kernels="dot", block_k2=128, code_ring1=2), "knobs of the wgmma kernels"),
         (dict(kernels="dot", block_k2=128, l2_prefetch2=1), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
@@ -346,10 +350,10 @@ def test_wgmma_config_rules():
     # The fallback drops the knobs, GEMM1's own tile too (the dot family at 128 rows and 3
     # stages needs 233,472 B of shared memory: measured in the H200 self-check tier).
     twin = w4a16_twin_config(replace(knobs, static_ring1=1, block_m1=128, smem_epi2=1,
-                                     l2_prefetch1=2, l2_prefetch2=3))
+                                     l2_prefetch2=3, prefetch1=1, code_ring1=2))
     assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1,
-            twin.block_m1, twin.smem_epi2, twin.l2_prefetch1, twin.l2_prefetch2) == (
-        "dot", 1, 1, 1, 0, 0, 0, 0, 0)
+            twin.block_m1, twin.smem_epi2, twin.l2_prefetch1, twin.l2_prefetch2,
+            twin.code_ring1) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0)
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -377,7 +381,10 @@ def test_wgmma_static_ring_needs_stages_dividing_the_k_chunks():
     for knobs, what in ((dict(static_ring1=1, stages1=2), "stages1=2, which must divide its 3 K "
                          r"chunks \(hidden_size 768"),
                         (dict(static_ring2=1, stages2=3), "stages2=3, which must divide its 2 K "
-                         r"chunks \(intermediate_size 512")):
+                         r"chunks \(intermediate_size 512"),
+                        (dict(static_ring1=1, stages1=3, code_ring1=3, static_ring2=1,
+                              code_ring2=4), r"code_ring2=4\) unrolls GEMM2's K loop by its "
+                         r"depth, which must divide its 2 K chunks")):
         cfg = PrefillConfig(block_m=16, block_p=16, **_WG | knobs)
         with pytest.raises(ValueError, match=what):
             _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
@@ -740,6 +747,8 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
             # Global stores by width: GEMM2's staged epilogue stores 16 bytes per thread.
             r["st_global"] = {w: ptx.count(f"st.global{w}.b32 ") for w in ("", ".v2", ".v4")}
             r["l2_prefetch"] = "prefetch.global.L2" in ptx
+            # The code ring: its scale codes are the only 8-byte cp.async copies.
+            r["code_ring"] = ", 0x8, 0x8;" in ptx
         if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per OMMA
             r["block_m"] = L.constexprs["BM"]
             r["omma_loop"] = omma_loop(c.asm["cubin"])
@@ -803,6 +812,14 @@ _KNOBS = [
                "accs2=2, group_n2=8, l2_prefetch1=2, l2_prefetch2=2"),
     (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, group_n2=4, l2_prefetch1=2, "
                "l2_prefetch2=2, smem_epi2=1"),
+    # The code ring: codes and scales through shared memory, 1-3 chunks ahead of the decode
+    # (no register queue: 185 registers at 64 tokens where the queue took 241).
+    (_GLM5[0], "block_m=64, block_m1=64, stages1=2, static_ring1=1, code_ring1=4, "
+               "block_n2=64, warps2=4, accs2=2, group_n2=8"),
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=2, static_ring1=1, code_ring1=2, "
+               "block_n2=64, warps2=4, accs2=2, group_n2=8"),
+    (_GLM5[1], "block_m=128, stages1=2, static_ring1=1, code_ring1=2, group_n2=4, "
+               "static_ring2=1, code_ring2=2"),
 ]
 
 
@@ -894,6 +911,10 @@ def _check_wgmma_design(rows, where):
         i = r["kernel"][-1]
         assert r["l2_prefetch"] == (f"l2_prefetch{i}=0" not in r["config"]), (where, r["config"])
     assert any("l2_prefetch1=2" in r["config"] for r in gl), f"{where}: no L2 code prefetch"
+    for r in gl:  # the code ring where asked for, and only there
+        i = r["kernel"][-1]
+        assert r["code_ring"] == (f"code_ring{i}=0" not in r["config"]), (where, r["config"])
+    assert any("code_ring1=4" in r["config"] for r in gl), f"{where}: no code ring"
     for i in (1, 2):  # the static ring's point: no barrier between a chunk's MMAs and its refill
         sr = [r for r in gl if r["kernel"] == f"_wgmma_gemm{i}" and f"static_ring{i}=1" in r["config"]]
         assert sr and all(r["bar_after_mma"] == 0 for r in sr), (where, i, sr)

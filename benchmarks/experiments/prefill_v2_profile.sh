@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -12,7 +12,8 @@
 # and block_m1 against the shipped configs over T at TP8 and EP8, ncu, the prefill GPU tier;
 # sorted_tw ~6 min: TP8 and EP8 sweeps for GEMM2's time by row weight, with its staged epilogue
 # (smem_epi2) and with the L2 code prefetch (l2_prefetch1/2); run `tiers` first: its prefill GPU
-# tier checks sorted_tw and both knobs)
+# tier checks sorted_tw and both knobs; code_ring ~6 min: GEMM1's code ring against the shipped
+# configs at TP8 and EP8, per kernel)
 # $OUT gets ncu_details.txt, ncu_source.csv.gz, run.log (the short report) and results.tar.gz
 # (every JSON and full log), re-packed after each step so a run cut short keeps what it measured.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -147,6 +148,21 @@ OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_PRESET=glm5-$s SWEEP_NAME=prefill_s
   timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/tw_$s.log 2>&1
 grep -A40 "bf16 matmul" $R/tw_$s.log >> $OUT/run.log; pack
 done
+fi
+if [ "$1" = code_ring ]; then
+# GEMM1's FP4 codes through the shared-memory code ring (code_ring1, built in step 4, CPU only):
+# 2 activation stages with codes 1 or 3 chunks ahead at GEMM1's 128-token tile, and at 64 tokens
+# (185 registers where the register queue takes 241); EP8 also with GEMM2's ring.
+step cr_tp8
+OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_NAME=prefill_code_ring_tp8 \
+  SWEEP_KNOBS="[{'stages1': 2, 'static_ring1': 1, 'code_ring1': 2}, {'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}, {'block_m1': 64, 'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}, {'block_m1': 64, 'stages1': 3, 'static_ring1': 1, 'code_ring1': 3}]" \
+  timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/cr_tp8.log 2>&1
+grep -A40 "bf16 matmul" $R/cr_tp8.log >> $OUT/run.log; pack
+step cr_ep8
+OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_code_ring_ep8 \
+  SWEEP_KNOBS="[{'stages1': 2, 'static_ring1': 1, 'code_ring1': 2}, {'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}, {'stages1': 2, 'static_ring1': 1, 'code_ring1': 2, 'static_ring2': 1, 'code_ring2': 2}]" \
+  timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/cr_ep8.log 2>&1
+grep -A40 "bf16 matmul" $R/cr_ep8.log >> $OUT/run.log; pack
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

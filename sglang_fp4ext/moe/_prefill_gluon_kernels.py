@@ -53,6 +53,10 @@ from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
 # and a power of two above any chunk count makes the (block, chunk) split a shift and a mask
 # where a division by the run-time chunk count costs ~10 instructions per use.
 _ONE_BLOCK = gl.constexpr(1 << 24)
+# The code ring's slots (``CR``): [BN, 32] int32 code words in 128-byte swizzled rows (a warp's
+# reads of 8 rows x 32 bytes hit distinct banks), [BN, 16] scale codes.
+_CS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+_SS = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
 @functools.cache
@@ -67,7 +71,23 @@ def layouts(BN: int, BM: int, W: int) -> dict:
         CL=gl.BlockedLayout([1], [32], [W], [0]),
         # GEMM2's staged store (``TS``): [BM tokens, BN rows] bf16, 16 bytes of a pair row each.
         SL=gl.BlockedLayout([1, 8], [32 * 8 // BN, BN // 8], [W, 1], [1, 0]),
+        # The code ring (``CR``): copies of 16 code bytes / 8 scale codes per thread, and the
+        # decode's weight layout read as [BN, 32] words (``code_read_layout``).
+        CP=gl.BlockedLayout([1, 4], [4, 8], [W, 1], [1, 0]),
+        SP=gl.BlockedLayout([1, 8], [16, 2], [W, 1], [1, 0]),
+        CW=code_read_layout(BN, W),
     )
+
+
+def code_read_layout(BN: int, W: int):
+    """``weight_layout`` over [BN rows, 32 words] (group ``g``, word ``w`` -> column ``4g + w``):
+    the code ring's slots are [BN, 32] int32 in shared memory, read back in this layout and
+    reshaped to the decode's [BN, 8, 4] by a register renaming."""
+    wl = weight_layout(BN, W)
+    col = lambda b: [b[0], 4 * b[1] + b[2]]
+    return gl.DistributedLinearLayout([col(b) for b in wl.reg_bases],
+                                      [col(b) for b in wl.lane_bases],
+                                      [col(b) for b in wl.warp_bases], [], [BN, 32])
 
 
 @gluon.jit
@@ -134,17 +154,18 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                 PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr, WL: gl.constexpr,
-                 ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
-                 SL: gl.constexpr):
+                 PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr, CR: gl.constexpr,
+                 WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
+                 CL: gl.constexpr, SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
+                 CW: gl.constexpr):
     """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)``."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
                    NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, 0, WL, ML, AL,
-                   XS, CL, SL)
+                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, CR, 0, WL, ML,
+                   AL, XS, CL, SL, CP, SP, CW)
 
 
 @gluon.jit
@@ -153,8 +174,9 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
                  NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, ACCS: gl.constexpr,
-                 SR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
-                 XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
+                 SR: gl.constexpr, CR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr,
+                 ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
+                 SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256). ``TS``:
     the epilogue's staged store (``_store_staged``)."""
@@ -168,8 +190,8 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     else:
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, TS, WL, ML,
-                       AL, XS, CL, SL)
+                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, TS, WL,
+                       ML, AL, XS, CL, SL, CP, SP, CW)
 
 
 @gluon.jit
@@ -178,8 +200,9 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    s_e_stride, s_chunk_stride,
                    GATED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
                    NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr,
-                   TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
-                   XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
+                   CR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
+                   AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr,
+                   CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
     ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring).
 
@@ -203,35 +226,53 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     NIT = gl.minimum(NG, NP // BN - nb0) * KC
 
     xp = _act_ptrs(x_ptr, sorted_ptr, row0, nrows, TOP_K, stride_x, GATED, BM, AL)
-    if SR:
-        xs = _ring(BM, NS, XS)
-        for i in gl.static_range(NS - 1):
-            _copy_chunk(xs[2 * i], xs[2 * i + 1], xp, gl.minimum(i, NIT - 1) % KC)
-    else:
-        xs = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, BM, 128], XS)
-        for i in gl.static_range(NS - 1):  # past the end: re-read the last
-            _copy_chunk(xs.index(2 * i), xs.index(2 * i + 1), xp, gl.minimum(i, NIT - 1) % KC)
-
     qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
                                         BN, WL)
+    KD = KC
+    if NG == 1:
+        KD = _ONE_BLOCK
+    if SR:
+        xs = _ring(BM, NS, XS)
+        cr = xs  # unused without the code ring
+        if CR:  # chunks 0 .. CR - 1's codes in a group of their own, ahead of the activations
+            cr = _code_ring(BN, CR)
+            for i in gl.static_range(CR):
+                _copy_codes(cr[2 * i], cr[2 * i + 1], qe, se, QB, nb0, i, KD, NIT,
+                            s_chunk_stride, BN, CP, SP)
+            cp.commit_group()
+        for i in gl.static_range(NS - 1):
+            _copy_chunk(xs[2 * i], xs[2 * i + 1], xp, gl.minimum(i, NIT - 1) % KC)
+        if CR:
+            cp.wait_group(NS - 1)
+            barrier()  # chunk 0's codes, copied by every thread, read by every thread
+    else:
+        xs = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, BM, 128], XS)
+        cr = xs  # no code ring without the static ring
+        for i in gl.static_range(NS - 1):  # past the end: re-read the last
+            _copy_chunk(xs.index(2 * i), xs.index(2 * i + 1), xp, gl.minimum(i, NIT - 1) % KC)
 
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
     p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
-    q0, q1, q2 = _code_queue(qe, se, qoff, soff, QB, nb0, KC, NIT, s_chunk_stride, BN, PF)
+    if CR:  # the register queue holds one chunk, read from the code ring
+        q0 = _read_codes(cr[0], cr[1], BN, CW, WL)
+        q1 = q0
+        q2 = q0
+    else:
+        q0, q1, q2 = _code_queue(qe, se, qoff, soff, QB, nb0, KC, NIT, s_chunk_stride, BN, PF)
     acc = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, ML))
     if NG == 1:  # no block loop: the K loop alone (fewer live registers: 214 vs 255 + spills)
         acc, p_lo, p_hi, q0, q1, q2 = _row_block(
-            acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, 0, KC, _ONE_BLOCK,
-            NIT, s_chunk_stride, BN, NS, PF, LP, SR, ML, CL)
+            acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, nb0, 0, KC, KD,
+            NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NOUT, NP,
                   stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
     else:
         for g in range(NIT // KC):
             acc, p_lo, p_hi, q0, q1, q2 = _row_block(
-                acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, KC,
-                NIT, s_chunk_stride, BN, NS, PF, LP, SR, ML, CL)
+                acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, nb0, g, KC, KD,
+                NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW)
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
             _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
                       NP, stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
@@ -314,23 +355,86 @@ def _prefetch_chunk(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constex
 
 
 @gluon.jit
-def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0, g, KC, KD, NIT,
-               s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, PF: gl.constexpr,
-               LP: gl.constexpr, SR: gl.constexpr, ML: gl.constexpr, CL: gl.constexpr):
+def _code_ring(BN: gl.constexpr, NC: gl.constexpr):
+    """The code ring (``PrefillConfig.code_ring*``): ``NC`` (2-4) slots of [BN, 32] int32 code
+    words and [BN, 16] scale codes, each its own allocation (no barriers inserted between a
+    slot's refill and another's read), ``(c0, s0, c1, s1, ..)``."""
+    if NC == 2:
+        r = (_code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN))
+    elif NC == 3:
+        r = (_code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
+             _scale_slot(BN))
+    else:
+        r = (_code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
+             _scale_slot(BN), _code_slot(BN), _scale_slot(BN))
+    return r
+
+
+@gluon.jit
+def _code_slot(BN: gl.constexpr):
+    return gl.allocate_shared_memory(gl.int32, [BN, 32], _CS)
+
+
+@gluon.jit
+def _scale_slot(BN: gl.constexpr):
+    return gl.allocate_shared_memory(gl.uint8, [BN, 16], _SS)
+
+
+@gluon.jit
+def _copy_codes(c_s, s_s, qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr,
+                CP: gl.constexpr, SP: gl.constexpr):
+    """``cp.async`` flat chunk ``it``'s code words (MMA row order: slot row ``r`` holds weight
+    row ``_phys_row(r)``) into ``c_s`` and scale codes into ``s_s``, 16 and 8 bytes per copy,
+    clamped to the last chunk; they join the caller's next commit group."""
+    it = gl.minimum(it, NIT - 1)
+    nb = nb0 + it // KC
+    kc = it % KC
+    r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, CP)))
+    c = gl.arange(0, 32, layout=gl.SliceLayout(0, CP))
+    cp.async_copy_global_to_shared(
+        c_s, qe + nb * QB + kc * 32 + gl.expand_dims(r * (QB // BN), 1) + gl.expand_dims(c, 0))
+    r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, SP)))
+    c = gl.arange(0, 16, layout=gl.SliceLayout(0, SP))
+    cp.async_copy_global_to_shared(
+        s_s, se + nb * BN * 16 + kc * s_chunk_stride + gl.expand_dims(r * 16, 1)
+        + gl.expand_dims(c, 0))
+
+
+@gluon.jit
+def _read_codes(c_s, s_s, BN: gl.constexpr, CW: gl.constexpr, WL: gl.constexpr):
+    """A code ring slot -> ``_load_codes``' registers: code words [BN, 8, 4] in the decode's
+    layout ``WL`` and the two halves' scale codes [BN, 8]."""
+    b = gl.convert_layout(gl.reshape(c_s.load(CW), [BN, 8, 4]), WL, assert_trivial=True)
+    SWL: gl.constexpr = gl.SliceLayout(2, WL)
+    return b, s_s.slice(0, 8, 1).load(SWL), s_s.slice(8, 8, 1).load(SWL)
+
+
+@gluon.jit
+def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, nb0, g, KC, KD,
+               NIT, s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, PF: gl.constexpr,
+               LP: gl.constexpr, SR: gl.constexpr, CR: gl.constexpr, WL: gl.constexpr,
+               ML: gl.constexpr, CL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
+               CW: gl.constexpr):
     """The K loop of row block ``nb0 + g``: issues its MMAs (the last ones still in flight on
     return) with the code queue ``q0 .. q{PF-1}`` (chunks ``it ..``, flat ``it = g KC + kc``)
     refilled ``PF`` chunks ahead. ``SR``: ``xs`` is ``_ring``'s static slots (``KC`` a multiple
     of ``NS``, so chunk ``kc``'s slot is ``kc % NS``: the loop is unrolled by ``NS``); else one
     allocation indexed at run time. ``KD`` splits flat chunks into (block, chunk): ``KC``, or
-    ``_ONE_BLOCK`` where the program has one row block (a shift, not a division by ``KC``)."""
+    ``_ONE_BLOCK`` where the program has one row block (a shift, not a division by ``KC``).
+    ``CR`` (static ring only): the codes come from the code ring ``cr`` (``_code_ring``, ``CR``
+    slots, a multiple of ``NS`` dividing ``KC``: the loop is unrolled by ``CR``), chunk ``it``'s
+    in slot ``it % CR``, not from the register queue."""
     if SR:
-        for kq in range(KC // NS):
-            for s in gl.static_range(NS):  # refill the previous chunk's slot, s - 1
+        U: gl.constexpr = CR if CR else NS  # CR: a multiple of NS, a slot per unrolled chunk
+        for kq in range(KC // U):
+            for u in gl.static_range(U):  # ring slot u % NS; refill the previous chunk's
                 acc, p_lo, p_hi, q0, q1, q2 = _chunk(
-                    acc, p_lo, p_hi, q0, q1, q2, xs[2 * s], xs[2 * s + 1],
-                    xs[2 * ((s + NS - 1) % NS)], xs[2 * ((s + NS - 1) % NS) + 1], xp, qe, se,
-                    qoff, soff, QB, nb0, g * KC + kq * NS + s, kq * NS + s, KD, NIT,
-                    s_chunk_stride, BN, NS, PF, LP, ML, CL)
+                    acc, p_lo, p_hi, q0, q1, q2, xs[2 * (u % NS)], xs[2 * (u % NS) + 1],
+                    xs[2 * ((u + NS - 1) % NS)], xs[2 * ((u + NS - 1) % NS) + 1],
+                    cr[2 * u], cr[2 * u + 1], cr[2 * ((u + 1) % U)], cr[2 * ((u + 1) % U) + 1],
+                    xp, qe, se,
+                    qoff, soff, QB, nb0, g * KC + kq * U + u, kq * U + u, KD, NIT,
+                    s_chunk_stride, BN, NS, PF, LP, CR, WL, ML, CL, CP, SP, CW)
     else:
         for kc in range(KC):
             it = g * KC + kc
@@ -338,22 +442,29 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, xp, qe, se, qoff, soff, QB, nb0,
             nxt = (it + NS - 1) % NS
             acc, p_lo, p_hi, q0, q1, q2 = _chunk(
                 acc, p_lo, p_hi, q0, q1, q2, xs.index(2 * buf), xs.index(2 * buf + 1),
-                xs.index(2 * nxt), xs.index(2 * nxt + 1), xp, qe, se, qoff, soff, QB, nb0, it,
-                kc, KD, NIT, s_chunk_stride, BN, NS, PF, LP, ML, CL)
+                xs.index(2 * nxt), xs.index(2 * nxt + 1), xs, xs, xs, xs, xp, qe, se, qoff, soff, QB,
+                nb0, it, kc, KD, NIT, s_chunk_stride, BN, NS, PF, LP, 0, WL, ML, CL, CP, SP, CW)
     return acc, p_lo, p_hi, q0, q1, q2
 
 
 @gluon.jit
-def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, xp, qe, se, qoff, soff, QB, nb0,
-           it, kc, KC, NIT, s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr,
-           PF: gl.constexpr, LP: gl.constexpr, ML: gl.constexpr, CL: gl.constexpr):
+def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, c_s, s_s, c_n, s_n, xp, qe, se,
+           qoff, soff, QB, nb0, it, kc, KC, NIT, s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr,
+           PF: gl.constexpr, LP: gl.constexpr, CR: gl.constexpr, WL: gl.constexpr,
+           ML: gl.constexpr, CL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
+           CW: gl.constexpr):
     """Flat chunk ``it`` (``kc`` of its block): decode it while the previous chunk's MMAs run,
     start its MMAs on the ring slot ``x_lo``/``x_hi``, refill ``n_lo``/``n_hi`` (the previous
     chunk's slot) with chunk ``it + NS - 1``. Returns the accumulator, this chunk's operands
-    (live until its MMAs are done) and the code queue."""
+    (live until its MMAs are done) and the code queue. ``CR``: the queue is one chunk, read from
+    the code ring: chunk ``it``'s slot ``c_s``/``s_s`` is refilled with chunk ``it + CR``'s
+    after this chunk's barrier (in the commit group of chunk ``it + NS - 1``'s activations),
+    and the next chunk's codes, landed by that barrier (copied ``CR`` chunks ahead, waited
+    ``NS - 1`` ahead), are read from ``c_n``/``s_n`` into the queue."""
     if LP:
         _prefetch_chunk(qe, se, QB, nb0, it + PF + LP, KC, NIT, s_chunk_stride, BN, CL)
-    qn = _load_chunk(qe, se, qoff, soff, QB, nb0, it + PF, KC, NIT, s_chunk_stride, BN)
+    if not CR:
+        qn = _load_chunk(qe, se, qoff, soff, QB, nb0, it + PF, KC, NIT, s_chunk_stride, BN)
     a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)  # overlaps the previous MMAs
     # p_lo/p_hi (the previous chunk's operands) stay live until its MMAs are done.
     acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
@@ -363,7 +474,11 @@ def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, xp, qe, se, qoff
     # A block's first MMA ignores the accumulator (no register writes between MMAs).
     acc = warpgroup_mma(a_lo, x_lo.permute((1, 0)), acc, use_acc=kc > 0, is_async=True)
     acc = warpgroup_mma(a_hi, x_hi.permute((1, 0)), acc, is_async=True)
+    if CR:  # every thread has read this slot (the barrier above): refill it, same commit group
+        _copy_codes(c_s, s_s, qe, se, QB, nb0, it + CR, KC, NIT, s_chunk_stride, BN, CP, SP)
     _copy_chunk(n_lo, n_hi, xp, gl.minimum(it + NS - 1, NIT - 1) % KC)
+    if CR:
+        qn = _read_codes(c_n, s_n, BN, CW, WL)
     q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
     return acc, a_lo, a_hi, q0, q1, q2
 

@@ -329,6 +329,13 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                 f"loop by stages{i}={ns}, which must divide its {K // K_CHUNK} K chunks "
                 f"({'hidden' if i == 1 else 'intermediate'}_size {K} / {K_CHUNK})"
             )
+        nc = getattr(config, f"code_ring{i}")
+        if nc and not static_ring_fits(K, nc):
+            raise ValueError(
+                f"fused_moe_nvfp4_prefill: PrefillConfig(code_ring{i}={nc}) unrolls GEMM{i}'s K "
+                f"loop by its depth, which must divide its {K // K_CHUNK} K chunks "
+                f"({'hidden' if i == 1 else 'intermediate'}_size {K} / {K_CHUNK})"
+            )
     P = T * top_k
     dev = x.device
     nbins = num_bins(E)
@@ -386,6 +393,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     NS=getattr(config, f"stages{i}"),
                     PF=getattr(config, f"prefetch{i}"),
                     LP=getattr(config, f"l2_prefetch{i}"),
+                    CR=getattr(config, f"code_ring{i}"),
                     SR=getattr(config, f"static_ring{i}"),
                     **(dict(NG=ng, ACCS=config.accs2, TS=config.smem_epi2) if i == 2 else {}),
                     **G.layouts(bn, bm, warps),

@@ -39,7 +39,7 @@ def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
     return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1,
                    static_ring1=0, static_ring2=0, block_m1=0, smem_epi2=0,
-                   l2_prefetch1=0, l2_prefetch2=0)
+                   l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0)
 
 
 def prefill_activations() -> str:
@@ -108,7 +108,11 @@ class PrefillConfig(ConfigDict):
     of a pair row per thread (full sectors) instead of 4-byte pieces from the accumulator
     registers; the same values. ``l2_prefetch*`` (wgmma) n > 0: each chunk also asks L2 for the
     FP4 codes and scales ``n`` chunks past the register queue's (``prefetch*``), so that queue
-    loads from L2 instead of DRAM without holding more registers; 0: off.
+    loads from L2 instead of DRAM without holding more registers; 0: off. ``code_ring*``
+    (wgmma, with ``static_ring*``) n > 0: the FP4 codes and scales are copied into a
+    shared-memory ring of n slots (a multiple of ``stages*``, dividing the K chunks) n chunks
+    ahead of their decode, with the activations' copies, and read from there instead of the
+    register queue (``prefetch*`` 1, ``l2_prefetch*`` 0); 0: off.
     """
 
     block_m: int = 128
@@ -133,6 +137,8 @@ class PrefillConfig(ConfigDict):
     smem_epi2: int = 0
     l2_prefetch1: int = 0
     l2_prefetch2: int = 0
+    code_ring1: int = 0
+    code_ring2: int = 0
 
     @property
     def gemm1_block_m(self) -> int:
@@ -199,13 +205,14 @@ class PrefillConfig(ConfigDict):
             self._check_wgmma()
         elif (self.prefetch1, self.prefetch2, self.accs2) != (1, 1, 1) or (
             self.static_ring1, self.static_ring2, self.smem_epi2, self.l2_prefetch1,
-            self.l2_prefetch2) != (0, 0, 0, 0, 0):
+            self.l2_prefetch2, self.code_ring1, self.code_ring2) != (0,) * 7:
             raise ValueError(
-                f"PrefillConfig: prefetch1, prefetch2, accs2, static_ring1/2, smem_epi2 and "
-                f"l2_prefetch1/2 are knobs of the wgmma kernels; kernels={self.kernels!r} needs "
-                f"1, 1, 1, 0, 0, 0, 0, 0, got {self.prefetch1}, {self.prefetch2}, {self.accs2}, "
-                f"{self.static_ring1}, {self.static_ring2}, {self.smem_epi2}, "
-                f"{self.l2_prefetch1}, {self.l2_prefetch2}"
+                f"PrefillConfig: prefetch1, prefetch2, accs2, static_ring1/2, smem_epi2, "
+                f"l2_prefetch1/2 and code_ring1/2 are knobs of the wgmma kernels; "
+                f"kernels={self.kernels!r} needs 1, 1, 1 and 0 for the rest, got "
+                f"{self.prefetch1}, {self.prefetch2}, {self.accs2}, {self.static_ring1}, "
+                f"{self.static_ring2}, {self.smem_epi2}, {self.l2_prefetch1}, "
+                f"{self.l2_prefetch2}, {self.code_ring1}, {self.code_ring2}"
             )
         if self.kernels == "w4a4":
             if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
@@ -243,13 +250,15 @@ class PrefillConfig(ConfigDict):
                     f"PrefillConfig(kernels='wgmma'): block_k{i} must be {K_CHUNK} (a layout chunk "
                     f"per step), got {bk}"
                 )
-            # GEMM2's staged epilogue adds its [block_m, block_n2] bf16 tile to the ring.
+            # GEMM2's staged epilogue adds its [block_m, block_n2] bf16 tile to the ring, the
+            # code ring a slot of codes and scale codes per stage.
             staged = bm * bn * 2 if i == 2 and self.smem_epi2 else 0
+            staged += getattr(self, f"code_ring{i}") * bn * (128 + 16)
             if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 + staged > WGMMA_SMEM_LIMIT:
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
                     f"(2 x stages x block_m x 256 B = {2 * ns * bm * 256} B"
-                    f"{f', plus {staged} B for the staged epilogue' if staged else ''}) within "
+                    f"{f', plus {staged} B for the staged epilogue and the code ring' if staged else ''}) within "
                     f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, GEMM{i} block_m={bm}"
                 )
         for name in ("prefetch1", "prefetch2"):
@@ -276,6 +285,19 @@ class PrefillConfig(ConfigDict):
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): {name} must be in 0..4 (chunks past the "
                     f"register queue asked of L2; 0: off), got {getattr(self, name)!r}"
+                )
+        for i in (1, 2):
+            crg, ns = getattr(self, f"code_ring{i}"), getattr(self, f"stages{i}")
+            if crg not in (0, 2, 3, 4) or (crg and (crg % ns or (
+                    getattr(self, f"static_ring{i}"), getattr(self, f"prefetch{i}"),
+                    getattr(self, f"l2_prefetch{i}")) != (1, 1, 0))):
+                raise ValueError(
+                    f"PrefillConfig(kernels='wgmma'): code_ring{i} must be 0 (off) or the code "
+                    f"ring's depth 2-4, a multiple of stages{i}, with static_ring{i}=1, "
+                    f"prefetch{i}=1 and l2_prefetch{i}=0 (the ring replaces the register queue), "
+                    f"got code_ring{i}={crg!r}, stages{i}={ns}, static_ring{i}="
+                    f"{getattr(self, f'static_ring{i}')}, prefetch{i}={getattr(self, f'prefetch{i}')}"
+                    f", l2_prefetch{i}={getattr(self, f'l2_prefetch{i}')}"
                 )
         if self.smem_epi2 not in (0, 1):
             raise ValueError(
