@@ -1163,3 +1163,33 @@ def test_wgmma_staged_epilogue_equals_register_epilogue(I, accs2, rows2, seed):
     sout.fill_(float("nan"))
     graph.replay()
     assert torch.equal(sout.view(torch.int16), outs[1].view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stages, ring", [(2, 2), (2, 4)])
+def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
+    """``code_ring*`` only changes where the FP4 codes wait (shared-memory slots instead of the
+    register queue): the output equals the queue's bit for bit. H = 1024 (4 K chunks for GEMM1's
+    ring of 4, 8 GEMM2 row blocks over 2 programs: GEMM2's flat chunks cross row blocks),
+    I = 512 (2 chunks), T = 300 at 2 of 8 experts (partial tiles), then graph replay."""
+    w, pw = _weights(8, 1024, 512)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = 300
+    x = torch.randn(T, 1024, generator=g, device="cuda").to(torch.bfloat16)
+    ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
+    outs = []
+    for cr in (0, 1):
+        cfg = PrefillConfig(block_m=32, stages1=stages, stages2=2, static_ring1=1, static_ring2=1,
+                            group_n2=4, code_ring1=ring * cr, code_ring2=2 * cr, **_WG)
+        out = torch.full((T, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
+        outs.append(out)
+    assert_close(outs[1], fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
+    assert torch.equal(outs[1].view(torch.int16), outs[0].view(torch.int16))
+    graph = torch.cuda.CUDAGraph()
+    sout = torch.full_like(outs[1], float("nan"))
+    with torch.cuda.graph(graph):
+        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=sout, config=cfg)
+    sout.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(sout.view(torch.int16), outs[1].view(torch.int16))
