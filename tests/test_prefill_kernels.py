@@ -339,6 +339,10 @@ def test_wgmma_config_rules():
         (dict(code_ring1=2), "with static_ring1=1"),
         (dict(static_ring2=1, code_ring2=2, prefetch2=2), "prefetch2=1"),
         (dict(kernels="dot", block_k2=128, code_ring1=2), "knobs of the wgmma kernels"),
+        (dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=2),
+         "with accs2=2 code_ring2 must be 0 or 1"),
+        (dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, prefetch2=2),
+         "with accs2=2 code_ring2"),
         (dict(kernels="dot", block_k2=128, l2_prefetch2=1), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
@@ -820,6 +824,10 @@ _KNOBS = [
                "block_n2=64, warps2=4, accs2=2, group_n2=8"),
     (_GLM5[1], "block_m=128, stages1=2, static_ring1=1, code_ring1=2, group_n2=4, "
                "static_ring2=1, code_ring2=2"),
+    # GEMM2 at I = 256 with every row block's codes copied when the program starts, and the
+    # staged epilogue (together: no spills where the shipped GEMM2 spills ~700 B).
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
+               "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
 ]
 
 
@@ -1193,3 +1201,25 @@ def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
     sout.fill_(float("nan"))
     graph.replay()
     assert torch.equal(sout.view(torch.int16), outs[1].view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows2, group_n2", [(64, 8), (128, 4)])
+def test_wgmma_block_codes_equal_the_register_queue(rows2, group_n2, seed):
+    """GEMM2 at I = 256 with ``code_ring2=1`` (every row block's codes copied into shared memory
+    when the program starts) equals the register queue bit for bit: H = 1280 gives ragged last
+    programs (blocks that repeat the last and store nothing), T = 300 partial tiles."""
+    w, pw = _weights(8, 1280, 256)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = 300
+    x = torch.randn(T, 1280, generator=g, device="cuda").to(torch.bfloat16)
+    ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
+    outs = []
+    for cr in (0, 1):
+        cfg = PrefillConfig(block_m=32, group_n2=group_n2, accs2=2, block_n2=rows2,
+                            warps2=rows2 // 16, code_ring2=cr, smem_epi2=cr, **_WG)
+        out = torch.full((T, 1280), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
+        outs.append(out)
+    assert_close(outs[1], fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
+    assert torch.equal(outs[1].view(torch.int16), outs[0].view(torch.int16))

@@ -140,11 +140,13 @@ if [ "$1" = sorted_tw ]; then
 # T <= 1024, its static-ring + block_m1 rows above; same script, a day apart).
 # Then step 4's knobs against the same configs, same process: GEMM2's staged epilogue (static
 # SASS: 20-33% fewer GEMM2 instructions, prefill_v2_step4/sass_smem_epi2_sm90.json), the L2 code
-# prefetch two chunks past the register queue, both.
+# prefetch two chunks past the register queue, both, and the staged epilogue with GEMM2's codes
+# in shared memory (TP8: every row block's at the program's start; EP8: the code ring).
 for s in tp8 ep8; do
 step tw_$s
-OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_PRESET=glm5-$s SWEEP_NAME=prefill_sorted_tw_$s \
-  SWEEP_KNOBS="[{'smem_epi2': 1}, {'l2_prefetch1': 2, 'l2_prefetch2': 2}, {'smem_epi2': 1, 'l2_prefetch1': 2, 'l2_prefetch2': 2}]" \
+K2="{'smem_epi2': 1, 'code_ring2': 1}"; [ $s = ep8 ] && K2="{'smem_epi2': 1, 'static_ring2': 1, 'code_ring2': 2}"
+OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_PRESET=glm5-$s SWEEP_NAME=prefill_sorted_tw_$s \
+  SWEEP_KNOBS="[{'smem_epi2': 1}, {'l2_prefetch1': 2, 'l2_prefetch2': 2}, {'smem_epi2': 1, 'l2_prefetch1': 2, 'l2_prefetch2': 2}, $K2]" \
   timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/tw_$s.log 2>&1
 grep -A40 "bf16 matmul" $R/tw_$s.log >> $OUT/run.log; pack
 done

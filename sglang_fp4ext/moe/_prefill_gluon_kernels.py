@@ -186,7 +186,7 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     if ACCS == 2:
         _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                         NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                        BM, BN, NG, PF, LP, TS, WL, ML, AL, XS, CL, SL)
+                        BM, BN, NG, PF, LP, CR, TS, WL, ML, AL, XS, CL, SL, CP, SP, CW)
     else:
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
@@ -487,8 +487,9 @@ def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, c_s, s_s, c_n, s
 def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                     NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
                     BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, PF: gl.constexpr,
-                    LP: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
-                    AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
+                    LP: gl.constexpr, CR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr,
+                    ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
+                    SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
     """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``program_id(0) * NG ..``
     of the M tile, each one chunk of MMAs, with two accumulators so that a block's epilogue
     runs while the next block's MMAs do (``_grouped_wgmma`` with one accumulator waits for
@@ -498,7 +499,12 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     The blocks are unrolled (``NG`` <= 8): in a ``for`` loop, ptxas (Triton 3.6 and 3.8)
     serialises the ``wgmma``s (C7514) as soon as an epilogue reads one accumulator while the
     other's MMAs, started in an earlier iteration, run. A ragged last program (``NB`` < ``NG``)
-    repeats block ``NB - 1`` and stores nothing for it."""
+    repeats block ``NB - 1`` and stores nothing for it.
+
+    ``CR`` (``PrefillConfig.code_ring2`` with ``accs2`` = 2): every block's codes and scales are
+    copied into shared memory when the program starts, a commit group per block, so block
+    ``g``'s arrive while blocks ``< g`` run; each is read into the one-block register queue
+    after the previous block's MMAs are issued."""
     nb0 = gl.program_id(0) * NG
     e64 = e.to(gl.int64)
     NB = gl.minimum(NG, NP // BN - nb0)
@@ -509,35 +515,51 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
 
     qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
                                         BN, WL)
-    q0, q1, q2 = _code_queue(qe, se, qoff, soff, QB, nb0, 1, NB, 0, BN, PF)
-
-    cp.wait_group(0)
+    if CR:
+        cr = _block_codes(BN, NG)
+        for i in gl.static_range(NG):
+            _copy_codes(cr[2 * i], cr[2 * i + 1], qe, se, QB, nb0, i, 1, NB, 0, BN, CP, SP)
+            cp.commit_group()
+        cp.wait_group(NG - 1)  # the activations and block 0's codes
+    else:
+        cr = (xs, xs)  # unused
+        q0, q1, q2 = _code_queue(qe, se, qoff, soff, QB, nb0, 1, NB, 0, BN, PF)
+        cp.wait_group(0)
     barrier()
     fence_async_shared()
     x_lo = xs.index(0).permute((1, 0))
     x_hi = xs.index(1).permute((1, 0))
     # Blocks alternate between the accumulators acc_a (even) and acc_b (odd).
-    qn = _load_chunk(qe, se, qoff, soff, QB, nb0, PF, 1, NB, 0, BN)
+    if CR:
+        q0 = _read_codes(cr[0], cr[1], BN, CW, WL)
+    else:
+        qn = _load_chunk(qe, se, qoff, soff, QB, nb0, PF, 1, NB, 0, BN)
     p_lo, p_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)
-    q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
     acc_a = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, ML))
     acc_b = gl.zeros([BN, BM], gl.float32, ML)
     acc_a = warpgroup_mma(p_lo, x_lo, acc_a, use_acc=False, is_async=True)
     acc_a = warpgroup_mma(p_hi, x_hi, acc_a, is_async=True)
+    if CR:
+        if NG > 1:
+            q0 = _next_block_codes(cr, 0, NG, BN, CW, WL)
+        q1 = q0
+        q2 = q0
+    else:
+        q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
     for h in gl.static_range((NG - 1) // 2):
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, 2 * h + 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, TS, ML, CL, SL)
+            BN, BM, PF, LP, CR, TS, WL, ML, CL, SL, CW, cr, NG)
         acc_a, acc_b, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_a, acc_b, p_lo, p_hi, q0, q1, q2, 2 * h + 2, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, TS, ML, CL, SL)
+            BN, BM, PF, LP, CR, TS, WL, ML, CL, SL, CW, cr, NG)
     if NG % 2 == 0:
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, NG - 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, TS, ML, CL, SL)
+            BN, BM, PF, LP, CR, TS, WL, ML, CL, SL, CW, cr, NG)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b, p_lo, p_hi))
     else:
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, p_lo, p_hi))
@@ -546,16 +568,19 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
 
 
 @gluon.jit
-def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g, x_lo, x_hi, qe, se, qoff, soff, QB, nb0,
-                NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-                BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr,
-                TS: gl.constexpr, ML: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr):
+def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi, qe, se, qoff,
+                soff, QB, nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT,
+                NP, stride_dst, BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr,
+                LP: gl.constexpr, CR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr,
+                ML: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr, CW: gl.constexpr, cr,
+                NG: gl.constexpr):
     """Block ``g`` of ``_one_chunk_2acc``: decode it while block ``g - 1``'s MMAs (into ``busy``)
     run, start its MMAs into ``free``, then store block ``g - 1`` while they run. Returns the
     accumulators swapped (``g``'s in flight, ``g - 1``'s free), the operands and the queue."""
     if LP:
         _prefetch_chunk(qe, se, QB, nb0, g + PF + LP, 1, NB, 0, BN, CL)
-    qn = _load_chunk(qe, se, qoff, soff, QB, nb0, g + PF, 1, NB, 0, BN)
+    if not CR:
+        qn = _load_chunk(qe, se, qoff, soff, QB, nb0, g + PF, 1, NB, 0, BN)
     a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)
     free = warpgroup_mma(a_lo, x_lo, free, use_acc=False, is_async=True)
     free = warpgroup_mma(a_hi, x_hi, free, is_async=True)
@@ -565,8 +590,40 @@ def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g, x_lo, x_hi, qe, se, qoff,
     _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows,
               nb0 + gl.minimum(g - 1, NB - 1), NOUT, NP, stride_dst, False, TS, BN, BM, ML, SL,
               gl.where(g - 1 < NB, nrows, 0))
-    q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
+    if CR:
+        if g + 1 < NG:
+            q0 = _next_block_codes(cr, g, NG, BN, CW, WL)
+    else:
+        q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
     return free, y, a_lo, a_hi, q0, q1, q2
+
+
+@gluon.jit
+def _next_block_codes(cr, g: gl.constexpr, NG: gl.constexpr, BN: gl.constexpr, CW: gl.constexpr,
+                      WL: gl.constexpr):
+    """Block ``g + 1``'s codes from ``_block_codes``' slots, once its commit group has landed
+    (``NG - 2 - g`` newer groups may still be in flight) and every thread's copies are visible."""
+    cp.wait_group(NG - 2 - g)
+    barrier()
+    return _read_codes(cr[2 * g + 2], cr[2 * g + 3], BN, CW, WL)
+
+
+@gluon.jit
+def _block_codes(BN: gl.constexpr, NG: gl.constexpr):
+    """``NG`` (1, 2, 4 or 8) code and scale slots for ``_one_chunk_2acc``'s code ring, one per
+    row block: ``(c0, s0, c1, s1, ..)``."""
+    if NG == 1:
+        r = (_code_slot(BN), _scale_slot(BN))
+    elif NG == 2:
+        r = _code_ring(BN, 2)
+    elif NG == 4:
+        r = _code_ring(BN, 4)
+    else:
+        r = (_code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
+             _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN),
+             _code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
+             _scale_slot(BN))
+    return r
 
 
 @gluon.jit

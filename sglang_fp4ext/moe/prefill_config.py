@@ -112,7 +112,9 @@ class PrefillConfig(ConfigDict):
     (wgmma, with ``static_ring*``) n > 0: the FP4 codes and scales are copied into a
     shared-memory ring of n slots (a multiple of ``stages*``, dividing the K chunks) n chunks
     ahead of their decode, with the activations' copies, and read from there instead of the
-    register queue (``prefetch*`` 1, ``l2_prefetch*`` 0); 0: off.
+    register queue (``prefetch*`` 1, ``l2_prefetch*`` 0); 0: off. With ``accs2`` = 2 (one K
+    chunk per GEMM2 row block) ``code_ring2`` 1 copies every row block's codes of a program when
+    it starts, a slot each (``group_n2`` slots).
     """
 
     block_m: int = 128
@@ -253,7 +255,10 @@ class PrefillConfig(ConfigDict):
             # GEMM2's staged epilogue adds its [block_m, block_n2] bf16 tile to the ring, the
             # code ring a slot of codes and scale codes per stage.
             staged = bm * bn * 2 if i == 2 and self.smem_epi2 else 0
-            staged += getattr(self, f"code_ring{i}") * bn * (128 + 16)
+            depth = getattr(self, f"code_ring{i}")
+            if i == 2 and self.accs2 == 2 and depth:  # a slot per row block of the program
+                depth = self.group_n2
+            staged += depth * bn * (128 + 16)
             if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 + staged > WGMMA_SMEM_LIMIT:
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
@@ -286,8 +291,18 @@ class PrefillConfig(ConfigDict):
                     f"PrefillConfig(kernels='wgmma'): {name} must be in 0..4 (chunks past the "
                     f"register queue asked of L2; 0: off), got {getattr(self, name)!r}"
                 )
+        if self.accs2 == 2 and self.code_ring2 not in (0, 1) or self.accs2 == 2 and (
+                self.code_ring2 and (self.prefetch2, self.l2_prefetch2) != (1, 0)):
+            raise ValueError(
+                f"PrefillConfig(kernels='wgmma'): with accs2=2 code_ring2 must be 0 or 1 (every "
+                f"row block's codes copied into shared memory when the program starts), with "
+                f"prefetch2=1 and l2_prefetch2=0, got code_ring2={self.code_ring2!r}, "
+                f"prefetch2={self.prefetch2}, l2_prefetch2={self.l2_prefetch2}"
+            )
         for i in (1, 2):
             crg, ns = getattr(self, f"code_ring{i}"), getattr(self, f"stages{i}")
+            if i == 2 and self.accs2 == 2:
+                continue
             if crg not in (0, 2, 3, 4) or (crg and (crg % ns or (
                     getattr(self, f"static_ring{i}"), getattr(self, f"prefetch{i}"),
                     getattr(self, f"l2_prefetch{i}")) != (1, 1, 0))):

@@ -21,7 +21,8 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   expert sees ~EP times fewer rows than the per-rank shape suggests); 64-row tiles for both GEMMs.
   Where the heuristic picks the wgmma family (sm_90): the heuristic; the ``tl.dot`` family's
   heuristic; GEMM2's staged epilogue (``smem_epi2``) flipped; the L2 code prefetch
-  (``l2_prefetch*``) flipped; GEMM1's code ring (``code_ring1`` 4, 2 stages); ``block_m`` /2, x2 and /4; the other GEMM1 ring depth (2 <-> 3); 4 <-> 8 GEMM2
+  (``l2_prefetch*``) flipped; at ``I`` = 256 GEMM2's block codes in shared memory with the
+  staged epilogue; GEMM1's code ring (``code_ring1`` 4, 2 stages); ``block_m`` /2, x2 and /4; the other GEMM1 ring depth (2 <-> 3); 4 <-> 8 GEMM2
   row blocks per program; 3 GEMM2 stages; GEMM2 at ``I`` = 256 on two warpgroups; code prefetch 2;
   GEMM1's own 128-row tile and its static ring, each flipped from the heuristic's choice; both
   rings static. Where it picks the W4A4 family (sm_100 / sm_120): the
@@ -188,6 +189,10 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             lambda: r(base, smem_epi2=1 - base.smem_epi2),
             lambda: r(base, l2_prefetch1=0 if base.l2_prefetch1 else 2,
                       l2_prefetch2=0 if base.l2_prefetch2 else 2),
+            # GEMM2 at I = 256: every row block's codes copied when the program starts, with
+            # the staged epilogue (no spills together).
+            lambda: r(base, code_ring2=1, smem_epi2=1, prefetch2=1, l2_prefetch2=0)
+            if base.accs2 == 2 else None,
             # GEMM1's codes through the shared-memory code ring (2 activation stages, codes 3
             # chunks ahead), where its static ring can unroll by 4.
             lambda: r(base, stages1=2, static_ring1=1, code_ring1=4, prefetch1=1,
