@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -13,7 +13,8 @@
 # sorted_tw ~6 min: TP8 and EP8 sweeps for GEMM2's time by row weight, with its staged epilogue
 # (smem_epi2) and with the L2 code prefetch (l2_prefetch1/2); run `tiers` first: its prefill GPU
 # tier checks sorted_tw and both knobs; code_ring ~6 min: GEMM1's code ring against the shipped
-# configs at TP8 and EP8, per kernel)
+# configs at TP8 and EP8, per kernel; step4 ~8 min: the GPU tests of everything step 4 built
+# (sorted_tw, smem_epi2, l2_prefetch*, code rings) first, then the TP8 sweep of sorted_tw)
 # $OUT gets ncu_details.txt, ncu_source.csv.gz, run.log (the short report) and results.tar.gz
 # (every JSON and full log), re-packed after each step so a run cut short keeps what it measured.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -150,6 +151,20 @@ OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_PRESET=glm5-$s SWEEP_NAME=prefill_sorte
   timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/tw_$s.log 2>&1
 grep -A40 "bf16 matmul" $R/tw_$s.log >> $OUT/run.log; pack
 done
+fi
+if [ "$1" = step4 ]; then
+step tier_step4
+timeout 300 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py \
+  -k "knobs or staged or code_ring or block_codes or vs_reference" > $R/tier_step4.log 2>&1
+echo rc=$? >> $R/tier_step4.log; tail -3 $R/tier_step4.log >> $OUT/run.log; pack
+set -- sorted_tw_tp8
+fi
+if [ "$1" = sorted_tw_tp8 ]; then
+step tw_tp8
+OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_NAME=prefill_sorted_tw_tp8 \
+  SWEEP_KNOBS="[{'smem_epi2': 1}, {'l2_prefetch1': 2, 'l2_prefetch2': 2}, {'smem_epi2': 1, 'code_ring2': 1}]" \
+  timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/tw_tp8.log 2>&1
+grep -A40 "bf16 matmul" $R/tw_tp8.log >> $OUT/run.log; pack
 fi
 if [ "$1" = code_ring ]; then
 # GEMM1's FP4 codes through the shared-memory code ring (code_ring1, built in step 4, CPU only):
