@@ -1142,35 +1142,42 @@ def test_wgmma_two_accumulators_ragged_last_program(group_n2, rows2, seed):
         assert torch.equal(sout.view(torch.int16), out.view(torch.int16))
 
 
+def _assert_knob_keeps_bits(H, I, configs, seed):
+    """Run ``configs`` (a knob off, then on) on the same small-shape inputs (8 experts, T = 300
+    at 2 of 8: partial M tiles) into NaN-poisoned outputs: the last must match the fp32 twin and
+    every one equal the first bit for bit, and the last's graph replay equal eager."""
+    w, pw = _weights(8, H, I)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = 300
+    x = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
+    ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
+    outs = []
+    for cfg in configs:
+        out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
+        outs.append(out)
+    assert_close(outs[-1], fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
+    for out in outs[1:]:
+        assert torch.equal(out.view(torch.int16), outs[0].view(torch.int16))
+    cg = torch.cuda.CUDAGraph()
+    sout = torch.full_like(outs[-1], float("nan"))
+    with torch.cuda.graph(cg):
+        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=sout, config=configs[-1])
+    sout.fill_(float("nan"))
+    cg.replay()
+    assert torch.equal(sout.view(torch.int16), outs[-1].view(torch.int16))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("I, accs2, rows2", [(256, 2, 64), (256, 2, 128), (512, 1, 128)])
 def test_wgmma_staged_epilogue_equals_register_epilogue(I, accs2, rows2, seed):
     """``smem_epi2`` moves GEMM2's finished row blocks through shared memory and stores 16 bytes
     of a pair row per thread: the same fp32 values rounded once, so the output equals the
     register epilogue's bit for bit. H = 1280: ragged last programs (blocks that store nothing);
-    T = 300 at 2 of 8 experts: partial M tiles; I = 512: the K loop with a ring (one
-    accumulator); then graph replay equals eager."""
-    w, pw = _weights(8, 1280, I)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    T = 300
-    x = torch.randn(T, 1280, generator=g, device="cuda").to(torch.bfloat16)
-    ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
-    outs = []
-    for staged in (0, 1):
-        cfg = PrefillConfig(block_m=32, group_n2=4, accs2=accs2, block_n2=rows2,
-                            warps2=rows2 // 16, smem_epi2=staged, **_WG)
-        out = torch.full((T, 1280), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
-        outs.append(out)
-    assert_close(outs[1], fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
-    assert torch.equal(outs[1].view(torch.int16), outs[0].view(torch.int16))
-    graph = torch.cuda.CUDAGraph()
-    sout = torch.full_like(outs[1], float("nan"))
-    with torch.cuda.graph(graph):
-        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=sout, config=cfg)
-    sout.fill_(float("nan"))
-    graph.replay()
-    assert torch.equal(sout.view(torch.int16), outs[1].view(torch.int16))
+    I = 512: the K loop with a ring (one accumulator); then graph replay equals eager."""
+    _assert_knob_keeps_bits(1280, I, [
+        PrefillConfig(block_m=32, group_n2=4, accs2=accs2, block_n2=rows2, warps2=rows2 // 16,
+                      smem_epi2=staged, **_WG) for staged in (0, 1)], seed)
 
 
 @pytest.mark.gpu
@@ -1179,28 +1186,11 @@ def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
     """``code_ring*`` only changes where the FP4 codes wait (shared-memory slots instead of the
     register queue): the output equals the queue's bit for bit. H = 1024 (4 K chunks for GEMM1's
     ring of 4, 8 GEMM2 row blocks over 2 programs: GEMM2's flat chunks cross row blocks),
-    I = 512 (2 chunks), T = 300 at 2 of 8 experts (partial tiles), then graph replay."""
-    w, pw = _weights(8, 1024, 512)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    T = 300
-    x = torch.randn(T, 1024, generator=g, device="cuda").to(torch.bfloat16)
-    ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
-    outs = []
-    for cr in (0, 1):
-        cfg = PrefillConfig(block_m=32, stages1=stages, stages2=2, static_ring1=1, static_ring2=1,
-                            group_n2=4, code_ring1=ring * cr, code_ring2=2 * cr, **_WG)
-        out = torch.full((T, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
-        outs.append(out)
-    assert_close(outs[1], fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
-    assert torch.equal(outs[1].view(torch.int16), outs[0].view(torch.int16))
-    graph = torch.cuda.CUDAGraph()
-    sout = torch.full_like(outs[1], float("nan"))
-    with torch.cuda.graph(graph):
-        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=sout, config=cfg)
-    sout.fill_(float("nan"))
-    graph.replay()
-    assert torch.equal(sout.view(torch.int16), outs[1].view(torch.int16))
+    I = 512 (2 chunks), then graph replay."""
+    _assert_knob_keeps_bits(1024, 512, [
+        PrefillConfig(block_m=32, stages1=stages, stages2=2, static_ring1=1, static_ring2=1,
+                      group_n2=4, code_ring1=ring * cr, code_ring2=2 * cr, **_WG)
+        for cr in (0, 1)], seed)
 
 
 @pytest.mark.gpu
@@ -1208,18 +1198,7 @@ def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
 def test_wgmma_block_codes_equal_the_register_queue(rows2, group_n2, seed):
     """GEMM2 at I = 256 with ``code_ring2=1`` (every row block's codes copied into shared memory
     when the program starts) equals the register queue bit for bit: H = 1280 gives ragged last
-    programs (blocks that repeat the last and store nothing), T = 300 partial tiles."""
-    w, pw = _weights(8, 1280, 256)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    T = 300
-    x = torch.randn(T, 1280, generator=g, device="cuda").to(torch.bfloat16)
-    ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
-    outs = []
-    for cr in (0, 1):
-        cfg = PrefillConfig(block_m=32, group_n2=group_n2, accs2=2, block_n2=rows2,
-                            warps2=rows2 // 16, code_ring2=cr, smem_epi2=cr, **_WG)
-        out = torch.full((T, 1280), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
-        outs.append(out)
-    assert_close(outs[1], fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
-    assert torch.equal(outs[1].view(torch.int16), outs[0].view(torch.int16))
+    programs (blocks that repeat the last and store nothing); then graph replay."""
+    _assert_knob_keeps_bits(1280, 256, [
+        PrefillConfig(block_m=32, group_n2=group_n2, accs2=2, block_n2=rows2, warps2=rows2 // 16,
+                      code_ring2=cr, smem_epi2=cr, **_WG) for cr in (0, 1)], seed)

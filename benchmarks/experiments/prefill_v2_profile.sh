@@ -14,7 +14,7 @@
 # (smem_epi2) and with the L2 code prefetch (l2_prefetch1/2); run `tiers` first: its prefill GPU
 # tier checks sorted_tw and both knobs; code_ring ~6 min: GEMM1's code ring against the shipped
 # configs at TP8 and EP8, per kernel; step4 ~8 min: the GPU tests of everything step 4 built
-# (sorted_tw, smem_epi2, l2_prefetch*, code rings) first, then the TP8 sweep of sorted_tw)
+# (sorted_tw, smem_epi2, l2_prefetch*, code rings) first, then sorted_tw's TP8 sweep)
 # $OUT gets ncu_details.txt, ncu_source.csv.gz, run.log (the short report) and results.tar.gz
 # (every JSON and full log), re-packed after each step so a run cut short keeps what it measured.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -134,52 +134,44 @@ fi
 pack
 tier tier_prefill tests/test_prefill_kernels.py 200
 fi
-if [ "$1" = sorted_tw ]; then
-# GEMM2 reading the routing weight by sorted row (sorted_tw, shipped unmeasured after step 3):
-# the prefill GPU tier first, then the heuristic's TP8 configs timed per kernel; compare their
-# gemm2 us with prefill_v2_step3/prefill_ring_tp8_h200.json (the same configs: its {} rows at
-# T <= 1024, its static-ring + block_m1 rows above; same script, a day apart).
-# Then step 4's knobs against the same configs, same process: GEMM2's staged epilogue (static
-# SASS: 20-33% fewer GEMM2 instructions, prefill_v2_step4/sass_smem_epi2_sm90.json), the L2 code
-# prefetch two chunks past the register queue, both, and the staged epilogue with GEMM2's codes
-# in shared memory (TP8: every row block's at the program's start; EP8: the code ring).
-for s in tp8 ep8; do
-step tw_$s
-K2="{'smem_epi2': 1, 'code_ring2': 1}"; [ $s = ep8 ] && K2="{'smem_epi2': 1, 'static_ring2': 1, 'code_ring2': 2}"
-OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_PRESET=glm5-$s SWEEP_NAME=prefill_sorted_tw_$s \
-  SWEEP_KNOBS="[{'smem_epi2': 1}, {'l2_prefetch1': 2, 'l2_prefetch2': 2}, {'smem_epi2': 1, 'l2_prefetch1': 2, 'l2_prefetch2': 2}, $K2]" \
-  timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/tw_$s.log 2>&1
-grep -A40 "bf16 matmul" $R/tw_$s.log >> $OUT/run.log; pack
-done
-fi
-if [ "$1" = step4 ]; then
+# sweep NAME SHAPE KNOBS: the heuristic's config and each knob dict on it, GLM-5 SHAPE (tp8, ep8),
+# T = 1024..8192, one process; its table to run.log.
+sweep() {
+  step $1
+  OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_PRESET=glm5-$2 SWEEP_NAME=prefill_$1 SWEEP_KNOBS="$3" \
+    timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/$1.log 2>&1
+  grep -A40 "bf16 matmul" $R/$1.log >> $OUT/run.log; pack
+}
+if [ "$1" = step4 ]; then  # the GPU tests of step 4's kernels first, then sorted_tw at TP8 only
 step tier_step4
 timeout 300 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py \
   -k "knobs or staged or code_ring or block_codes or vs_reference" > $R/tier_step4.log 2>&1
 echo rc=$? >> $R/tier_step4.log; tail -3 $R/tier_step4.log >> $OUT/run.log; pack
-set -- sorted_tw_tp8
+SHAPES=tp8; set -- sorted_tw
 fi
-if [ "$1" = sorted_tw_tp8 ]; then
-step tw_tp8
-OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_NAME=prefill_sorted_tw_tp8 \
-  SWEEP_KNOBS="[{'smem_epi2': 1}, {'l2_prefetch1': 2, 'l2_prefetch2': 2}, {'smem_epi2': 1, 'code_ring2': 1}]" \
-  timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/tw_tp8.log 2>&1
-grep -A40 "bf16 matmul" $R/tw_tp8.log >> $OUT/run.log; pack
+if [ "$1" = sorted_tw ]; then
+# GEMM2 reading the routing weight by sorted row (sorted_tw, shipped unmeasured after step 3):
+# the heuristic's configs timed per kernel; compare their gemm2 us with
+# prefill_v2_step3/prefill_ring_{tp8,ep8}_h200.json (the same configs: its {} rows at T <= 1024,
+# its static-ring + block_m1 rows above; same script, a day apart). Then step 4's knobs against
+# the same configs, same process: GEMM2's staged epilogue (static SASS: 20-33% fewer GEMM2
+# instructions, prefill_v2_step4/sass_smem_epi2_sm90.json), the L2 code prefetch two chunks past
+# the register queue, both, and the staged epilogue with GEMM2's codes in shared memory (TP8:
+# every row block's at the program's start; EP8: the code ring).
+for s in ${SHAPES:-tp8 ep8}; do
+  K2="{'smem_epi2': 1, 'code_ring2': 1}"
+  [ $s = ep8 ] && K2="{'smem_epi2': 1, 'static_ring2': 1, 'code_ring2': 2}"
+  sweep sorted_tw_$s $s "[{'smem_epi2': 1}, {'l2_prefetch1': 2, 'l2_prefetch2': 2}, {'smem_epi2': 1, 'l2_prefetch1': 2, 'l2_prefetch2': 2}, $K2]"
+done
 fi
 if [ "$1" = code_ring ]; then
 # GEMM1's FP4 codes through the shared-memory code ring (code_ring1, built in step 4, CPU only):
 # 2 activation stages with codes 1 or 3 chunks ahead at GEMM1's 128-token tile, and at 64 tokens
 # (185 registers where the register queue takes 241); EP8 also with GEMM2's ring.
-step cr_tp8
-OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_NAME=prefill_code_ring_tp8 \
-  SWEEP_KNOBS="[{'stages1': 2, 'static_ring1': 1, 'code_ring1': 2}, {'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}, {'block_m1': 64, 'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}, {'block_m1': 64, 'stages1': 3, 'static_ring1': 1, 'code_ring1': 3}]" \
-  timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/cr_tp8.log 2>&1
-grep -A40 "bf16 matmul" $R/cr_tp8.log >> $OUT/run.log; pack
-step cr_ep8
-OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_code_ring_ep8 \
-  SWEEP_KNOBS="[{'stages1': 2, 'static_ring1': 1, 'code_ring1': 2}, {'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}, {'stages1': 2, 'static_ring1': 1, 'code_ring1': 2, 'static_ring2': 1, 'code_ring2': 2}]" \
-  timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/cr_ep8.log 2>&1
-grep -A40 "bf16 matmul" $R/cr_ep8.log >> $OUT/run.log; pack
+CR2="{'stages1': 2, 'static_ring1': 1, 'code_ring1': 2}"
+CR4="{'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}"
+sweep code_ring_tp8 tp8 "[$CR2, $CR4, {'block_m1': 64, 'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}, {'block_m1': 64, 'stages1': 3, 'static_ring1': 1, 'code_ring1': 3}]"
+sweep code_ring_ep8 ep8 "[$CR2, $CR4, {'stages1': 2, 'static_ring1': 1, 'code_ring1': 2, 'static_ring2': 1, 'code_ring2': 2}]"
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

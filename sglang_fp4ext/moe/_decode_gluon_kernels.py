@@ -262,10 +262,17 @@ def _prefetch_weights(q_ptr, s_ptr, es, eok, row0, kc0, kc1, q_e_stride, q_row_s
     qrow = q_ptr + e64 * q_e_stride + r2 * q_row_stride
     srow = s_ptr + e64 * s_e_stride + r2 * 16
     ok = gl.expand_dims(eok, 1) & (r2 >= 0)
-    sok = ok & (r2 % 8 == 0)
     for kc in range(kc0, kc1):
-        _prefetch_l2(qrow + kc * 128, ok)
-        _prefetch_l2(srow + kc * s_chunk_stride, sok)
+        _prefetch_rows(qrow + kc * 128, srow + kc * s_chunk_stride, r2, ok)
+
+
+@gluon.jit
+def _prefetch_rows(qrow, srow, r, ok):
+    """L2 prefetch of one K chunk of weight rows ``r``: ``qrow`` points at each row's 128-byte
+    code line, ``srow`` at its 16 scale codes, 8 rows to a scale line (``layout.py``), so one
+    row in 8 asks for it; where ``ok``."""
+    _prefetch_l2(qrow, ok)
+    _prefetch_l2(srow, ok & (r % 8 == 0))
 
 
 @gluon.jit

@@ -44,7 +44,7 @@ from sglang_fp4ext.moe._decode_gluon_kernels import (
     _add,
     _decode_chunk,
     _phys_row,
-    _prefetch_l2,
+    _prefetch_rows,
     weight_layout,
 )
 from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
@@ -110,12 +110,6 @@ def _tile_of(counts_ptr, m, NBINS: gl.constexpr, BM: gl.constexpr, CL: gl.conste
 def _k_slot(u):
     """Position in ``layout.mma_k_order`` of element ``u`` of a 128-wide K block."""
     return (u // 128) * 128 + ((u // 4) % 8) * 16 + ((u // 2) % 2) * 8 + ((u // 32) % 4) * 2 + u % 2
-
-
-@gluon.jit
-def _load_codes(qe, se, qoff, soff, kc, s_chunk_stride):
-    sp = se + kc * s_chunk_stride + soff
-    return gl.load(qe + qoff + kc * 32), gl.load(sp), gl.load(sp + 8)
 
 
 @gluon.jit
@@ -235,7 +229,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         xs = _ring(BM, NS, XS)
         cr = xs  # unused without the code ring
         if CR:  # chunks 0 .. CR - 1's codes in a group of their own, ahead of the activations
-            cr = _code_ring(BN, CR)
+            cr = _code_slots(BN, CR)
             for i in gl.static_range(CR):
                 _copy_codes(cr[2 * i], cr[2 * i + 1], qe, se, QB, nb0, i, KD, NIT,
                             s_chunk_stride, BN, CP, SP)
@@ -332,12 +326,22 @@ def _code_queue(qe, se, qoff, soff, QB, nb0, KC, NIT, s_chunk_stride, BN: gl.con
 
 
 @gluon.jit
-def _load_chunk(qe, se, qoff, soff, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr):
-    """Codes and scale codes of the program's flat chunk ``it`` (clamped to the last: loads past
-    the end are dropped)."""
+def _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr):
+    """Where the program's flat chunk ``it`` (row block ``nb0 + it // KC``, K chunk ``it % KC``;
+    clamped to the last chunk, so reads past the end repeat it) starts: its row block's first
+    code word and scale code of that K chunk (``layout.py``: a row's chunk is 32 words, its
+    scale codes 16 bytes per row at ``s_chunk_stride`` per chunk)."""
     it = gl.minimum(it, NIT - 1)
     nb = nb0 + it // KC
-    return _load_codes(qe + nb * QB, se + nb * BN * 16, qoff, soff, it % KC, s_chunk_stride)
+    kc = it % KC
+    return qe + nb * QB + kc * 32, se + nb * BN * 16 + kc * s_chunk_stride
+
+
+@gluon.jit
+def _load_chunk(qe, se, qoff, soff, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr):
+    """Codes and scale codes of the program's flat chunk ``it`` (``_chunk_base``)."""
+    qb, sb = _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN)
+    return gl.load(qb + qoff), gl.load(sb + soff), gl.load(sb + soff + 8)
 
 
 @gluon.jit
@@ -347,26 +351,28 @@ def _prefetch_chunk(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constex
     lines (one per 8 rows), clamped to the last chunk as ``_load_chunk`` is
     (``PrefillConfig.l2_prefetch*``): the register queue then loads from L2, not DRAM, and
     holds no more registers."""
-    it = gl.minimum(it, NIT - 1)
-    nb = nb0 + it // KC
+    qb, sb = _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN)
     r = gl.arange(0, BN, layout=CL)
-    _prefetch_l2(qe + nb * QB + r * (QB // BN) + (it % KC) * 32, r >= 0)
-    _prefetch_l2(se + nb * BN * 16 + (it % KC) * s_chunk_stride + r * 16, r % 8 == 0)
+    _prefetch_rows(qb + r * (QB // BN), sb + r * 16, r, r >= 0)
 
 
 @gluon.jit
-def _code_ring(BN: gl.constexpr, NC: gl.constexpr):
-    """The code ring (``PrefillConfig.code_ring*``): ``NC`` (2-4) slots of [BN, 32] int32 code
-    words and [BN, 16] scale codes, each its own allocation (no barriers inserted between a
-    slot's refill and another's read), ``(c0, s0, c1, s1, ..)``."""
-    if NC == 2:
-        r = (_code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN))
-    elif NC == 3:
-        r = (_code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
+def _code_slots(BN: gl.constexpr, N: gl.constexpr):
+    """``N`` (1-4 or 8) code slots, [BN, 32] int32 code words and [BN, 16] scale codes each, every
+    one its own allocation (Triton then inserts no barrier between one slot's refill and
+    another's read): ``(c0, s0, c1, s1, ..)``. The code ring (``PrefillConfig.code_ring*``) has
+    one per ring stage, ``_one_chunk_2acc`` one per row block."""
+    r = (_code_slot(BN), _scale_slot(BN))
+    if N >= 2:
+        r = (r[0], r[1], _code_slot(BN), _scale_slot(BN))
+    if N >= 3:
+        r = (r[0], r[1], r[2], r[3], _code_slot(BN), _scale_slot(BN))
+    if N >= 4:
+        r = (r[0], r[1], r[2], r[3], r[4], r[5], _code_slot(BN), _scale_slot(BN))
+    if N == 8:
+        r = (r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], _code_slot(BN), _scale_slot(BN),
+             _code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
              _scale_slot(BN))
-    else:
-        r = (_code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
-             _scale_slot(BN), _code_slot(BN), _scale_slot(BN))
     return r
 
 
@@ -385,24 +391,20 @@ def _copy_codes(c_s, s_s, qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.c
                 CP: gl.constexpr, SP: gl.constexpr):
     """``cp.async`` flat chunk ``it``'s code words (MMA row order: slot row ``r`` holds weight
     row ``_phys_row(r)``) into ``c_s`` and scale codes into ``s_s``, 16 and 8 bytes per copy,
-    clamped to the last chunk; they join the caller's next commit group."""
-    it = gl.minimum(it, NIT - 1)
-    nb = nb0 + it // KC
-    kc = it % KC
+    clamped to the last chunk (``_chunk_base``); they join the caller's next commit group."""
+    qb, sb = _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN)
     r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, CP)))
     c = gl.arange(0, 32, layout=gl.SliceLayout(0, CP))
     cp.async_copy_global_to_shared(
-        c_s, qe + nb * QB + kc * 32 + gl.expand_dims(r * (QB // BN), 1) + gl.expand_dims(c, 0))
+        c_s, qb + gl.expand_dims(r * (QB // BN), 1) + gl.expand_dims(c, 0))
     r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, SP)))
     c = gl.arange(0, 16, layout=gl.SliceLayout(0, SP))
-    cp.async_copy_global_to_shared(
-        s_s, se + nb * BN * 16 + kc * s_chunk_stride + gl.expand_dims(r * 16, 1)
-        + gl.expand_dims(c, 0))
+    cp.async_copy_global_to_shared(s_s, sb + gl.expand_dims(r * 16, 1) + gl.expand_dims(c, 0))
 
 
 @gluon.jit
 def _read_codes(c_s, s_s, BN: gl.constexpr, CW: gl.constexpr, WL: gl.constexpr):
-    """A code ring slot -> ``_load_codes``' registers: code words [BN, 8, 4] in the decode's
+    """A code slot -> ``_load_chunk``'s registers: code words [BN, 8, 4] in the decode's
     layout ``WL`` and the two halves' scale codes [BN, 8]."""
     b = gl.convert_layout(gl.reshape(c_s.load(CW), [BN, 8, 4]), WL, assert_trivial=True)
     SWL: gl.constexpr = gl.SliceLayout(2, WL)
@@ -421,7 +423,7 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, 
     of ``NS``, so chunk ``kc``'s slot is ``kc % NS``: the loop is unrolled by ``NS``); else one
     allocation indexed at run time. ``KD`` splits flat chunks into (block, chunk): ``KC``, or
     ``_ONE_BLOCK`` where the program has one row block (a shift, not a division by ``KC``).
-    ``CR`` (static ring only): the codes come from the code ring ``cr`` (``_code_ring``, ``CR``
+    ``CR`` (static ring only): the codes come from the code ring ``cr`` (``_code_slots``, ``CR``
     slots, a multiple of ``NS`` dividing ``KC``: the loop is unrolled by ``CR``), chunk ``it``'s
     in slot ``it % CR``, not from the register queue."""
     if SR:
@@ -442,8 +444,8 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, 
             nxt = (it + NS - 1) % NS
             acc, p_lo, p_hi, q0, q1, q2 = _chunk(
                 acc, p_lo, p_hi, q0, q1, q2, xs.index(2 * buf), xs.index(2 * buf + 1),
-                xs.index(2 * nxt), xs.index(2 * nxt + 1), xs, xs, xs, xs, xp, qe, se, qoff, soff, QB,
-                nb0, it, kc, KD, NIT, s_chunk_stride, BN, NS, PF, LP, 0, WL, ML, CL, CP, SP, CW)
+                xs.index(2 * nxt), xs.index(2 * nxt + 1), xs, xs, xs, xs, xp, qe, se, qoff, soff,
+                QB, nb0, it, kc, KD, NIT, s_chunk_stride, BN, NS, PF, LP, 0, WL, ML, CL, CP, SP, CW)
     return acc, p_lo, p_hi, q0, q1, q2
 
 
@@ -516,7 +518,7 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
                                         BN, WL)
     if CR:
-        cr = _block_codes(BN, NG)
+        cr = _code_slots(BN, NG)
         for i in gl.static_range(NG):
             _copy_codes(cr[2 * i], cr[2 * i + 1], qe, se, QB, nb0, i, 1, NB, 0, BN, CP, SP)
             cp.commit_group()
@@ -601,29 +603,11 @@ def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi,
 @gluon.jit
 def _next_block_codes(cr, g: gl.constexpr, NG: gl.constexpr, BN: gl.constexpr, CW: gl.constexpr,
                       WL: gl.constexpr):
-    """Block ``g + 1``'s codes from ``_block_codes``' slots, once its commit group has landed
+    """Block ``g + 1``'s codes from ``_code_slots``' slots, once its commit group has landed
     (``NG - 2 - g`` newer groups may still be in flight) and every thread's copies are visible."""
     cp.wait_group(NG - 2 - g)
     barrier()
     return _read_codes(cr[2 * g + 2], cr[2 * g + 3], BN, CW, WL)
-
-
-@gluon.jit
-def _block_codes(BN: gl.constexpr, NG: gl.constexpr):
-    """``NG`` (1, 2, 4 or 8) code and scale slots for ``_one_chunk_2acc``'s code ring, one per
-    row block: ``(c0, s0, c1, s1, ..)``."""
-    if NG == 1:
-        r = (_code_slot(BN), _scale_slot(BN))
-    elif NG == 2:
-        r = _code_ring(BN, 2)
-    elif NG == 4:
-        r = _code_ring(BN, 4)
-    else:
-        r = (_code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
-             _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN),
-             _code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
-             _scale_slot(BN))
-    return r
 
 
 @gluon.jit

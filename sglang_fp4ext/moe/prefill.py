@@ -322,18 +322,19 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
             f"block and needs intermediate_size == {K_CHUNK}, got {I}"
         )
     for i, K in ((1, H), (2, I)):
-        ns = getattr(config, f"stages{i}")
-        if getattr(config, f"static_ring{i}") and not static_ring_fits(K, ns):
+        # The static ring unrolls a GEMM's K loop by its stages, the code ring by its depth (a
+        # multiple of them): that must divide the K chunks.
+        ns, nc = getattr(config, f"stages{i}"), getattr(config, f"code_ring{i}")
+        if nc:
+            unroll, what = nc, f"code_ring{i}={nc}) unrolls GEMM{i}'s K loop by its depth"
+        elif getattr(config, f"static_ring{i}"):
+            unroll, what = ns, f"static_ring{i}=1) unrolls GEMM{i}'s K loop by stages{i}={ns}"
+        else:
+            continue
+        if not static_ring_fits(K, unroll):
             raise ValueError(
-                f"fused_moe_nvfp4_prefill: PrefillConfig(static_ring{i}=1) unrolls GEMM{i}'s K "
-                f"loop by stages{i}={ns}, which must divide its {K // K_CHUNK} K chunks "
-                f"({'hidden' if i == 1 else 'intermediate'}_size {K} / {K_CHUNK})"
-            )
-        nc = getattr(config, f"code_ring{i}")
-        if nc and not static_ring_fits(K, nc):
-            raise ValueError(
-                f"fused_moe_nvfp4_prefill: PrefillConfig(code_ring{i}={nc}) unrolls GEMM{i}'s K "
-                f"loop by its depth, which must divide its {K // K_CHUNK} K chunks "
+                f"fused_moe_nvfp4_prefill: PrefillConfig({what}, which must divide its "
+                f"{K // K_CHUNK} K chunks "
                 f"({'hidden' if i == 1 else 'intermediate'}_size {K} / {K_CHUNK})"
             )
     P = T * top_k

@@ -254,16 +254,17 @@ class PrefillConfig(ConfigDict):
                 )
             # GEMM2's staged epilogue adds its [block_m, block_n2] bf16 tile to the ring, the
             # code ring a slot of codes and scale codes per stage.
-            staged = bm * bn * 2 if i == 2 and self.smem_epi2 else 0
+            extra = bm * bn * 2 if i == 2 and self.smem_epi2 else 0
             depth = getattr(self, f"code_ring{i}")
             if i == 2 and self.accs2 == 2 and depth:  # a slot per row block of the program
                 depth = self.group_n2
-            staged += depth * bn * (128 + 16)
-            if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 + staged > WGMMA_SMEM_LIMIT:
+            extra += depth * bn * (128 + 16)
+            if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 + extra > WGMMA_SMEM_LIMIT:
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
                     f"(2 x stages x block_m x 256 B = {2 * ns * bm * 256} B"
-                    f"{f', plus {staged} B for the staged epilogue and the code ring' if staged else ''}) within "
+                    f"{f', plus {extra} B for the staged epilogue and the code ring' if extra else ''}"
+                    f") within "
                     f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, GEMM{i} block_m={bm}"
                 )
         for name in ("prefetch1", "prefetch2"):
