@@ -86,10 +86,10 @@ def test_heuristic_is_deterministic_and_fills_the_gpu(shape, target):
         assert n_tiles2 // big.tiles2 * shape.E >= target.num_sms
 
 
-def test_heuristic_pdl_only_at_one_token_with_the_pairs_gemm2_where_the_gpu_has_it(monkeypatch):
-    """Programmatic dependent launch: T = 1 with the pairs GEMM2 on sm_90+ (it won there in
-    every H200 run; with the token GEMM2 and from T = 2 it lost), never on sm_80 or the dot
-    family."""
+def test_heuristic_pdl_only_at_one_token_where_the_gpu_has_it(monkeypatch):
+    """Programmatic dependent launch at T = 1 on sm_90+ (Gluon): 1 (next kernel at once) with
+    the pairs GEMM2, 2 (GEMM2 released after GEMM1's K loops) with the token GEMM2, as each won
+    on the H200; never from T = 2, on sm_80 or in the dot family."""
     from sglang_fp4ext import target_info
 
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
@@ -98,9 +98,10 @@ def test_heuristic_pdl_only_at_one_token_with_the_pairs_gemm2_where_the_gpu_has_
     got = {(s.E, t.arch, T): heuristic_config(T, s, t) for s in (qwen3, EP8, TP8)
            for t in (H200, PRO6000, a100) for T in (1, 2, 16)}
     for (E, arch, T), c in got.items():
-        want = T == 1 and arch != "sm_80" and c.gemm2 == "pairs" and c.kernels == "gluon"
-        assert c.pdl == int(want), (E, arch, T, c)
+        on = T == 1 and arch != "sm_80" and c.kernels == "gluon"
+        assert c.pdl == (0 if not on else 1 if c.gemm2 == "pairs" else 2), (E, arch, T, c)
     assert got[(128, "sm_90", 1)].pdl == 1  # Qwen3-30B-A3B: the pairs GEMM2 at one token
+    assert got[(257, "sm_90", 1)].pdl == 2  # GLM-5 TP8 (fused shared): the token GEMM2
 
 
 def test_token_bucket():

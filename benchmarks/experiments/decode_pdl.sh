@@ -71,7 +71,7 @@ grep TIME $R/marlin_t1.log >> $OUT/run.log; pack
 fi
 if [ "$1" = trigger ]; then  # PDL 1 (trigger at once) vs 2 (GEMM1 after its K loops, others at
 # exit), and the token GEMM2's L2 prefetch without PDL (l2_prefetch)
-for sep in "" "--separate"; do
+for sep in ${SEPS-"" --separate}; do  # SEPS=--separate: only with a kernel between layers
   tag=trigger${sep:+_separate}
   step $tag
   timeout 200 python benchmarks/experiments/gluon_decode_ab.py --sweep pdl --pdl 0,1,2 --l2-prefetch \

@@ -167,11 +167,45 @@ fi
 if [ "$1" = code_ring ]; then
 # GEMM1's FP4 codes through the shared-memory code ring (code_ring1, built in step 4, CPU only):
 # 2 activation stages with codes 1 or 3 chunks ahead at GEMM1's 128-token tile, and at 64 tokens
-# (185 registers where the register queue takes 241); EP8 also with GEMM2's ring.
+# (185 registers where the register queue takes 241); EP8 also with GEMM2's ring. SHAPES=tp8
+# or ep8 runs one of the two sweeps.
 CR2="{'stages1': 2, 'static_ring1': 1, 'code_ring1': 2}"
 CR4="{'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}"
-sweep code_ring_tp8 tp8 "[$CR2, $CR4, {'block_m1': 64, 'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}, {'block_m1': 64, 'stages1': 3, 'static_ring1': 1, 'code_ring1': 3}]"
-sweep code_ring_ep8 ep8 "[$CR2, $CR4, {'stages1': 2, 'static_ring1': 1, 'code_ring1': 2, 'static_ring2': 1, 'code_ring2': 2}]"
+case " ${SHAPES:-tp8 ep8} " in *" tp8 "*)
+sweep code_ring_tp8 tp8 "[$CR2, $CR4, {'block_m1': 64, 'stages1': 2, 'static_ring1': 1, 'code_ring1': 4}, {'block_m1': 64, 'stages1': 3, 'static_ring1': 1, 'code_ring1': 3}]" ;; esac
+case " ${SHAPES:-tp8 ep8} " in *" ep8 "*)
+sweep code_ring_ep8 ep8 "[$CR2, $CR4, {'stages1': 2, 'static_ring1': 1, 'code_ring1': 2, 'static_ring2': 1, 'code_ring2': 2}]" ;; esac
+fi
+if [ "$1" = step4_final ]; then
+# What step 4 shipped (2026-12-03: smem_epi2 and code_ring2 in the heuristic and the H200 table,
+# decode pdl 2 at T = 1 with the token GEMM2): the knobs off against on where the sweeps had not
+# timed them (TP8 T = 512, the fused shared expert, EP8 from 2048), the prefill GPU tier's
+# shipped-config tests and the self-check, then triton_kernels (prefill) and Marlin (decode,
+# GLM-5 TP8 T = 1, 2) each in one process with fp4ext (.peers carried). ~9 min.
+OFF="{'smem_epi2': 0, 'code_ring2': 0}"
+step off_tp8
+OUT=$R SWEEP_T=512,1024 SWEEP_PRESET=glm5-tp8 SWEEP_NAME=prefill_step4_off_tp8 SWEEP_KNOBS="[$OFF]" \
+  timeout 40 python benchmarks/experiments/prefill_knob_sweep.py > $R/off_tp8.log 2>&1
+grep -A20 "bf16 matmul" $R/off_tp8.log >> $OUT/run.log; pack
+step off_fused
+OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_PRESET=glm5-tp8-fused-shared SWEEP_NAME=prefill_step4_off_fused \
+  SWEEP_KNOBS="[$OFF]" timeout 70 python benchmarks/experiments/prefill_knob_sweep.py > $R/off_fused.log 2>&1
+grep -A20 "bf16 matmul" $R/off_fused.log >> $OUT/run.log; pack
+step off_ep8
+OUT=$R SWEEP_T=2048,4096,8192 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_step4_off_ep8 \
+  SWEEP_KNOBS="[{'smem_epi2': 0}, {'smem_epi2': 1}]" timeout 50 python benchmarks/experiments/prefill_knob_sweep.py > $R/off_ep8.log 2>&1
+grep -A20 "bf16 matmul" $R/off_ep8.log >> $OUT/run.log; pack
+step tier_prefill  # the wgmma family's tests on the config a call uses (shipped table or heuristic)
+timeout 130 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py -k \
+  "wgmma and (glm5_vs_reference or graph_replay or deterministic or adversarial or other_shapes)" \
+  > $R/tier_prefill.log 2>&1; echo rc=$? >> $R/tier_prefill.log; tail -3 $R/tier_prefill.log >> $OUT/run.log; pack
+tier tier_selfcheck tests/test_selfcheck.py 70
+step tk_prefill
+timeout 120 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 55 --Ts 512,1024,4096,8192 > $R/tk_prefill.log 2>&1
+grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
+step marlin_t1
+timeout 70 bash .peers/marlin/device_run.sh --out $R/marlin_t1 --shapes glm5_tp8 --ts 1,2 > $R/marlin_t1.log 2>&1
+grep TIME $R/marlin_t1.log >> $OUT/run.log; pack
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

@@ -240,10 +240,13 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
         # summing the partials was 1.05-1.48x faster wherever the pairs GEMM2 ran (H200, GLM-5
         # TP8 T = 64-256, EP8 T = 16-256: decode_v2_step2/combine_ab_h200.json).
         combine="kernel" if gluon and gemm2 == "pairs" else "counter",
-        # One token, pairs GEMM2: starting GEMM2 while GEMM1 runs (its weights asked of L2) won
-        # at T = 1 in every H200 run, layers back to back or not (GLM-5 EP8 3-5%, Qwen3-30B-A3B
-        # 5-6%); the token GEMM2 with it lost back to back (TP8 29.1 vs 25.2 us, DeepSeek-R1
-        # 31.1 vs 26.8) and from T = 2 (4-14%) (decode_v2_step3/).
-        pdl=int(gluon and b == 1 and gemm2 == "pairs" and target_info.supports_pdl(
-            target_info.arch_capability(target.arch))),
+        # One token: starting GEMM2 while GEMM1 runs (its weights asked of L2). With the pairs
+        # GEMM2 at once (pdl 1): won at T = 1 in every H200 run, layers back to back or not
+        # (GLM-5 EP8 3-5%, Qwen3-30B-A3B 5-6%; decode_v2_step3/), and beat pdl 2 (EP8 6.3 vs
+        # 7.0 us, Qwen3 20.5 vs 21.8). The token GEMM2 lost with pdl 1 back to back (TP8 29.1
+        # vs 25.2 us) but won with pdl 2, GEMM1 releasing it after its K loops: TP8 24.9 -> 23.3
+        # us back to back, 26.9 -> 25.2 with a kernel between layers (decode_v2_step4/). From
+        # T = 2 both lost or tied (T = 4: 40.8 -> 46.6 us with pdl 2).
+        pdl=(1 if gemm2 == "pairs" else 2) if gluon and b == 1 and target_info.supports_pdl(
+            target_info.arch_capability(target.arch)) else 0,
     )

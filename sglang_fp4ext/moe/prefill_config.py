@@ -387,6 +387,13 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
       Where ``I`` <= 512 capped ``block_m`` at 64 (GEMM2's spills), GEMM1 tiles 128 rows of its
       own (``block_m1``: each tile decodes its expert's weights once): TP8 with the static ring
       897 / 1,424 / 2,461 us.
+    * GEMM2's staged epilogue (``smem_epi2``) at ``I`` = 256 and at ``block_m`` 128, and at
+      ``I`` = 256 every row block's codes copied when a program starts (``code_ring2=1``)
+      (``prefill_v2_step4/prefill_sorted_tw_{tp8,ep8}_h200.json``, same run, 2026-12-03): TP8
+      GEMM2 at T = 1024 / 2048 / 4096 / 8192 248 / 421 / 688 / 1,233 us -> 228 / 329 / 536 / 935
+      staged, 224 / 289 / 460 / 817 with both; EP8 (I = 2048) staged at T = 4096 / 8192 489 /
+      742 -> 447 / 669, but 268 -> 280 at T = 2048 (``block_m`` 64) and a tie at 1024. The L2
+      code prefetch (``l2_prefetch1/2`` = 2) lost in both (TP8 T = 4096 1,501 vs 1,465 us).
     """
     bm = _wgmma_block_m(rows, shape)
     one_chunk = shape.I == K_CHUNK
@@ -404,6 +411,8 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
         block_p=block_p,
         kernels="wgmma",
         accs2=2 if one_chunk else 1,
+        smem_epi2=int(one_chunk or bm >= 128),
+        code_ring2=int(one_chunk),
     )
 
 
