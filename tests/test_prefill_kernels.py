@@ -344,6 +344,8 @@ def test_wgmma_config_rules():
         (dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, prefetch2=2),
          "with accs2=2 code_ring2"),
         (dict(kernels="dot", block_k2=128, l2_prefetch2=1), "knobs of the wgmma kernels"),
+        (dict(tw_by_pair2=2), "tw_by_pair2 must be 0 or 1"),
+        (dict(kernels="w4a4", tw_by_pair2=1), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -354,10 +356,10 @@ def test_wgmma_config_rules():
     # The fallback drops the knobs, GEMM1's own tile too (the dot family at 128 rows and 3
     # stages needs 233,472 B of shared memory: measured in the H200 self-check tier).
     twin = w4a16_twin_config(replace(knobs, static_ring1=1, block_m1=128, smem_epi2=1,
-                                     l2_prefetch2=3, prefetch1=1, code_ring1=2))
+                                     l2_prefetch2=3, prefetch1=1, code_ring1=2, tw_by_pair2=1))
     assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1,
             twin.block_m1, twin.smem_epi2, twin.l2_prefetch1, twin.l2_prefetch2,
-            twin.code_ring1) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0)
+            twin.code_ring1, twin.tw_by_pair2) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0, 0)
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -828,6 +830,10 @@ _KNOBS = [
     # staged epilogue (together: no spills where the shipped GEMM2 spills ~700 B).
     (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
                "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    # The routing weight through the pair index (before sorted_tw), on the shipped TP8 config:
+    # kept to time the two in one process.
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
+               "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw_by_pair2=1"),
 ]
 
 
@@ -1191,6 +1197,18 @@ def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
         PrefillConfig(block_m=32, stages1=stages, stages2=2, static_ring1=1, static_ring2=1,
                       group_n2=4, code_ring1=ring * cr, code_ring2=2 * cr, **_WG)
         for cr in (0, 1)], seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("I, accs2, staged", [(256, 2, 0), (256, 2, 1), (512, 1, 1)])
+def test_wgmma_weight_by_pair_equals_weight_by_sorted_row(I, accs2, staged, seed):
+    """``tw_by_pair2`` reads GEMM2's routing weight as ``topk_weights[sorted_pair[row]]`` instead
+    of ``sorted_tw[row]`` (the same fp32 value, written by the grouping pass): the output is the
+    same bit for bit, with either epilogue and both GEMM2 forms; then graph replay."""
+    _assert_knob_keeps_bits(1280, I, [
+        PrefillConfig(block_m=32, group_n2=4, accs2=accs2, block_n2=rows2, warps2=rows2 // 16,
+                      smem_epi2=staged, tw_by_pair2=bp, **_WG)
+        for rows2 in [64 if accs2 == 2 else 128] for bp in (0, 1)], seed)
 
 
 @pytest.mark.gpu

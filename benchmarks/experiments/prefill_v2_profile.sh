@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tw_ab
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -206,6 +206,17 @@ grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
 step marlin_t1
 timeout 70 bash .peers/marlin/device_run.sh --out $R/marlin_t1 --shapes glm5_tp8 --ts 1,2 > $R/marlin_t1.log 2>&1
 grep TIME $R/marlin_t1.log >> $OUT/run.log; pack
+fi
+if [ "$1" = tw_ab ]; then
+# GEMM2's routing weight by sorted row (sorted_tw, shipped in step 3) against through the pair
+# index (tw_by_pair2=1, the form before it), on the shipped heuristic configs, one process per
+# shape: step 4's sweep saw GEMM2 7-9% slower than step 3's a day earlier (across runs). ~2 min.
+step tier_tw
+timeout 100 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py \
+  -k weight_by_pair > $R/tier_tw.log 2>&1
+echo rc=$? >> $R/tier_tw.log; tail -3 $R/tier_tw.log >> $OUT/run.log; pack
+sweep tw_ab_tp8 tp8 "[{'tw_by_pair2': 1}, {'tw_by_pair2': 1, 'smem_epi2': 0, 'code_ring2': 0}, {'smem_epi2': 0, 'code_ring2': 0}]"
+sweep tw_ab_ep8 ep8 "[{'tw_by_pair2': 1}]"
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

@@ -69,7 +69,7 @@ def layouts(BN: int, BM: int, W: int) -> dict:
         AL=gl.BlockedLayout([1, 8], [2, 16], [W, 1], [1, 0]),
         XS=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2),
         CL=gl.BlockedLayout([1], [32], [W], [0]),
-        # GEMM2's staged store (``TS``): [BM tokens, BN rows] bf16, 16 bytes of a pair row each.
+        # GEMM2's staged store (``EPI`` bit 0): [BM tokens, BN rows] bf16, 16 bytes of a pair row.
         SL=gl.BlockedLayout([1, 8], [32 * 8 // BN, BN // 8], [W, 1], [1, 0]),
         # The code ring (``CR``): copies of 16 code bytes / 8 scale codes per thread, and the
         # decode's weight layout read as [BN, 32] words (``code_read_layout``).
@@ -168,23 +168,23 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  s_e_stride, s_chunk_stride,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
                  NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, ACCS: gl.constexpr,
-                 SR: gl.constexpr, CR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr,
+                 SR: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                  ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
                  SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
-    ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256). ``TS``:
-    the epilogue's staged store (``_store_staged``)."""
+    ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256). ``EPI``:
+    the epilogue's form, ``smem_epi2 + 2 tw_by_pair2`` (``_epilogue``)."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
     if ACCS == 2:
         _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                         NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                        BM, BN, NG, PF, LP, CR, TS, WL, ML, AL, XS, CL, SL, CP, SP, CW)
+                        BM, BN, NG, PF, LP, CR, EPI, WL, ML, AL, XS, CL, SL, CP, SP, CW)
     else:
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, TS, WL,
+                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, EPI, WL,
                        ML, AL, XS, CL, SL, CP, SP, CW)
 
 
@@ -194,7 +194,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    s_e_stride, s_chunk_stride,
                    GATED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
                    NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr,
-                   CR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
+                   CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
                    AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr,
                    CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
@@ -261,7 +261,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
             NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NOUT, NP,
-                  stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
+                  stride_dst, GATED, EPI, BN, BM, ML, SL, nrows)
     else:
         for g in range(NIT // KC):
             acc, p_lo, p_hi, q0, q1, q2 = _row_block(
@@ -269,7 +269,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                 NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW)
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
             _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
-                      NP, stride_dst, GATED, TS, BN, BM, ML, SL, nrows)
+                      NP, stride_dst, GATED, EPI, BN, BM, ML, SL, nrows)
             p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)  # done: not live into the next block
             p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     cp.wait_group(0)
@@ -489,7 +489,7 @@ def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, c_s, s_s, c_n, s
 def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                     NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
                     BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, PF: gl.constexpr,
-                    LP: gl.constexpr, CR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr,
+                    LP: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                     ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
                     SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
     """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``program_id(0) * NG ..``
@@ -552,28 +552,28 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, 2 * h + 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, CR, TS, WL, ML, CL, SL, CW, cr, NG)
+            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG)
         acc_a, acc_b, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_a, acc_b, p_lo, p_hi, q0, q1, q2, 2 * h + 2, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, CR, TS, WL, ML, CL, SL, CW, cr, NG)
+            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG)
     if NG % 2 == 0:
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, NG - 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, CR, TS, WL, ML, CL, SL, CW, cr, NG)
+            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b, p_lo, p_hi))
     else:
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, p_lo, p_hi))
     _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + NB - 1, NOUT, NP,
-              stride_dst, False, TS, BN, BM, ML, SL, gl.where(NG - 1 < NB, nrows, 0))
+              stride_dst, False, EPI, BN, BM, ML, SL, gl.where(NG - 1 < NB, nrows, 0))
 
 
 @gluon.jit
 def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi, qe, se, qoff,
                 soff, QB, nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT,
                 NP, stride_dst, BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr,
-                LP: gl.constexpr, CR: gl.constexpr, TS: gl.constexpr, WL: gl.constexpr,
+                LP: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                 ML: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr, CW: gl.constexpr, cr,
                 NG: gl.constexpr):
     """Block ``g`` of ``_one_chunk_2acc``: decode it while block ``g - 1``'s MMAs (into ``busy``)
@@ -590,7 +590,7 @@ def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi,
     y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=2, deps=(busy, p_lo, p_hi))
     # Blocks past NB (a ragged last program) repeat block NB - 1 and store nothing.
     _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows,
-              nb0 + gl.minimum(g - 1, NB - 1), NOUT, NP, stride_dst, False, TS, BN, BM, ML, SL,
+              nb0 + gl.minimum(g - 1, NB - 1), NOUT, NP, stride_dst, False, EPI, BN, BM, ML, SL,
               gl.where(g - 1 < NB, nrows, 0))
     if CR:
         if g + 1 < NG:
@@ -627,11 +627,13 @@ def _shift(q0, q1, q2, qn, PF: gl.constexpr):
 
 @gluon.jit
 def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT, NP,
-              stride_dst, GATED: gl.constexpr, TS: gl.constexpr, BN: gl.constexpr,
+              stride_dst, GATED: gl.constexpr, EPI: gl.constexpr, BN: gl.constexpr,
               BM: gl.constexpr, ML: gl.constexpr, SL: gl.constexpr, nstore):
     """Stores row block ``nb``'s finished accumulator (GEMM1: SiLU·mul; GEMM2: weighted), its
-    first ``nstore`` (``nrows``, or 0: nothing) of the tile's ``nrows`` columns. GEMM2 with
-    ``TS``: through shared memory (``_store_staged``), else from the accumulator registers."""
+    first ``nstore`` (``nrows``, or 0: nothing) of the tile's ``nrows`` columns. GEMM2's ``EPI``
+    (``smem_epi2 + 2 tw_by_pair2``): bit 0 stores through shared memory (``_store_staged``), else
+    from the accumulator registers; bit 1 reads the routing weight through the pair index
+    (``tw_ptr``: ``topk_weights``), else by sorted row (``tw_ptr``: ``sorted_tw``)."""
     # Per-column index tensors are built here: kept live across the K loop they would hold
     # BM / 4 registers each per thread.
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
@@ -643,8 +645,11 @@ def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT,
     if GATED:
         _store_gated(y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN, BM)
     else:
-        tw = gl.load(tw_ptr + rc).to(gl.float32)  # sorted_tw, by sorted row: not through pair
-        if TS:
+        if EPI // 2:
+            tw = gl.load(tw_ptr + gl.load(sorted_ptr + rc)).to(gl.float32)
+        else:
+            tw = gl.load(tw_ptr + rc).to(gl.float32)  # sorted_tw: no load chain through pair
+        if EPI % 2:
             _store_staged(y * gl.expand_dims(tw, 0), sorted_ptr, dst_ptr, row0, nrows, nstore, nb,
                           NOUT, stride_dst, BN, BM, SL)
         else:

@@ -371,7 +371,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     src,
                     sorted_pair,
                     counts,
-                    sorted_tw,
+                    topk_weights.reshape(-1) if i == 2 and config.tw_by_pair2 else sorted_tw,
                     w.q,
                     w.scale,
                     w.alpha,
@@ -396,7 +396,8 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     LP=getattr(config, f"l2_prefetch{i}"),
                     CR=getattr(config, f"code_ring{i}"),
                     SR=getattr(config, f"static_ring{i}"),
-                    **(dict(NG=ng, ACCS=config.accs2, TS=config.smem_epi2) if i == 2 else {}),
+                    **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2 + 2 * config.tw_by_pair2)
+                       if i == 2 else {}),
                     **G.layouts(bn, bm, warps),
                 ),
                 warps,

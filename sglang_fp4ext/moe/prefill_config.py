@@ -39,7 +39,7 @@ def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
     return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1,
                    static_ring1=0, static_ring2=0, block_m1=0, smem_epi2=0,
-                   l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0)
+                   l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0, tw_by_pair2=0)
 
 
 def prefill_activations() -> str:
@@ -114,7 +114,10 @@ class PrefillConfig(ConfigDict):
     ahead of their decode, with the activations' copies, and read from there instead of the
     register queue (``prefetch*`` 1, ``l2_prefetch*`` 0); 0: off. With ``accs2`` = 2 (one K
     chunk per GEMM2 row block) ``code_ring2`` 1 copies every row block's codes of a program when
-    it starts, a slot each (``group_n2`` slots).
+    it starts, a slot each (``group_n2`` slots). ``tw_by_pair2`` (wgmma) 1: GEMM2's epilogue
+    reads the routing weight through the pair index (``topk_weights[sorted_pair[row]]``, as
+    before ``sorted_tw``) instead of by sorted row; the same values, kept to time the two in
+    one process (GEMM2 measured 7-9% slower a day after ``sorted_tw`` shipped, across runs).
     """
 
     block_m: int = 128
@@ -141,6 +144,7 @@ class PrefillConfig(ConfigDict):
     l2_prefetch2: int = 0
     code_ring1: int = 0
     code_ring2: int = 0
+    tw_by_pair2: int = 0
 
     @property
     def gemm1_block_m(self) -> int:
@@ -207,14 +211,14 @@ class PrefillConfig(ConfigDict):
             self._check_wgmma()
         elif (self.prefetch1, self.prefetch2, self.accs2) != (1, 1, 1) or (
             self.static_ring1, self.static_ring2, self.smem_epi2, self.l2_prefetch1,
-            self.l2_prefetch2, self.code_ring1, self.code_ring2) != (0,) * 7:
+            self.l2_prefetch2, self.code_ring1, self.code_ring2, self.tw_by_pair2) != (0,) * 8:
             raise ValueError(
                 f"PrefillConfig: prefetch1, prefetch2, accs2, static_ring1/2, smem_epi2, "
-                f"l2_prefetch1/2 and code_ring1/2 are knobs of the wgmma kernels; "
+                f"l2_prefetch1/2, code_ring1/2 and tw_by_pair2 are knobs of the wgmma kernels; "
                 f"kernels={self.kernels!r} needs 1, 1, 1 and 0 for the rest, got "
                 f"{self.prefetch1}, {self.prefetch2}, {self.accs2}, {self.static_ring1}, "
                 f"{self.static_ring2}, {self.smem_epi2}, {self.l2_prefetch1}, "
-                f"{self.l2_prefetch2}, {self.code_ring1}, {self.code_ring2}"
+                f"{self.l2_prefetch2}, {self.code_ring1}, {self.code_ring2}, {self.tw_by_pair2}"
             )
         if self.kernels == "w4a4":
             if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
@@ -315,10 +319,12 @@ class PrefillConfig(ConfigDict):
                     f"{getattr(self, f'static_ring{i}')}, prefetch{i}={getattr(self, f'prefetch{i}')}"
                     f", l2_prefetch{i}={getattr(self, f'l2_prefetch{i}')}"
                 )
-        if self.smem_epi2 not in (0, 1):
-            raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): smem_epi2 must be 0 or 1, got {self.smem_epi2!r}"
-            )
+        for name in ("smem_epi2", "tw_by_pair2"):
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(
+                    f"PrefillConfig(kernels='wgmma'): {name} must be 0 or 1, "
+                    f"got {getattr(self, name)!r}"
+                )
         if self.static_ring2 and self.accs2 == 2:
             raise ValueError(
                 "PrefillConfig(kernels='wgmma'): static_ring2 is for GEMM2's ring; with accs2=2 "
