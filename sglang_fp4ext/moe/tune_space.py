@@ -190,8 +190,9 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             lambda: r(base, l2_prefetch1=0 if base.l2_prefetch1 else 2,
                       l2_prefetch2=0 if base.l2_prefetch2 else 2),
             # GEMM2 at I = 256: every row block's codes copied when the program starts, with
-            # the staged epilogue (no spills together).
-            lambda: r(base, code_ring2=1, smem_epi2=1, prefetch2=1, l2_prefetch2=0)
+            # the staged epilogue (no spills together; the heuristic's at I = 256), flipped.
+            lambda: (r(base, code_ring2=0) if base.code_ring2 else
+                     r(base, code_ring2=1, smem_epi2=1, prefetch2=1, l2_prefetch2=0))
             if base.accs2 == 2 else None,
             # GEMM1's codes through the shared-memory code ring (2 activation stages, codes 3
             # chunks ahead), where its static ring can unroll by 4.
@@ -206,7 +207,8 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # GEMM2 at I = 256: step 1's two warpgroups with one accumulator (the heuristic runs
             # one warpgroup with two); deeper code prefetch (lost everywhere in step 2's sweeps,
             # prefill_v2_step2/: kept as the one candidate that can say otherwise on a new GPU).
-            lambda: r(base, block_n2=128, warps2=8, accs2=1) if shape.I == K_CHUNK else None,
+            lambda: r(base, block_n2=128, warps2=8, accs2=1, code_ring2=0)
+            if shape.I == K_CHUNK else None,
             lambda: r(base, prefetch1=2, prefetch2=2),
             # GEMM1 on twice GEMM2's M tile (GEMM1 decodes each expert's weights once per tile;
             # GEMM2 at I = 256 spills at 128 tokens), or on GEMM2's where the heuristic splits.
