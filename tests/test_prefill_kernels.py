@@ -24,6 +24,7 @@ so rms_rel 5e-3 and max_rel 1e-2 leave margin without hiding a wrong expert, slo
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import pytest
@@ -345,6 +346,11 @@ def test_wgmma_config_rules():
          "with accs2=2 code_ring2"),
         (dict(kernels="dot", block_k2=128, l2_prefetch2=1), "knobs of the wgmma kernels"),
         (dict(tw_by_pair2=2), "tw_by_pair2 must be 0 or 1"),
+        (dict(tail1=16, static_ring1=1, block_m=64, stages1=2), "tail1 must be 0 .*, 32 or 64"),
+        (dict(tail1=32, block_m=64, stages1=2), "with static_ring1=1"),
+        (dict(tail1=64, static_ring1=1, block_m=32), "at most GEMM1's block_m"),
+        (dict(tail1=32, static_ring1=1, block_m=128, stages1=3), "plus 49152 B for .* tail"),
+        (dict(kernels="dot", block_k2=128, tail1=32), "knobs of the wgmma kernels"),
         (dict(kernels="w4a4", tw_by_pair2=1), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
@@ -360,6 +366,8 @@ def test_wgmma_config_rules():
     assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1,
             twin.block_m1, twin.smem_epi2, twin.l2_prefetch1, twin.l2_prefetch2,
             twin.code_ring1, twin.tw_by_pair2) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0, 0)
+    assert w4a16_twin_config(PrefillConfig(block_m=64, block_m1=128, stages1=2, static_ring1=1,
+                                           tail1=32, **_WG)).tail1 == 0
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -834,6 +842,13 @@ _KNOBS = [
     # kept to time the two in one process.
     (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
                "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw_by_pair2=1"),
+    # GEMM1's tail: tiles of 128 + 32 (2 stages: shared memory) and 64 + 32 rows, the tail on a
+    # second accumulator fed by the same decoded weights (no second tile decoding them again).
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=2, static_ring1=1, tail1=32, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    (_GLM5[0], "block_m=64, stages1=2, static_ring1=1, tail1=32, block_n2=64, warps2=4, "
+               "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    (_GLM5[1], "block_m=128, stages1=2, static_ring1=1, tail1=32, group_n2=4, smem_epi2=1"),
 ]
 
 
@@ -908,7 +923,11 @@ def _check_wgmma_design(rows, where):
         assert not r["serialized"], f"{where}: wgmma serialised by ptxas: {r}"
         spills = any("spill stores" in l and not l.startswith("0 bytes") for l in r["spills"])
         if r["kernel"] == "_wgmma_gemm1":  # the K loop alone: no spills (measured 214 registers)
-            assert not spills, r
+            # The tail's second accumulator (tail1): at 128 + 32 rows Triton 3.6's ptxas spills
+            # 8 bytes (3.8: none); allowed up to 16, not more.
+            limit = 16 if "tail1=0" not in r["config"] else 0
+            stored = [int(n) for l in r["spills"] for n in re.findall(r"(\d+) bytes spill stores", l)]
+            assert not spills or max(stored) <= limit, r
         # The two accumulators' point is overlap, not local memory: no spills on tiles of <= 32
         # tokens. At 64 ptxas spills (~200 B on one warpgroup), and it was still the fastest
         # GEMM2 measured (prefill_v2_step2: TP8 T = 4096 635 vs 727 us).

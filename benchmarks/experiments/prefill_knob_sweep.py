@@ -66,7 +66,11 @@ for T in TS:
     f1, f2 = pairs * 2 * 2 * ms.I * ms.H, pairs * 2 * ms.I * ms.H
     h = prefill_heuristic_config(T, ms, target, "wgmma")
     for knob in [{}] + KNOBS:
-        c = dataclasses.replace(h, **knob)
+        try:  # a knob that does not apply at this T's config (e.g. tail1 without the static ring)
+            c = dataclasses.replace(h, **knob)
+        except ValueError as exc:
+            rows.append(dict(preset=PRESET, T=T, knob=knob, ok=False, error=f"config: {exc}"[:300]))
+            continue
         rec = dict(preset=PRESET, T=T, knob=knob, config=repr(c))
 
         def step(i, c=c):

@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tw_ab
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tw_ab|tail
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -217,6 +217,20 @@ timeout 100 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_ke
 echo rc=$? >> $R/tier_tw.log; tail -3 $R/tier_tw.log >> $OUT/run.log; pack
 sweep tw_ab_tp8 tp8 "[{'tw_by_pair2': 1}, {'tw_by_pair2': 1, 'smem_epi2': 0, 'code_ring2': 0}, {'smem_epi2': 0, 'code_ring2': 0}]"
 sweep tw_ab_ep8 ep8 "[{'tw_by_pair2': 1}]"
+fi
+if [ "$1" = tail ]; then
+# GEMM1's tail (PrefillConfig.tail1, built 2026-12-03 on the CPU): tiles of 128 + 32 rows at
+# 2 stages where the shipped GEMM1 tiles 128 at 3, and 64 + 32 where it tiles 64 or 128; the
+# GPU tests of the knob first (the fp32 twin; ragged tails through the fused shared expert's
+# 600 rows). Static prediction: TP8 T = 4096 GEMM1 595 us -> ~460-530. ~4 min.
+step tier_tail
+timeout 120 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py \
+  -k "knobs_vs_reference" > $R/tier_tail.log 2>&1
+echo rc=$? >> $R/tier_tail.log; tail -3 $R/tier_tail.log >> $OUT/run.log; pack
+T128="{'tail1': 32, 'stages1': 2}"
+T64="{'block_m1': 0, 'tail1': 32, 'stages1': 2}"
+sweep tail_tp8 tp8 "[$T128, $T64, {'stages1': 2}, {'block_m1': 0}]"
+sweep tail_ep8 ep8 "[$T128, {'tail1': 64, 'stages1': 2}, {'stages1': 2}]"
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

@@ -113,10 +113,17 @@ def _k_slot(u):
 
 
 @gluon.jit
-def _copy_chunk(lo, hi, xp, kc):
-    """Issue the ``cp.async`` copies of chunk ``kc``'s two 128-wide halves into ``lo``, ``hi``."""
+def _copy_rows(lo, hi, xp, kc):
+    """Issue the ``cp.async`` copies of chunk ``kc``'s two 128-wide halves into ``lo``, ``hi``;
+    they join the next commit group (GEMM1's tail rows, ``BT``, join their chunk's)."""
     cp.async_copy_global_to_shared(lo, xp + kc * 256)
     cp.async_copy_global_to_shared(hi, xp + kc * 256 + 128)
+
+
+@gluon.jit
+def _copy_chunk(lo, hi, xp, kc):
+    """``_copy_rows``, then the commit: one group per chunk."""
+    _copy_rows(lo, hi, xp, kc)
     cp.commit_group()
 
 
@@ -151,15 +158,17 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr, CR: gl.constexpr,
                  WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
                  CL: gl.constexpr, SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
-                 CW: gl.constexpr):
-    """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)``."""
-    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
+                 CW: gl.constexpr, BT: gl.constexpr, MT: gl.constexpr):
+    """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)``. ``BT``
+    (``PrefillConfig.tail1``) > 0: M tiles of ``BM + BT`` rows, the last ``BT`` on a second
+    accumulator (layout ``MT``) fed by the same decoded weights."""
+    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM + BT, CL)
     if nrows <= 0:
         return
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
                    NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                    s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, CR, 0, WL, ML,
-                   AL, XS, CL, SL, CP, SP, CW)
+                   AL, XS, CL, SL, CP, SP, CW, BT, MT)
 
 
 @gluon.jit
@@ -185,7 +194,7 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                        s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, EPI, WL,
-                       ML, AL, XS, CL, SL, CP, SP, CW)
+                       ML, AL, XS, CL, SL, CP, SP, CW, 0, ML)
 
 
 @gluon.jit
@@ -196,9 +205,14 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr,
                    CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
                    AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr,
-                   CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
+                   CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, BT: gl.constexpr,
+                   MT: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
-    ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring).
+    ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring). ``BT`` > 0 (GEMM1, one
+    row block, static ring): rows ``BM ..`` of the tile (up to ``BT``) are a tail with a ring
+    and an accumulator of their own, multiplied by the same decoded weights (an expert's
+    tokens past a full tile cost ``BT`` more MMA columns, not a tile that decodes the weights
+    again).
 
     Chunk ``it + PF``'s codes load and chunk ``it`` decodes while chunk ``it - 1``'s MMAs run
     (``it`` counts chunks over the program's row blocks, so the next block's first codes are
@@ -219,7 +233,8 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     KC = K // 256
     NIT = gl.minimum(NG, NP // BN - nb0) * KC
 
-    xp = _act_ptrs(x_ptr, sorted_ptr, row0, nrows, TOP_K, stride_x, GATED, BM, AL)
+    nmain = gl.minimum(nrows, BM)
+    xp = _act_ptrs(x_ptr, sorted_ptr, row0, nmain, TOP_K, stride_x, GATED, BM, AL)
     qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
                                         BN, WL)
     KD = KC
@@ -227,6 +242,12 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         KD = _ONE_BLOCK
     if SR:
         xs = _ring(BM, NS, XS)
+        xt = xs  # unused without the tail
+        xpt = xp
+        if BT:  # rows past the tile's end (none: nrows <= BM) re-read its last row
+            xt = _ring(BT, NS, XS)
+            xpt = _act_ptrs(x_ptr, sorted_ptr, row0 + BM, nrows - BM, TOP_K, stride_x, GATED,
+                            BT, AL)
         cr = xs  # unused without the code ring
         if CR:  # chunks 0 .. CR - 1's codes in a group of their own, ahead of the activations
             cr = _code_slots(BN, CR)
@@ -235,13 +256,17 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                             s_chunk_stride, BN, CP, SP)
             cp.commit_group()
         for i in gl.static_range(NS - 1):
+            if BT:
+                _copy_rows(xt[2 * i], xt[2 * i + 1], xpt, gl.minimum(i, NIT - 1) % KC)
             _copy_chunk(xs[2 * i], xs[2 * i + 1], xp, gl.minimum(i, NIT - 1) % KC)
         if CR:
             cp.wait_group(NS - 1)
             barrier()  # chunk 0's codes, copied by every thread, read by every thread
     else:
         xs = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, BM, 128], XS)
-        cr = xs  # no code ring without the static ring
+        cr = xs  # no code ring (nor tail) without the static ring
+        xt = xs
+        xpt = xp
         for i in gl.static_range(NS - 1):  # past the end: re-read the last
             _copy_chunk(xs.index(2 * i), xs.index(2 * i + 1), xp, gl.minimum(i, NIT - 1) % KC)
 
@@ -255,18 +280,30 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     else:
         q0, q1, q2 = _code_queue(qe, se, qoff, soff, QB, nb0, KC, NIT, s_chunk_stride, BN, PF)
     acc = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, ML))
+    acc_t = acc  # unused without the tail
+    if BT:
+        acc_t = warpgroup_mma_init(gl.zeros([BN, BT], gl.float32, MT))
     if NG == 1:  # no block loop: the K loop alone (fewer live registers: 214 vs 255 + spills)
-        acc, p_lo, p_hi, q0, q1, q2 = _row_block(
+        acc, p_lo, p_hi, q0, q1, q2, acc_t = _row_block(
             acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, nb0, 0, KC, KD,
-            NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW)
-        y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
-        _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NOUT, NP,
-                  stride_dst, GATED, EPI, BN, BM, ML, SL, nrows)
+            NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW, xt, xpt, acc_t,
+            BT)
+        if BT:
+            y, yt, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0,
+                                                   deps=(acc, acc_t, p_lo, p_hi))
+            if nrows > BM:
+                _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM,
+                          nb0, NOUT, NP, stride_dst, GATED, EPI, BN, BT, MT, SL, nrows - BM)
+        else:
+            y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
+        _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nmain, nb0, NOUT, NP,
+                  stride_dst, GATED, EPI, BN, BM, ML, SL, nmain)
     else:
         for g in range(NIT // KC):
-            acc, p_lo, p_hi, q0, q1, q2 = _row_block(
+            acc, p_lo, p_hi, q0, q1, q2, acc_t = _row_block(
                 acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, nb0, g, KC, KD,
-                NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW)
+                NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW, xt, xpt,
+                acc_t, 0)
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
             _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
                       NP, stride_dst, GATED, EPI, BN, BM, ML, SL, nrows)
@@ -416,7 +453,7 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, 
                NIT, s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, PF: gl.constexpr,
                LP: gl.constexpr, SR: gl.constexpr, CR: gl.constexpr, WL: gl.constexpr,
                ML: gl.constexpr, CL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
-               CW: gl.constexpr):
+               CW: gl.constexpr, xt, xpt, acc_t, BT: gl.constexpr):
     """The K loop of row block ``nb0 + g``: issues its MMAs (the last ones still in flight on
     return) with the code queue ``q0 .. q{PF-1}`` (chunks ``it ..``, flat ``it = g KC + kc``)
     refilled ``PF`` chunks ahead. ``SR``: ``xs`` is ``_ring``'s static slots (``KC`` a multiple
@@ -425,28 +462,32 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, 
     ``_ONE_BLOCK`` where the program has one row block (a shift, not a division by ``KC``).
     ``CR`` (static ring only): the codes come from the code ring ``cr`` (``_code_slots``, ``CR``
     slots, a multiple of ``NS`` dividing ``KC``: the loop is unrolled by ``CR``), chunk ``it``'s
-    in slot ``it % CR``, not from the register queue."""
+    in slot ``it % CR``, not from the register queue. ``BT`` (static ring only): the tail's ring
+    ``xt``, rows ``xpt`` and accumulator ``acc_t`` (returned last) ride along."""
     if SR:
         U: gl.constexpr = CR if CR else NS  # CR: a multiple of NS, a slot per unrolled chunk
         for kq in range(KC // U):
             for u in gl.static_range(U):  # ring slot u % NS; refill the previous chunk's
-                acc, p_lo, p_hi, q0, q1, q2 = _chunk(
+                acc, p_lo, p_hi, q0, q1, q2, acc_t = _chunk(
                     acc, p_lo, p_hi, q0, q1, q2, xs[2 * (u % NS)], xs[2 * (u % NS) + 1],
                     xs[2 * ((u + NS - 1) % NS)], xs[2 * ((u + NS - 1) % NS) + 1],
                     cr[2 * u], cr[2 * u + 1], cr[2 * ((u + 1) % U)], cr[2 * ((u + 1) % U) + 1],
                     xp, qe, se,
                     qoff, soff, QB, nb0, g * KC + kq * U + u, kq * U + u, KD, NIT,
-                    s_chunk_stride, BN, NS, PF, LP, CR, WL, ML, CL, CP, SP, CW)
+                    s_chunk_stride, BN, NS, PF, LP, CR, WL, ML, CL, CP, SP, CW,
+                    xt[2 * (u % NS)], xt[2 * (u % NS) + 1], xt[2 * ((u + NS - 1) % NS)],
+                    xt[2 * ((u + NS - 1) % NS) + 1], xpt, acc_t, BT)
     else:
         for kc in range(KC):
             it = g * KC + kc
             buf = it % NS
             nxt = (it + NS - 1) % NS
-            acc, p_lo, p_hi, q0, q1, q2 = _chunk(
+            acc, p_lo, p_hi, q0, q1, q2, acc_t = _chunk(
                 acc, p_lo, p_hi, q0, q1, q2, xs.index(2 * buf), xs.index(2 * buf + 1),
                 xs.index(2 * nxt), xs.index(2 * nxt + 1), xs, xs, xs, xs, xp, qe, se, qoff, soff,
-                QB, nb0, it, kc, KD, NIT, s_chunk_stride, BN, NS, PF, LP, 0, WL, ML, CL, CP, SP, CW)
-    return acc, p_lo, p_hi, q0, q1, q2
+                QB, nb0, it, kc, KD, NIT, s_chunk_stride, BN, NS, PF, LP, 0, WL, ML, CL, CP, SP, CW,
+                xs, xs, xs, xs, xpt, acc_t, 0)
+    return acc, p_lo, p_hi, q0, q1, q2, acc_t
 
 
 @gluon.jit
@@ -454,7 +495,7 @@ def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, c_s, s_s, c_n, s
            qoff, soff, QB, nb0, it, kc, KC, NIT, s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr,
            PF: gl.constexpr, LP: gl.constexpr, CR: gl.constexpr, WL: gl.constexpr,
            ML: gl.constexpr, CL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
-           CW: gl.constexpr):
+           CW: gl.constexpr, t_lo, t_hi, tn_lo, tn_hi, xpt, acc_t, BT: gl.constexpr):
     """Flat chunk ``it`` (``kc`` of its block): decode it while the previous chunk's MMAs run,
     start its MMAs on the ring slot ``x_lo``/``x_hi``, refill ``n_lo``/``n_hi`` (the previous
     chunk's slot) with chunk ``it + NS - 1``. Returns the accumulator, this chunk's operands
@@ -462,27 +503,37 @@ def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, c_s, s_s, c_n, s
     the code ring: chunk ``it``'s slot ``c_s``/``s_s`` is refilled with chunk ``it + CR``'s
     after this chunk's barrier (in the commit group of chunk ``it + NS - 1``'s activations),
     and the next chunk's codes, landed by that barrier (copied ``CR`` chunks ahead, waited
-    ``NS - 1`` ahead), are read from ``c_n``/``s_n`` into the queue."""
+    ``NS - 1`` ahead), are read from ``c_n``/``s_n`` into the queue. ``BT``: the same decoded
+    weights also multiply the tail's slot ``t_lo``/``t_hi`` into ``acc_t`` (returned last), and
+    ``tn_lo``/``tn_hi`` are refilled in the same commit group."""
     if LP:
         _prefetch_chunk(qe, se, QB, nb0, it + PF + LP, KC, NIT, s_chunk_stride, BN, CL)
     if not CR:
         qn = _load_chunk(qe, se, qoff, soff, QB, nb0, it + PF, KC, NIT, s_chunk_stride, BN)
     a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)  # overlaps the previous MMAs
     # p_lo/p_hi (the previous chunk's operands) stay live until its MMAs are done.
-    acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
+    if BT:
+        acc, acc_t, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0,
+                                                    deps=(acc, acc_t, p_lo, p_hi))
+    else:
+        acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
     cp.wait_group(NS - 2)
     barrier()  # all copies of this chunk landed; every warpgroup's previous MMAs done
     fence_async_shared()
     # A block's first MMA ignores the accumulator (no register writes between MMAs).
     acc = warpgroup_mma(a_lo, x_lo.permute((1, 0)), acc, use_acc=kc > 0, is_async=True)
     acc = warpgroup_mma(a_hi, x_hi.permute((1, 0)), acc, is_async=True)
+    if BT:
+        acc_t = warpgroup_mma(a_lo, t_lo.permute((1, 0)), acc_t, use_acc=kc > 0, is_async=True)
+        acc_t = warpgroup_mma(a_hi, t_hi.permute((1, 0)), acc_t, is_async=True)
+        _copy_rows(tn_lo, tn_hi, xpt, gl.minimum(it + NS - 1, NIT - 1) % KC)
     if CR:  # every thread has read this slot (the barrier above): refill it, same commit group
         _copy_codes(c_s, s_s, qe, se, QB, nb0, it + CR, KC, NIT, s_chunk_stride, BN, CP, SP)
     _copy_chunk(n_lo, n_hi, xp, gl.minimum(it + NS - 1, NIT - 1) % KC)
     if CR:
         qn = _read_codes(c_n, s_n, BN, CW, WL)
     q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
-    return acc, a_lo, a_hi, q0, q1, q2
+    return acc, a_lo, a_hi, q0, q1, q2, acc_t
 
 
 @gluon.jit

@@ -363,10 +363,11 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     ):
         bn, warps = getattr(config, f"block_n{i}"), getattr(config, f"warps{i}")
         bm = config.gemm1_block_m if i == 1 else config.block_m
+        bt = config.tail1 if i == 1 else 0  # GEMM1's tail rows: M tiles of bm + bt
         launches.append(
             _Launch(
                 f"_wgmma_gemm{i}",
-                (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, bm)),
+                (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, bm + bt)),
                 (
                     src,
                     sorted_pair,
@@ -397,7 +398,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     CR=getattr(config, f"code_ring{i}"),
                     SR=getattr(config, f"static_ring{i}"),
                     **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2 + 2 * config.tw_by_pair2)
-                       if i == 2 else {}),
+                       if i == 2 else dict(BT=bt, MT=G.layouts(bn, bt or bm, warps)["ML"])),
                     **G.layouts(bn, bm, warps),
                 ),
                 warps,

@@ -39,7 +39,8 @@ def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
     return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1,
                    static_ring1=0, static_ring2=0, block_m1=0, smem_epi2=0,
-                   l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0, tw_by_pair2=0)
+                   l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0, tw_by_pair2=0,
+                   tail1=0)
 
 
 def prefill_activations() -> str:
@@ -118,6 +119,11 @@ class PrefillConfig(ConfigDict):
     reads the routing weight through the pair index (``topk_weights[sorted_pair[row]]``, as
     before ``sorted_tw``) instead of by sorted row; the same values, kept to time the two in
     one process (GEMM2 measured 7-9% slower a day after ``sorted_tw`` shipped, across runs).
+    ``tail1`` (wgmma, with ``static_ring1`` and no code ring) 32 or 64: GEMM1's M tiles hold
+    ``block_m1`` + ``tail1`` rows, the last ``tail1`` on a second accumulator fed by the same
+    decoded weights, so an expert a little over a full tile takes ``tail1`` more MMA columns
+    instead of a second tile that decodes its weights again (GLM-5 TP8 T = 4096 with 128-row
+    tiles: ~1.5 tiles per expert, a third of GEMM1's MMA columns padding); 0: off.
     """
 
     block_m: int = 128
@@ -145,6 +151,7 @@ class PrefillConfig(ConfigDict):
     code_ring1: int = 0
     code_ring2: int = 0
     tw_by_pair2: int = 0
+    tail1: int = 0
 
     @property
     def gemm1_block_m(self) -> int:
@@ -211,14 +218,16 @@ class PrefillConfig(ConfigDict):
             self._check_wgmma()
         elif (self.prefetch1, self.prefetch2, self.accs2) != (1, 1, 1) or (
             self.static_ring1, self.static_ring2, self.smem_epi2, self.l2_prefetch1,
-            self.l2_prefetch2, self.code_ring1, self.code_ring2, self.tw_by_pair2) != (0,) * 8:
+            self.l2_prefetch2, self.code_ring1, self.code_ring2, self.tw_by_pair2,
+            self.tail1) != (0,) * 9:
             raise ValueError(
                 f"PrefillConfig: prefetch1, prefetch2, accs2, static_ring1/2, smem_epi2, "
-                f"l2_prefetch1/2, code_ring1/2 and tw_by_pair2 are knobs of the wgmma kernels; "
-                f"kernels={self.kernels!r} needs 1, 1, 1 and 0 for the rest, got "
+                f"l2_prefetch1/2, code_ring1/2, tw_by_pair2 and tail1 are knobs of the wgmma "
+                f"kernels; kernels={self.kernels!r} needs 1, 1, 1 and 0 for the rest, got "
                 f"{self.prefetch1}, {self.prefetch2}, {self.accs2}, {self.static_ring1}, "
                 f"{self.static_ring2}, {self.smem_epi2}, {self.l2_prefetch1}, "
-                f"{self.l2_prefetch2}, {self.code_ring1}, {self.code_ring2}, {self.tw_by_pair2}"
+                f"{self.l2_prefetch2}, {self.code_ring1}, {self.code_ring2}, {self.tw_by_pair2}, "
+                f"{self.tail1}"
             )
         if self.kernels == "w4a4":
             if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
@@ -263,11 +272,13 @@ class PrefillConfig(ConfigDict):
             if i == 2 and self.accs2 == 2 and depth:  # a slot per row block of the program
                 depth = self.group_n2
             extra += depth * bn * (128 + 16)
+            if i == 1:  # the tail's ring beside the tile's
+                extra += 2 * ns * self.tail1 * 128 * 2
             if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 + extra > WGMMA_SMEM_LIMIT:
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
                     f"(2 x stages x block_m x 256 B = {2 * ns * bm * 256} B"
-                    f"{f', plus {extra} B for the staged epilogue and the code ring' if extra else ''}"
+                    f"{f', plus {extra} B for the staged epilogue, code ring and tail' if extra else ''}"
                     f") within "
                     f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, GEMM{i} block_m={bm}"
                 )
@@ -319,6 +330,14 @@ class PrefillConfig(ConfigDict):
                     f"{getattr(self, f'static_ring{i}')}, prefetch{i}={getattr(self, f'prefetch{i}')}"
                     f", l2_prefetch{i}={getattr(self, f'l2_prefetch{i}')}"
                 )
+        if self.tail1 not in (0, 32, 64) or self.tail1 and (
+                self.static_ring1 != 1 or self.code_ring1 or self.tail1 > self.gemm1_block_m):
+            raise ValueError(
+                f"PrefillConfig(kernels='wgmma'): tail1 must be 0 (off), 32 or 64, at most "
+                f"GEMM1's block_m, with static_ring1=1 and code_ring1=0, got tail1={self.tail1!r}, "
+                f"GEMM1 block_m={self.gemm1_block_m}, static_ring1={self.static_ring1}, "
+                f"code_ring1={self.code_ring1}"
+            )
         for name in ("smem_epi2", "tw_by_pair2"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(
