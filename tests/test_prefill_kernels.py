@@ -24,7 +24,6 @@ so rms_rel 5e-3 and max_rel 1e-2 leave margin without hiding a wrong expert, slo
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 import pytest
@@ -842,12 +841,16 @@ _KNOBS = [
     # kept to time the two in one process.
     (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
                "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw_by_pair2=1"),
-    # GEMM1's tail: tiles of 128 + 32 (2 stages: shared memory) and 64 + 32 rows, the tail on a
-    # second accumulator fed by the same decoded weights (no second tile decoding them again).
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=2, static_ring1=1, tail1=32, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    # GEMM1's tail: tiles of 64 + 32 rows, the tail on a second accumulator fed by the same
+    # decoded weights (no second tile decoding them again). 128 + 32 spills 4 bytes with Triton
+    # 3.6 (3.8: none), so it is not among these compile-checked knobs (_TAILS_128: GPU only).
     (_GLM5[0], "block_m=64, stages1=2, static_ring1=1, tail1=32, block_n2=64, warps2=4, "
                "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+]
+# GEMM1's tail at 128 + 32 rows (2 stages: shared memory), TP8 and EP8: GPU-checked only.
+_TAILS_128 = [
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=2, static_ring1=1, tail1=32, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
     (_GLM5[1], "block_m=128, stages1=2, static_ring1=1, tail1=32, group_n2=4, smem_epi2=1"),
 ]
 
@@ -923,11 +926,7 @@ def _check_wgmma_design(rows, where):
         assert not r["serialized"], f"{where}: wgmma serialised by ptxas: {r}"
         spills = any("spill stores" in l and not l.startswith("0 bytes") for l in r["spills"])
         if r["kernel"] == "_wgmma_gemm1":  # the K loop alone: no spills (measured 214 registers)
-            # The tail's second accumulator (tail1): at 128 + 32 rows Triton 3.6's ptxas spills
-            # 8 bytes (3.8: none); allowed up to 16, not more.
-            limit = 16 if "tail1=0" not in r["config"] else 0
-            stored = [int(n) for l in r["spills"] for n in re.findall(r"(\d+) bytes spill stores", l)]
-            assert not spills or max(stored) <= limit, r
+            assert not spills, r
         # The two accumulators' point is overlap, not local memory: no spills on tiles of <= 32
         # tokens. At 64 ptxas spills (~200 B on one warpgroup), and it was still the fastest
         # GEMM2 measured (prefill_v2_step2: TP8 T = 4096 635 vs 727 us).
@@ -1123,12 +1122,12 @@ def _knob_cfg(knobs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knob_i", range(len(_KNOBS)))
+@pytest.mark.parametrize("knob_i", range(len(_KNOBS + _TAILS_128)))
 @pytest.mark.parametrize("T", [600, 4096])
 def test_wgmma_knobs_vs_reference(knob_i, T, seed):
-    """The tuner's wgmma knobs (deeper code prefetch, GEMM2's two accumulators) against the fp32
-    twin on a poisoned output, at the GLM-5 shape each is meant for."""
-    shape, knobs = _KNOBS[knob_i]
+    """The tuner's wgmma knobs (deeper code prefetch, GEMM2's two accumulators, GEMM1's tail)
+    against the fp32 twin on a poisoned output, at the GLM-5 shape each is meant for."""
+    shape, knobs = (_KNOBS + _TAILS_128)[knob_i]
     name = "tp8_shared" if shape == _GLM5[0] else "ep8"
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -21,11 +21,12 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 R=/tmp/r; mkdir -p $R
 pack() { tar czf $OUT/results.tar.gz -C $R . ; }
 step() { echo "== $1 $(date +%T)" | tee -a $OUT/run.log; }
-# tier NAME TEST_FILE LIMIT_S: one GPU tier, its log to $R/NAME.log, its last lines to run.log.
+# tier NAME TEST_FILE LIMIT_S [PYTEST_ARGS...]: one GPU tier (e.g. -k EXPR), its log to
+# $R/NAME.log, its last lines to run.log.
 tier() {
   step $1
-  timeout $3 python -m pytest -p no:cacheprovider -q -m gpu $2 > $R/$1.log 2>&1; echo rc=$? >> $R/$1.log
-  tail -3 $R/$1.log >> $OUT/run.log; pack
+  timeout $3 python -m pytest -p no:cacheprovider -q -m gpu $2 "${@:4}" > $R/$1.log 2>&1
+  echo rc=$? >> $R/$1.log; tail -3 $R/$1.log >> $OUT/run.log; pack
 }
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
@@ -143,10 +144,8 @@ sweep() {
   grep -A40 "bf16 matmul" $R/$1.log >> $OUT/run.log; pack
 }
 if [ "$1" = step4 ]; then  # the GPU tests of step 4's kernels first, then sorted_tw at TP8 only
-step tier_step4
-timeout 300 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py \
-  -k "knobs or staged or code_ring or block_codes or vs_reference" > $R/tier_step4.log 2>&1
-echo rc=$? >> $R/tier_step4.log; tail -3 $R/tier_step4.log >> $OUT/run.log; pack
+tier tier_step4 tests/test_prefill_kernels.py 300 \
+  -k "knobs or staged or code_ring or block_codes or vs_reference"
 SHAPES=tp8; set -- sorted_tw
 fi
 if [ "$1" = sorted_tw ]; then
@@ -195,10 +194,9 @@ step off_ep8
 OUT=$R SWEEP_T=2048,4096,8192 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_step4_off_ep8 \
   SWEEP_KNOBS="[{'smem_epi2': 0}, {'smem_epi2': 1}]" timeout 50 python benchmarks/experiments/prefill_knob_sweep.py > $R/off_ep8.log 2>&1
 grep -A20 "bf16 matmul" $R/off_ep8.log >> $OUT/run.log; pack
-step tier_prefill  # the wgmma family's tests on the config a call uses (shipped table or heuristic)
-timeout 130 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py -k \
-  "wgmma and (glm5_vs_reference or graph_replay or deterministic or adversarial or other_shapes)" \
-  > $R/tier_prefill.log 2>&1; echo rc=$? >> $R/tier_prefill.log; tail -3 $R/tier_prefill.log >> $OUT/run.log; pack
+# the wgmma family's tests on the config a call uses (shipped table or heuristic)
+tier tier_prefill tests/test_prefill_kernels.py 130 \
+  -k "wgmma and (glm5_vs_reference or graph_replay or deterministic or adversarial or other_shapes)"
 tier tier_selfcheck tests/test_selfcheck.py 70
 step tk_prefill
 timeout 120 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 55 --Ts 512,1024,4096,8192 > $R/tk_prefill.log 2>&1
@@ -211,10 +209,7 @@ if [ "$1" = tw_ab ]; then
 # GEMM2's routing weight by sorted row (sorted_tw, shipped in step 3) against through the pair
 # index (tw_by_pair2=1, the form before it), on the shipped heuristic configs, one process per
 # shape: step 4's sweep saw GEMM2 7-9% slower than step 3's a day earlier (across runs). ~2 min.
-step tier_tw
-timeout 100 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py \
-  -k weight_by_pair > $R/tier_tw.log 2>&1
-echo rc=$? >> $R/tier_tw.log; tail -3 $R/tier_tw.log >> $OUT/run.log; pack
+tier tier_tw tests/test_prefill_kernels.py 100 -k weight_by_pair
 sweep tw_ab_tp8 tp8 "[{'tw_by_pair2': 1}, {'tw_by_pair2': 1, 'smem_epi2': 0, 'code_ring2': 0}, {'smem_epi2': 0, 'code_ring2': 0}]"
 sweep tw_ab_ep8 ep8 "[{'tw_by_pair2': 1}]"
 fi
@@ -223,10 +218,7 @@ if [ "$1" = tail ]; then
 # 2 stages where the shipped GEMM1 tiles 128 at 3, and 64 + 32 where it tiles 64 or 128; the
 # GPU tests of the knob first (the fp32 twin; ragged tails through the fused shared expert's
 # 600 rows). Static prediction: TP8 T = 4096 GEMM1 595 us -> ~460-530. ~4 min.
-step tier_tail
-timeout 120 python -m pytest -p no:cacheprovider -q -m gpu tests/test_prefill_kernels.py \
-  -k "knobs_vs_reference" > $R/tier_tail.log 2>&1
-echo rc=$? >> $R/tier_tail.log; tail -3 $R/tier_tail.log >> $OUT/run.log; pack
+tier tier_tail tests/test_prefill_kernels.py 150 -k knobs_vs_reference
 T128="{'tail1': 32, 'stages1': 2}"
 T64="{'block_m1': 0, 'tail1': 32, 'stages1': 2}"
 sweep tail_tp8 tp8 "[$T128, $T64, {'stages1': 2}, {'block_m1': 0}]"

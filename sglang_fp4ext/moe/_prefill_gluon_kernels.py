@@ -288,14 +288,11 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
             acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, nb0, 0, KC, KD,
             NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW, xt, xpt, acc_t,
             BT)
+        y, yt, p_lo, p_hi = _mma_done(acc, acc_t, p_lo, p_hi, BT)
         if BT:
-            y, yt, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0,
-                                                   deps=(acc, acc_t, p_lo, p_hi))
             if nrows > BM:
                 _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM,
                           nb0, NOUT, NP, stride_dst, GATED, EPI, BN, BT, MT, SL, nrows - BM)
-        else:
-            y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nmain, nb0, NOUT, NP,
                   stride_dst, GATED, EPI, BN, BM, ML, SL, nmain)
     else:
@@ -512,11 +509,7 @@ def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, c_s, s_s, c_n, s
         qn = _load_chunk(qe, se, qoff, soff, QB, nb0, it + PF, KC, NIT, s_chunk_stride, BN)
     a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)  # overlaps the previous MMAs
     # p_lo/p_hi (the previous chunk's operands) stay live until its MMAs are done.
-    if BT:
-        acc, acc_t, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0,
-                                                    deps=(acc, acc_t, p_lo, p_hi))
-    else:
-        acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
+    acc, acc_t, p_lo, p_hi = _mma_done(acc, acc_t, p_lo, p_hi, BT)
     cp.wait_group(NS - 2)
     barrier()  # all copies of this chunk landed; every warpgroup's previous MMAs done
     fence_async_shared()
@@ -534,6 +527,19 @@ def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, c_s, s_s, c_n, s
         qn = _read_codes(c_n, s_n, BN, CW, WL)
     q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
     return acc, a_lo, a_hi, q0, q1, q2, acc_t
+
+
+@gluon.jit
+def _mma_done(acc, acc_t, p_lo, p_hi, BT: gl.constexpr):
+    """Wait for every MMA in flight, keeping their A operands ``p_lo``/``p_hi`` live until then;
+    with a tail (``BT``) its accumulator ``acc_t`` is waited for too (else it is returned as
+    given, unused)."""
+    if BT:
+        acc, acc_t, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0,
+                                                    deps=(acc, acc_t, p_lo, p_hi))
+    else:
+        acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
+    return acc, acc_t, p_lo, p_hi
 
 
 @gluon.jit

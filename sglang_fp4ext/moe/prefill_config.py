@@ -34,13 +34,18 @@ PREFILL_KERNEL_FAMILIES = ("dot", "wgmma", "w4a4")
 WGMMA_SMEM_LIMIT = 232_448
 
 
+#: The wgmma family's knobs at their off values: the other families take only these, and the
+#: W4A16 twin of a wgmma config sets them (``block_m1`` is not among them: every family tiles
+#: GEMM1 by it, the twin drops it for the dot family's shared memory).
+WGMMA_KNOBS_OFF = dict(prefetch1=1, prefetch2=1, accs2=1, static_ring1=0, static_ring2=0,
+                       smem_epi2=0, l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0,
+                       tw_by_pair2=0, tail1=0)
+
+
 def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
-    return replace(cfg, kernels="dot", block_k2=128, prefetch1=1, prefetch2=1, accs2=1,
-                   static_ring1=0, static_ring2=0, block_m1=0, smem_epi2=0,
-                   l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0, tw_by_pair2=0,
-                   tail1=0)
+    return replace(cfg, kernels="dot", block_k2=128, block_m1=0, **WGMMA_KNOBS_OFF)
 
 
 def prefill_activations() -> str:
@@ -216,19 +221,14 @@ class PrefillConfig(ConfigDict):
             )
         if self.kernels == "wgmma":
             self._check_wgmma()
-        elif (self.prefetch1, self.prefetch2, self.accs2) != (1, 1, 1) or (
-            self.static_ring1, self.static_ring2, self.smem_epi2, self.l2_prefetch1,
-            self.l2_prefetch2, self.code_ring1, self.code_ring2, self.tw_by_pair2,
-            self.tail1) != (0,) * 9:
-            raise ValueError(
-                f"PrefillConfig: prefetch1, prefetch2, accs2, static_ring1/2, smem_epi2, "
-                f"l2_prefetch1/2, code_ring1/2, tw_by_pair2 and tail1 are knobs of the wgmma "
-                f"kernels; kernels={self.kernels!r} needs 1, 1, 1 and 0 for the rest, got "
-                f"{self.prefetch1}, {self.prefetch2}, {self.accs2}, {self.static_ring1}, "
-                f"{self.static_ring2}, {self.smem_epi2}, {self.l2_prefetch1}, "
-                f"{self.l2_prefetch2}, {self.code_ring1}, {self.code_ring2}, {self.tw_by_pair2}, "
-                f"{self.tail1}"
-            )
+        else:
+            wrong = {k: getattr(self, k) for k, off in WGMMA_KNOBS_OFF.items()
+                     if getattr(self, k) != off}
+            if wrong:
+                raise ValueError(
+                    f"PrefillConfig: {', '.join(WGMMA_KNOBS_OFF)} are knobs of the wgmma kernels; "
+                    f"kernels={self.kernels!r} needs them at {WGMMA_KNOBS_OFF}, got {wrong}"
+                )
         if self.kernels == "w4a4":
             if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
                 raise ValueError(
