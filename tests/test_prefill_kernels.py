@@ -24,6 +24,7 @@ so rms_rel 5e-3 and max_rel 1e-2 leave margin without hiding a wrong expert, slo
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import pytest
@@ -344,13 +345,12 @@ def test_wgmma_config_rules():
         (dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, prefetch2=2),
          "with accs2=2 code_ring2"),
         (dict(kernels="dot", block_k2=128, l2_prefetch2=1), "knobs of the wgmma kernels"),
-        (dict(tw_by_pair2=2), "tw_by_pair2 must be 0 or 1"),
-        (dict(tail1=16, static_ring1=1, block_m=64, stages1=2), "tail1 must be 0 .*, 32 or 64"),
+        (dict(tail1=8, static_ring1=1, block_m=64, stages1=2), "tail1 must be 0 .*, 16, 32 or 64"),
         (dict(tail1=32, block_m=64, stages1=2), "with static_ring1=1"),
         (dict(tail1=64, static_ring1=1, block_m=32), "at most GEMM1's block_m"),
         (dict(tail1=32, static_ring1=1, block_m=128, stages1=3), "plus 49152 B for .* tail"),
         (dict(kernels="dot", block_k2=128, tail1=32), "knobs of the wgmma kernels"),
-        (dict(kernels="w4a4", tw_by_pair2=1), "knobs of the wgmma kernels"),
+        (dict(kernels="w4a4", tail1=16), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -361,10 +361,10 @@ def test_wgmma_config_rules():
     # The fallback drops the knobs, GEMM1's own tile too (the dot family at 128 rows and 3
     # stages needs 233,472 B of shared memory: measured in the H200 self-check tier).
     twin = w4a16_twin_config(replace(knobs, static_ring1=1, block_m1=128, smem_epi2=1,
-                                     l2_prefetch2=3, prefetch1=1, code_ring1=2, tw_by_pair2=1))
+                                     l2_prefetch2=3, prefetch1=1, code_ring1=2))
     assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1,
             twin.block_m1, twin.smem_epi2, twin.l2_prefetch1, twin.l2_prefetch2,
-            twin.code_ring1, twin.tw_by_pair2) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0, 0)
+            twin.code_ring1) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0)
     assert w4a16_twin_config(PrefillConfig(block_m=64, block_m1=128, stages1=2, static_ring1=1,
                                            tail1=32, **_WG)).tail1 == 0
 
@@ -617,14 +617,18 @@ def test_wgmma_heuristic(monkeypatch):
                                                     8192: 128}
     assert all(c.group_n2 == 4 for c in ep.values())
     assert all((c.block_n2, c.warps2, c.accs2) == (128, 8, 1) for c in ep.values())
-    # From block_m 64: GEMM1's ring in static slots (3 stages divide H / 256 = 24); at I = 256
-    # GEMM1 on its own 128-row tiles (step 3's same-run sweep); DeepSeek-R1's 28 chunks: no.
-    assert {T: (c.static_ring1, c.block_m1) for T, c in got.items()} == {
-        512: (0, 0), 1024: (0, 0), 2048: (1, 128), 4096: (1, 128), 8192: (1, 128)}
-    assert {T: (c.static_ring1, c.block_m1) for T, c in ep.items()} == {
-        512: (0, 0), 1024: (0, 0), 2048: (1, 0), 4096: (1, 0), 8192: (1, 0)}
-    dsr1 = prefill_heuristic_config(4096, MoEShape(256, 7168, 256, 8), h200)
-    assert (dsr1.static_ring1, dsr1.block_m1, dsr1.stages1) == (0, 128, 3)
+    # From block_m 64: GEMM1's ring in static slots (3 stages divide H / 256 = 24) with its
+    # 16-row tail; at I = 256 GEMM1 on its own tiles of the rows rounded, capped at 128 (step 5's
+    # same-run sweep: 64 + 16 at T = 2048, 128 + 16 above); DeepSeek-R1's 28 chunks: no ring,
+    # no tail, GEMM1's 128-row tile from block_m 64 (step 3).
+    assert {T: (c.static_ring1, c.block_m1, c.tail1) for T, c in got.items()} == {
+        512: (0, 0, 0), 1024: (0, 0, 0), 2048: (1, 0, 16), 4096: (1, 128, 16),
+        8192: (1, 128, 16)}
+    assert {T: (c.static_ring1, c.block_m1, c.tail1) for T, c in ep.items()} == {
+        512: (0, 0, 0), 1024: (0, 0, 0), 2048: (1, 0, 16), 4096: (1, 0, 16), 8192: (1, 0, 16)}
+    dsr1 = {T: prefill_heuristic_config(T, MoEShape(256, 7168, 256, 8), h200) for T in Ts}
+    assert {T: (c.static_ring1, c.block_m1, c.tail1, c.stages1) for T, c in dsr1.items()
+            if T >= 2048} == {2048: (0, 128, 0, 3), 4096: (0, 128, 0, 3), 8192: (0, 128, 0, 3)}
     assert prefill_heuristic_config(4096, MoEShape(8, 384, 256, 2), h200).kernels == "dot"
     # Blackwell: W4A4 (128 rows on 8 warps on sm_100 for tcgen05, 64 on 4 on sm_120); bf16
     # activations on request.
@@ -740,6 +744,7 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
                  shared=c.metadata.shared, mma=mma, warps=L.num_warps, stages=L.num_stages)
         if L.gluon:  # the design: register-A wgmma, cp.async ring, proxy fence, inline decode
             BM = r["block_m"] = L.constexprs["BM"]
+            r["tail"] = L.constexprs.get("BT", 0)
             r["wgmma_reg_a"] = ptx.count(f"wgmma.mma_async.sync.aligned.m64n{BM}k16.f32.bf16.bf16 {{") > 0
             r["wgmma_reg_a"] &= "}, {%r" in ptx  # A operand: 4 registers, not a descriptor
             r["cp_async16"] = "], 0x10, 0x10;" in ptx and "cp.async.cg.shared.global [" in ptx
@@ -837,21 +842,24 @@ _KNOBS = [
     # staged epilogue (together: no spills where the shipped GEMM2 spills ~700 B).
     (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
                "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
-    # The routing weight through the pair index (before sorted_tw), on the shipped TP8 config:
-    # kept to time the two in one process.
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
-               "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw_by_pair2=1"),
     # GEMM1's tail: tiles of 64 + 32 rows, the tail on a second accumulator fed by the same
     # decoded weights (no second tile decoding them again). 128 + 32 spills 4 bytes with Triton
-    # 3.6 (3.8: none), so it is not among these compile-checked knobs (_TAILS_128: GPU only).
+    # 3.6 (3.8: none), so it is not among these compile-checked knobs (_TAILS_GPU: GPU only).
     (_GLM5[0], "block_m=64, stages1=2, static_ring1=1, tail1=32, block_n2=64, warps2=4, "
                "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
 ]
-# GEMM1's tail at 128 + 32 rows (2 stages: shared memory), TP8 and EP8: GPU-checked only.
-_TAILS_128 = [
+# GEMM1's tail at 128 + 32 rows (2 stages: shared memory), TP8 and EP8, and the shipped 16-row
+# tails at 3 stages (TP8 64 + 16 and 128 + 16, EP8 128 + 16): GPU-checked (the compile checks of
+# the shipped ones are the shipped-config tests').
+_TAILS_GPU = [
     (_GLM5[0], "block_m=64, block_m1=128, stages1=2, static_ring1=1, tail1=32, block_n2=64, "
                "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
     (_GLM5[1], "block_m=128, stages1=2, static_ring1=1, tail1=32, group_n2=4, smem_epi2=1"),
+    (_GLM5[0], "block_m=64, stages1=3, static_ring1=1, tail1=16, block_n2=64, warps2=4, "
+               "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1"),
 ]
 
 
@@ -925,8 +933,11 @@ def _check_wgmma_design(rows, where):
         # ptxas serialising the wgmmas (registers touched while in flight) undoes the pipeline.
         assert not r["serialized"], f"{where}: wgmma serialised by ptxas: {r}"
         spills = any("spill stores" in l and not l.startswith("0 bytes") for l in r["spills"])
-        if r["kernel"] == "_wgmma_gemm1":  # the K loop alone: no spills (measured 214 registers)
+        if r["kernel"] == "_wgmma_gemm1" and not r["tail"]:  # the K loop alone: no spills
             assert not spills, r
+        if r["tail"]:  # the tail's launch: a few bytes outside the K loop (static SASS, step 5)
+            stores = [int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)]
+            assert max(stores, default=0) <= 64, r
         # The two accumulators' point is overlap, not local memory: no spills on tiles of <= 32
         # tokens. At 64 ptxas spills (~200 B on one warpgroup), and it was still the fastest
         # GEMM2 measured (prefill_v2_step2: TP8 T = 4096 635 vs 727 us).
@@ -1122,12 +1133,12 @@ def _knob_cfg(knobs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knob_i", range(len(_KNOBS + _TAILS_128)))
+@pytest.mark.parametrize("knob_i", range(len(_KNOBS + _TAILS_GPU)))
 @pytest.mark.parametrize("T", [600, 4096])
 def test_wgmma_knobs_vs_reference(knob_i, T, seed):
     """The tuner's wgmma knobs (deeper code prefetch, GEMM2's two accumulators, GEMM1's tail)
     against the fp32 twin on a poisoned output, at the GLM-5 shape each is meant for."""
-    shape, knobs = (_KNOBS + _TAILS_128)[knob_i]
+    shape, knobs = (_KNOBS + _TAILS_GPU)[knob_i]
     name = "tp8_shared" if shape == _GLM5[0] else "ep8"
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -1215,18 +1226,6 @@ def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
         PrefillConfig(block_m=32, stages1=stages, stages2=2, static_ring1=1, static_ring2=1,
                       group_n2=4, code_ring1=ring * cr, code_ring2=2 * cr, **_WG)
         for cr in (0, 1)], seed)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("I, accs2, staged", [(256, 2, 0), (256, 2, 1), (512, 1, 1)])
-def test_wgmma_weight_by_pair_equals_weight_by_sorted_row(I, accs2, staged, seed):
-    """``tw_by_pair2`` reads GEMM2's routing weight as ``topk_weights[sorted_pair[row]]`` instead
-    of ``sorted_tw[row]`` (the same fp32 value, written by the grouping pass): the output is the
-    same bit for bit, with either epilogue and both GEMM2 forms; then graph replay."""
-    _assert_knob_keeps_bits(1280, I, [
-        PrefillConfig(block_m=32, group_n2=4, accs2=accs2, block_n2=rows2, warps2=rows2 // 16,
-                      smem_epi2=staged, tw_by_pair2=bp, **_WG)
-        for rows2 in [64 if accs2 == 2 else 128] for bp in (0, 1)], seed)
 
 
 @pytest.mark.gpu

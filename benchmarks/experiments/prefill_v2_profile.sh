@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tw_ab|tail
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -205,14 +205,8 @@ step marlin_t1
 timeout 70 bash .peers/marlin/device_run.sh --out $R/marlin_t1 --shapes glm5_tp8 --ts 1,2 > $R/marlin_t1.log 2>&1
 grep TIME $R/marlin_t1.log >> $OUT/run.log; pack
 fi
-if [ "$1" = tw_ab ]; then
-# GEMM2's routing weight by sorted row (sorted_tw, shipped in step 3) against through the pair
-# index (tw_by_pair2=1, the form before it), on the shipped heuristic configs, one process per
-# shape: step 4's sweep saw GEMM2 7-9% slower than step 3's a day earlier (across runs). ~2 min.
-tier tier_tw tests/test_prefill_kernels.py 100 -k weight_by_pair
-sweep tw_ab_tp8 tp8 "[{'tw_by_pair2': 1}, {'tw_by_pair2': 1, 'smem_epi2': 0, 'code_ring2': 0}, {'smem_epi2': 0, 'code_ring2': 0}]"
-sweep tw_ab_ep8 ep8 "[{'tw_by_pair2': 1}]"
-fi
+# tw_ab (2026-12-03, prefill_v2_step5/prefill_tw_ab_*): GEMM2's routing weight by sorted row
+# against through the pair index; by sorted row won and the knob (tw_by_pair2) is gone.
 if [ "$1" = tail ]; then
 # GEMM1's tail (PrefillConfig.tail1, built 2026-12-03 on the CPU): tiles of 128 + 32 rows at
 # 2 stages where the shipped GEMM1 tiles 128 at 3, and 64 + 32 where it tiles 64 or 128; the
@@ -223,6 +217,43 @@ T128="{'tail1': 32, 'stages1': 2}"
 T64="{'block_m1': 0, 'tail1': 32, 'stages1': 2}"
 sweep tail_tp8 tp8 "[$T128, $T64, {'stages1': 2}, {'block_m1': 0}]"
 sweep tail_ep8 ep8 "[$T128, {'tail1': 64, 'stages1': 2}, {'stages1': 2}]"
+fi
+if [ "$1" = step5_final ]; then
+# What step 5 ships: GEMM1's 16-row tail at 3 stages in a launch of its own for the tiles with
+# rows past block_m1 (the others run the tail-free kernel), GEMM1 on 64-row tiles at TP8
+# T = 2048; EP8 decode bucket 8 with the pairs GEMM2 on 4 warps, one row tile per program. The
+# shipped heuristic against no tail (TP8, EP8), the wgmma family's GPU tests on the config a
+# call uses, triton_kernels prefill (T = 2048..8192), the fused shared expert's table configs
+# against the new heuristic, Marlin decode (GLM-5 EP8 T = 2, 8; T = 8 again with the previous
+# table if OLD_TABLE_DIR names it), each peer in one process with fp4ext (.peers carried). ~8 min.
+step split_tp8
+OUT=$R SWEEP_T=2048,4096,8192 SWEEP_PRESET=glm5-tp8 SWEEP_NAME=prefill_step5_tp8 \
+  SWEEP_KNOBS="[{'tail1': 0}, {'tail1': 0, 'block_m1': 128}, {'block_m1': 128}]" timeout 70 python benchmarks/experiments/prefill_knob_sweep.py > $R/split_tp8.log 2>&1
+grep -A20 "bf16 matmul" $R/split_tp8.log >> $OUT/run.log; pack
+step split_ep8
+OUT=$R SWEEP_T=2048,4096,8192 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_step5_ep8 \
+  SWEEP_KNOBS="[{'tail1': 0}]" timeout 50 python benchmarks/experiments/prefill_knob_sweep.py > $R/split_ep8.log 2>&1
+grep -A20 "bf16 matmul" $R/split_ep8.log >> $OUT/run.log; pack
+tier tier_prefill tests/test_prefill_kernels.py 120 \
+  -k "wgmma and (glm5_vs_reference or graph_replay or deterministic or adversarial or other_shapes)"
+step tk_prefill
+timeout 170 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 80 --Ts 2048,4096,8192 > $R/tk_prefill.log 2>&1
+grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
+step fused
+OLD="{'block_m1': 0, 'static_ring1': 0, 'tail1': 0}"
+OLD8="{'block_m': 128, 'stages1': 2, 'block_n2': 128, 'warps2': 8, 'group_n2': 8, 'accs2': 1, 'smem_epi2': 0, 'code_ring2': 0, 'block_m1': 0, 'static_ring1': 0, 'tail1': 0}"
+OUT=$R SWEEP_T=2048,4096,8192 SWEEP_PRESET=glm5-tp8-fused-shared SWEEP_NAME=prefill_step5_fused \
+  SWEEP_KNOBS="[{'tail1': 0}, $OLD, $OLD8]" timeout 80 python benchmarks/experiments/prefill_knob_sweep.py > $R/fused.log 2>&1
+grep -A20 "bf16 matmul" $R/fused.log >> $OUT/run.log; pack
+step marlin_ep8
+timeout 80 bash .peers/marlin/device_run.sh --out $R/marlin_ep8 --shapes glm5_ep8 --ts 2,8 > $R/marlin_ep8.log 2>&1
+grep TIME $R/marlin_ep8.log >> $OUT/run.log; pack
+if [ -n "$OLD_TABLE_DIR" ]; then
+step marlin_ep8_old_table
+SGLANG_FP4EXT_CONFIG_DIR=$OLD_TABLE_DIR timeout 70 bash .peers/marlin/device_run.sh --out $R/marlin_ep8_old \
+  --shapes glm5_ep8 --ts 8 > $R/marlin_ep8_old.log 2>&1
+grep TIME $R/marlin_ep8_old.log >> $OUT/run.log; pack
+fi
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

@@ -22,7 +22,7 @@ import torch
 from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.layer import make_routing
 
-PLANS = [(32, 0), (64, 0), (128, 0), (64, 32), (128, 32), (128, 64)]
+PLANS = [(32, 0), (64, 0), (128, 0), (64, 16), (64, 32), (128, 16), (128, 32), (128, 64)]
 
 
 def plan_stats(counts: torch.Tensor, bm: int, tail: int) -> dict:

@@ -87,7 +87,8 @@ def time_graph_replay(
 
 
 def kernel_times_us(step: Callable[[int], object], n_copies: int, *, calls: int = 16) -> dict:
-    """Mean device time (us) per launch of each kernel ``step`` runs, by kernel name.
+    """Device time (us) per call of ``step`` in each kernel it runs, by kernel name (a kernel
+    launched twice per call, as GEMM1 with its tail, counts both).
 
     Eager calls cycling over the ``n_copies`` layer copies under ``torch.profiler`` (device-side
     kernel durations, so host launch gaps are not counted): splits a call into its kernels.
@@ -103,11 +104,11 @@ def kernel_times_us(step: Callable[[int], object], n_copies: int, *, calls: int 
         torch.cuda.synchronize()
     out = {}
     for ev in prof.key_averages():
-        t = getattr(ev, "device_time", None)
+        t = getattr(ev, "device_time_total", None)
         if t is None:
-            t = getattr(ev, "cuda_time", 0.0)
+            t = getattr(ev, "cuda_time_total", 0.0)
         if ev.count and t:
-            out[ev.key] = float(t)  # mean per call, us
+            out[ev.key] = float(t) / calls
     return out
 
 

@@ -158,13 +158,24 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr, CR: gl.constexpr,
                  WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
                  CL: gl.constexpr, SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
-                 CW: gl.constexpr, BT: gl.constexpr, MT: gl.constexpr):
-    """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)``. ``BT``
-    (``PrefillConfig.tail1``) > 0: M tiles of ``BM + BT`` rows, the last ``BT`` on a second
-    accumulator (layout ``MT``) fed by the same decoded weights."""
-    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM + BT, CL)
+                 CW: gl.constexpr, BT: gl.constexpr, MT: gl.constexpr, TM: gl.constexpr,
+                 SEL: gl.constexpr):
+    """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)`` over
+    M tiles of ``TM`` rows. With GEMM1's tail (``PrefillConfig.tail1``) ``TM`` = ``BM`` + the
+    tail and two launches share the tiles: ``SEL`` 1 runs those with rows past ``BM``, their
+    last ``BT`` on a second accumulator (layout ``MT``) fed by the same decoded weights; ``SEL``
+    2 the others, compiled without the tail (``BT`` = 0). One kernel branching between the two
+    pipelines spilled in both (208 B of stack, local loads in the K loop; TP8 T = 2048, where no
+    tile has tail rows, took 500 us against 393, prefill_v2_step5)."""
+    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, TM, CL)
     if nrows <= 0:
         return
+    if SEL == 1:
+        if nrows <= BM:
+            return
+    if SEL == 2:
+        if nrows > BM:
+            return
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
                    NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                    s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, CR, 0, WL, ML,
@@ -182,7 +193,7 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256). ``EPI``:
-    the epilogue's form, ``smem_epi2 + 2 tw_by_pair2`` (``_epilogue``)."""
+    the epilogue's form, ``smem_epi2`` (``_epilogue``)."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
@@ -688,9 +699,9 @@ def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT,
               BM: gl.constexpr, ML: gl.constexpr, SL: gl.constexpr, nstore):
     """Stores row block ``nb``'s finished accumulator (GEMM1: SiLU·mul; GEMM2: weighted), its
     first ``nstore`` (``nrows``, or 0: nothing) of the tile's ``nrows`` columns. GEMM2's ``EPI``
-    (``smem_epi2 + 2 tw_by_pair2``): bit 0 stores through shared memory (``_store_staged``), else
-    from the accumulator registers; bit 1 reads the routing weight through the pair index
-    (``tw_ptr``: ``topk_weights``), else by sorted row (``tw_ptr``: ``sorted_tw``)."""
+    (``smem_epi2``): 1 stores through shared memory (``_store_staged``), 0 from the accumulator
+    registers; the routing weight is read by sorted row (``tw_ptr``: ``sorted_tw``; through the
+    pair index it was slower, prefill_v2_step5/prefill_tw_ab_tp8_h200.json)."""
     # Per-column index tensors are built here: kept live across the K loop they would hold
     # BM / 4 registers each per thread.
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
@@ -702,11 +713,8 @@ def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT,
     if GATED:
         _store_gated(y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN, BM)
     else:
-        if EPI // 2:
-            tw = gl.load(tw_ptr + gl.load(sorted_ptr + rc)).to(gl.float32)
-        else:
-            tw = gl.load(tw_ptr + rc).to(gl.float32)  # sorted_tw: no load chain through pair
-        if EPI % 2:
+        tw = gl.load(tw_ptr + rc).to(gl.float32)  # sorted_tw: no load chain through pair
+        if EPI:
             _store_staged(y * gl.expand_dims(tw, 0), sorted_ptr, dst_ptr, row0, nrows, nstore, nb,
                           NOUT, stride_dst, BN, BM, SL)
         else:

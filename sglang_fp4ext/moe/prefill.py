@@ -364,48 +364,52 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         bn, warps = getattr(config, f"block_n{i}"), getattr(config, f"warps{i}")
         bm = config.gemm1_block_m if i == 1 else config.block_m
         bt = config.tail1 if i == 1 else 0  # GEMM1's tail rows: M tiles of bm + bt
-        launches.append(
-            _Launch(
-                f"_wgmma_gemm{i}",
-                (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, bm + bt)),
-                (
-                    src,
-                    sorted_pair,
-                    counts,
-                    topk_weights.reshape(-1) if i == 2 and config.tw_by_pair2 else sorted_tw,
-                    w.q,
-                    w.scale,
-                    w.alpha,
-                    dst,
-                    K,
-                    nout,
-                    w.n_pad,
-                    top_k,
-                    src.stride(0),
-                    dst.stride(0),
-                    w.q.stride(0),
-                    w.q.stride(1),
-                    w.scale.stride(0),
-                    w.scale.stride(1),
-                ),
-                dict(
-                    NBINS=nbins,
-                    BM=bm,
-                    BN=bn,
-                    NS=getattr(config, f"stages{i}"),
-                    PF=getattr(config, f"prefetch{i}"),
-                    LP=getattr(config, f"l2_prefetch{i}"),
-                    CR=getattr(config, f"code_ring{i}"),
-                    SR=getattr(config, f"static_ring{i}"),
-                    **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2 + 2 * config.tw_by_pair2)
-                       if i == 2 else dict(BT=bt, MT=G.layouts(bn, bt or bm, warps)["ML"])),
-                    **G.layouts(bn, bm, warps),
-                ),
-                warps,
-                1,
-                gluon=True,
+        # GEMM1: one launch, or with the tail two over the same tiles: (tail rows, tile kind
+        # SEL) = (bt, 1) for tiles with rows past bm, (0, 2) for the others.
+        for tail, sel in ((bt, 1), (0, 2)) if bt else ((0, 0),):
+            launches.append(
+                _Launch(
+                    f"_wgmma_gemm{i}",
+                    (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, bm + bt)),
+                    (
+                        src,
+                        sorted_pair,
+                        counts,
+                        sorted_tw,
+                        w.q,
+                        w.scale,
+                        w.alpha,
+                        dst,
+                        K,
+                        nout,
+                        w.n_pad,
+                        top_k,
+                        src.stride(0),
+                        dst.stride(0),
+                        w.q.stride(0),
+                        w.q.stride(1),
+                        w.scale.stride(0),
+                        w.scale.stride(1),
+                    ),
+                    dict(
+                        NBINS=nbins,
+                        BM=bm,
+                        BN=bn,
+                        NS=getattr(config, f"stages{i}"),
+                        PF=getattr(config, f"prefetch{i}"),
+                        LP=getattr(config, f"l2_prefetch{i}"),
+                        CR=getattr(config, f"code_ring{i}"),
+                        SR=getattr(config, f"static_ring{i}"),
+                        **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2)
+                           if i == 2 else dict(BT=tail, MT=G.layouts(bn, tail or bm, warps)["ML"],
+                                               TM=bm + bt, SEL=sel)),
+                        **G.layouts(bn, bm, warps),
+                    ),
+                    warps,
+                    1,
+                    gluon=True,
+                )
             )
-        )
     launches.append(_combine_launch(partial, topk_ids, out, E, False, False))
     return launches
 

@@ -39,7 +39,7 @@ WGMMA_SMEM_LIMIT = 232_448
 #: GEMM1 by it, the twin drops it for the dot family's shared memory).
 WGMMA_KNOBS_OFF = dict(prefetch1=1, prefetch2=1, accs2=1, static_ring1=0, static_ring2=0,
                        smem_epi2=0, l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0,
-                       tw_by_pair2=0, tail1=0)
+                       tail1=0)
 
 
 def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
@@ -120,11 +120,8 @@ class PrefillConfig(ConfigDict):
     ahead of their decode, with the activations' copies, and read from there instead of the
     register queue (``prefetch*`` 1, ``l2_prefetch*`` 0); 0: off. With ``accs2`` = 2 (one K
     chunk per GEMM2 row block) ``code_ring2`` 1 copies every row block's codes of a program when
-    it starts, a slot each (``group_n2`` slots). ``tw_by_pair2`` (wgmma) 1: GEMM2's epilogue
-    reads the routing weight through the pair index (``topk_weights[sorted_pair[row]]``, as
-    before ``sorted_tw``) instead of by sorted row; the same values, kept to time the two in
-    one process (GEMM2 measured 7-9% slower a day after ``sorted_tw`` shipped, across runs).
-    ``tail1`` (wgmma, with ``static_ring1`` and no code ring) 32 or 64: GEMM1's M tiles hold
+    it starts, a slot each (``group_n2`` slots).
+    ``tail1`` (wgmma, with ``static_ring1`` and no code ring) 16, 32 or 64: GEMM1's M tiles hold
     ``block_m1`` + ``tail1`` rows, the last ``tail1`` on a second accumulator fed by the same
     decoded weights, so an expert a little over a full tile takes ``tail1`` more MMA columns
     instead of a second tile that decodes its weights again (GLM-5 TP8 T = 4096 with 128-row
@@ -155,7 +152,6 @@ class PrefillConfig(ConfigDict):
     l2_prefetch2: int = 0
     code_ring1: int = 0
     code_ring2: int = 0
-    tw_by_pair2: int = 0
     tail1: int = 0
 
     @property
@@ -330,20 +326,19 @@ class PrefillConfig(ConfigDict):
                     f"{getattr(self, f'static_ring{i}')}, prefetch{i}={getattr(self, f'prefetch{i}')}"
                     f", l2_prefetch{i}={getattr(self, f'l2_prefetch{i}')}"
                 )
-        if self.tail1 not in (0, 32, 64) or self.tail1 and (
+        if self.tail1 not in (0, 16, 32, 64) or self.tail1 and (
                 self.static_ring1 != 1 or self.code_ring1 or self.tail1 > self.gemm1_block_m):
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): tail1 must be 0 (off), 32 or 64, at most "
+                f"PrefillConfig(kernels='wgmma'): tail1 must be 0 (off), 16, 32 or 64, at most "
                 f"GEMM1's block_m, with static_ring1=1 and code_ring1=0, got tail1={self.tail1!r}, "
                 f"GEMM1 block_m={self.gemm1_block_m}, static_ring1={self.static_ring1}, "
                 f"code_ring1={self.code_ring1}"
             )
-        for name in ("smem_epi2", "tw_by_pair2"):
-            if getattr(self, name) not in (0, 1):
-                raise ValueError(
-                    f"PrefillConfig(kernels='wgmma'): {name} must be 0 or 1, "
-                    f"got {getattr(self, name)!r}"
-                )
+        if self.smem_epi2 not in (0, 1):
+            raise ValueError(
+                f"PrefillConfig(kernels='wgmma'): smem_epi2 must be 0 or 1, "
+                f"got {self.smem_epi2!r}"
+            )
         if self.static_ring2 and self.accs2 == 2:
             raise ValueError(
                 "PrefillConfig(kernels='wgmma'): static_ring2 is for GEMM2's ring; with accs2=2 "
@@ -361,21 +356,32 @@ def _datacenter_mma(arch: str) -> bool:
     return cc.isdigit() and int(cc) // 10 in (9, 10)
 
 
+def _nearest_pow2(rows: float) -> int:
+    """``rows`` rounded to the nearest power of two in log scale."""
+    return 1 << max(0, round(math.log2(max(rows, 1.0))))
+
+
 def _wgmma_block_m(rows: float, shape: MoEShape) -> int:
     """``rows`` (``MoEShape.rows_per_expert``) rounded to the nearest power of two (in log scale),
     within [32, 64] at ``I`` <= 512 and [32, 128] above."""
-    near = 1 << max(0, round(math.log2(max(rows, 1.0))))
-    return min(64 if shape.I <= 512 else 128, max(32, near))
+    return min(64 if shape.I <= 512 else 128, max(32, _nearest_pow2(rows)))
 
 
-def wgmma_gemm1_knobs(block_m: int, shape: MoEShape) -> dict:
-    """GEMM1's ring depth, static ring and own M tile for the wgmma family at ``block_m`` (the
-    heuristic's rule, ``_wgmma_config``; the tuner applies it when it moves ``block_m``): 3
-    stages, the static ring where they divide H / 256 and, at I <= 512, 128-token tiles from
-    ``block_m`` 64; 2 stages and neither below."""
+def wgmma_gemm1_knobs(block_m: int, shape: MoEShape, rows: float | None = None) -> dict:
+    """GEMM1's ring depth, static ring, own M tile and tail for the wgmma family at ``block_m``
+    (the heuristic's rule, ``_wgmma_config``; the tuner applies it when it moves ``block_m``): 3
+    stages, the static ring where they divide H / 256, 2 stages and neither below ``block_m``
+    64. With the static ring, tiles of 16 more rows on a second accumulator (``tail1``), and
+    at I <= 512 (``block_m`` capped at 64 for GEMM2) a tile of its own for GEMM1: with the tail
+    ``rows`` rounded as ``block_m`` is but capped at 128 (64 + 16 beat 128 + 16 and 128 at TP8
+    T = 2048), else (or without ``rows``) 128 from ``block_m`` 64."""
     big = block_m >= 64
-    return dict(stages1=3 if big else 2, static_ring1=int(big and static_ring_fits(shape.H, 3)),
-                block_m1=128 if block_m == 64 and shape.I <= 512 else 0)
+    sr = int(big and static_ring_fits(shape.H, 3))
+    tile1 = block_m
+    if block_m == 64 and shape.I <= 512:
+        tile1 = 128 if rows is None or not sr else min(128, max(64, _nearest_pow2(rows)))
+    return dict(stages1=3 if big else 2, static_ring1=sr,
+                block_m1=tile1 if tile1 != block_m else 0, tail1=16 if sr else 0)
 
 
 def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
@@ -424,7 +430,7 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
     one_chunk = shape.I == K_CHUNK
     return PrefillConfig(
         block_m=bm,
-        **wgmma_gemm1_knobs(bm, shape),
+        **wgmma_gemm1_knobs(bm, shape, rows),
         block_n1=128,
         block_k1=K_CHUNK,
         warps1=8,

@@ -198,10 +198,12 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # chunks ahead), where its static ring can unroll by 4.
             lambda: r(base, stages1=2, static_ring1=1, code_ring1=4, prefetch1=1,
                       l2_prefetch1=0) if static_ring_fits(shape.H, 4) else None,
-            # GEMM1's tail: tiles of block_m1 + 32 rows, the 32 on a second accumulator fed by
-            # the same decoded weights (2 stages at 128 rows: shared memory).
-            lambda: r(base, tail1=32, stages1=2 if base.gemm1_block_m == 128 else base.stages1)
+            # GEMM1's 16-row tail (on a second accumulator fed by the same decoded weights),
+            # flipped; and GEMM1's own tile at I <= 512, 64 <-> 128 rows.
+            lambda: r(base, tail1=0 if base.tail1 else 16)
             if base.static_ring1 and not base.code_ring1 else None,
+            lambda: r(base, block_m1=0 if base.block_m1 else 128)
+            if base.block_m == 64 and shape.I <= 512 else None,
             lambda: r(base, **st1(bm // 2)),
             lambda: r(base, **st1(2 * bm)),
             lambda: r(base, **st1(bm // 4)),  # expert parallelism: fewer rows per local expert
