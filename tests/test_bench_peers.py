@@ -277,17 +277,17 @@ def test_readme_decode_v2_table_matches_the_committed_results():
 
 def test_readme_prefill_v2_table_matches_the_committed_results():
     """The README's prefill table is ``prefill_peers_table()`` of the committed tk peer JSON and
-    step 4's sweeps, and its step-4 column is the config the shipped H200 table names."""
+    the same-run sweeps, and its sweep column is the config the shipped H200 table names."""
     rt = _readme_table()
     text = (ROOT / "README.md").read_text()
     block = text.split(rt.PREFILL_MARKER)[1].split(rt.PREFILL_END)[0].strip()
     assert block == rt.prefill_peers_table().strip(), "run: python benchmarks/readme_table.py --write"
-    r = rt.tk_prefill_points(rt.PREFILL_PEERS_DIR, "tp8")[4096]
+    r = rt.tk_prefill_points(rt.PREFILL_PEERS_DIRS[0], "tp8")[4096]
     assert f"| TP8 | 4096 | {r['fp4ext']['us']:.1f} | {r['tk']['us']:.1f} |" in block
-    # Step 3's config (the sweep's knob-free row) -> the shipped one with step 4's GEMM2 knobs.
-    sweep = json.loads(rt.PREFILL_SWEEPS["tp8"][1].read_text())["rows"]
-    us = {str(x["knob"]): x["us"] for x in sweep if x["T"] == 4096}
-    assert f"{us['{}']:.1f} → {us[str({'smem_epi2': 1, 'code_ring2': 1})]:.1f}" in block
+    # Step 4's shipped config (GEMM1 without the tail) -> step 5's (the tail), one process.
+    path, knobs = rt.PREFILL_SWEEPS["tp8"][0]
+    us = {str(x["knob"]): x["us"] for x in json.loads(path.read_text())["rows"] if x["T"] == 4096}
+    assert f"{us[str(dict(tail1=0))]:.1f} → {us['{}']:.1f} (tail1=16)" in block
 
 
 def test_readme_suite_table_lists_each_peer(tmp_path):
