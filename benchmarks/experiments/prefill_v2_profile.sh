@@ -135,12 +135,13 @@ fi
 pack
 tier tier_prefill tests/test_prefill_kernels.py 200
 fi
-# sweep NAME SHAPE KNOBS: the heuristic's config and each knob dict on it, GLM-5 SHAPE (tp8, ep8),
-# T = 1024..8192, one process; its table to run.log.
-sweep() {
+# sweep NAME SHAPE KNOBS [T_LIST] [LIMIT_S]: the heuristic's config and each knob dict on it,
+# GLM-5 SHAPE (tp8, ep8, tp8-fused-shared), T = 1024..8192 by default, one process; its table
+# to run.log.
+sweep() {  # sweep NAME SHAPE KNOBS [T_LIST] [LIMIT_S]
   step $1
-  OUT=$R SWEEP_T=1024,2048,4096,8192 SWEEP_PRESET=glm5-$2 SWEEP_NAME=prefill_$1 SWEEP_KNOBS="$3" \
-    timeout 170 python benchmarks/experiments/prefill_knob_sweep.py > $R/$1.log 2>&1
+  OUT=$R SWEEP_T=${4:-1024,2048,4096,8192} SWEEP_PRESET=glm5-$2 SWEEP_NAME=prefill_$1 \
+    SWEEP_KNOBS="$3" timeout ${5:-170} python benchmarks/experiments/prefill_knob_sweep.py > $R/$1.log 2>&1
   grep -A40 "bf16 matmul" $R/$1.log >> $OUT/run.log; pack
 }
 if [ "$1" = step4 ]; then  # the GPU tests of step 4's kernels first, then sorted_tw at TP8 only
@@ -182,18 +183,9 @@ if [ "$1" = step4_final ]; then
 # shipped-config tests and the self-check, then triton_kernels (prefill) and Marlin (decode,
 # GLM-5 TP8 T = 1, 2) each in one process with fp4ext (.peers carried). ~9 min.
 OFF="{'smem_epi2': 0, 'code_ring2': 0}"
-step off_tp8
-OUT=$R SWEEP_T=512,1024 SWEEP_PRESET=glm5-tp8 SWEEP_NAME=prefill_step4_off_tp8 SWEEP_KNOBS="[$OFF]" \
-  timeout 40 python benchmarks/experiments/prefill_knob_sweep.py > $R/off_tp8.log 2>&1
-grep -A20 "bf16 matmul" $R/off_tp8.log >> $OUT/run.log; pack
-step off_fused
-OUT=$R SWEEP_T=512,1024,2048,4096,8192 SWEEP_PRESET=glm5-tp8-fused-shared SWEEP_NAME=prefill_step4_off_fused \
-  SWEEP_KNOBS="[$OFF]" timeout 70 python benchmarks/experiments/prefill_knob_sweep.py > $R/off_fused.log 2>&1
-grep -A20 "bf16 matmul" $R/off_fused.log >> $OUT/run.log; pack
-step off_ep8
-OUT=$R SWEEP_T=2048,4096,8192 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_step4_off_ep8 \
-  SWEEP_KNOBS="[{'smem_epi2': 0}, {'smem_epi2': 1}]" timeout 50 python benchmarks/experiments/prefill_knob_sweep.py > $R/off_ep8.log 2>&1
-grep -A20 "bf16 matmul" $R/off_ep8.log >> $OUT/run.log; pack
+sweep step4_off_tp8 tp8 "[$OFF]" 512,1024 40
+sweep step4_off_fused tp8-fused-shared "[$OFF]" 512,1024,2048,4096,8192 70
+sweep step4_off_ep8 ep8 "[{'smem_epi2': 0}, {'smem_epi2': 1}]" 2048,4096,8192 50
 # the wgmma family's tests on the config a call uses (shipped table or heuristic)
 tier tier_prefill tests/test_prefill_kernels.py 130 \
   -k "wgmma and (glm5_vs_reference or graph_replay or deterministic or adversarial or other_shapes)"
@@ -225,26 +217,18 @@ if [ "$1" = step5_final ]; then
 # shipped heuristic against no tail (TP8, EP8), the wgmma family's GPU tests on the config a
 # call uses, triton_kernels prefill (T = 2048..8192), the fused shared expert's table configs
 # against the new heuristic, Marlin decode (GLM-5 EP8 T = 2, 8; T = 8 again with the previous
-# table if OLD_TABLE_DIR names it), each peer in one process with fp4ext (.peers carried). ~8 min.
-step split_tp8
-OUT=$R SWEEP_T=2048,4096,8192 SWEEP_PRESET=glm5-tp8 SWEEP_NAME=prefill_step5_tp8 \
-  SWEEP_KNOBS="[{'tail1': 0}, {'tail1': 0, 'block_m1': 128}, {'block_m1': 128}]" timeout 70 python benchmarks/experiments/prefill_knob_sweep.py > $R/split_tp8.log 2>&1
-grep -A20 "bf16 matmul" $R/split_tp8.log >> $OUT/run.log; pack
-step split_ep8
-OUT=$R SWEEP_T=2048,4096,8192 SWEEP_PRESET=glm5-ep8 SWEEP_NAME=prefill_step5_ep8 \
-  SWEEP_KNOBS="[{'tail1': 0}]" timeout 50 python benchmarks/experiments/prefill_knob_sweep.py > $R/split_ep8.log 2>&1
-grep -A20 "bf16 matmul" $R/split_ep8.log >> $OUT/run.log; pack
+# table if OLD_TABLE_DIR names it), each peer in one process with fp4ext (.peers carried). ~8 min
+# (the 2026-12-03 run gave tk 80 s per shape, which cut TP8 after T = 2048: now 150).
+sweep step5_tp8 tp8 "[{'tail1': 0}, {'tail1': 0, 'block_m1': 128}, {'block_m1': 128}]" 2048,4096,8192 70
+sweep step5_ep8 ep8 "[{'tail1': 0}]" 2048,4096,8192 50
 tier tier_prefill tests/test_prefill_kernels.py 120 \
   -k "wgmma and (glm5_vs_reference or graph_replay or deterministic or adversarial or other_shapes)"
 step tk_prefill
-timeout 170 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 80 --Ts 2048,4096,8192 > $R/tk_prefill.log 2>&1
+timeout 200 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 150 --Ts 2048,4096,8192 > $R/tk_prefill.log 2>&1
 grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
-step fused
 OLD="{'block_m1': 0, 'static_ring1': 0, 'tail1': 0}"
 OLD8="{'block_m': 128, 'stages1': 2, 'block_n2': 128, 'warps2': 8, 'group_n2': 8, 'accs2': 1, 'smem_epi2': 0, 'code_ring2': 0, 'block_m1': 0, 'static_ring1': 0, 'tail1': 0}"
-OUT=$R SWEEP_T=2048,4096,8192 SWEEP_PRESET=glm5-tp8-fused-shared SWEEP_NAME=prefill_step5_fused \
-  SWEEP_KNOBS="[{'tail1': 0}, $OLD, $OLD8]" timeout 80 python benchmarks/experiments/prefill_knob_sweep.py > $R/fused.log 2>&1
-grep -A20 "bf16 matmul" $R/fused.log >> $OUT/run.log; pack
+sweep step5_fused tp8-fused-shared "[{'tail1': 0}, $OLD, $OLD8]" 2048,4096,8192 80
 step marlin_ep8
 timeout 80 bash .peers/marlin/device_run.sh --out $R/marlin_ep8 --shapes glm5_ep8 --ts 2,8 > $R/marlin_ep8.log 2>&1
 grep TIME $R/marlin_ep8.log >> $OUT/run.log; pack
