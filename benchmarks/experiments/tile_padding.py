@@ -8,7 +8,8 @@ and MMA columns count tensor work.
 
 Routing: ``sglang_fp4ext.bench.layer.make_routing`` (uniform top-k, as every benchmark here),
 4 draws per T; the tail's MMA columns count the tail only where a tile has rows past
-``block_m`` (the kernel issues the tail's MMAs in every tile: both are printed).
+``block_m`` (as the shipped kernels run it since step 5: a launch of its own for those tiles),
+and, printed beside, in every tile (step 4's first form).
 """
 
 from __future__ import annotations

@@ -158,22 +158,22 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr, CR: gl.constexpr,
                  WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
                  CL: gl.constexpr, SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
-                 CW: gl.constexpr, BT: gl.constexpr, MT: gl.constexpr, TM: gl.constexpr,
-                 SEL: gl.constexpr):
+                 CW: gl.constexpr, BT: gl.constexpr, MT: gl.constexpr, TM: gl.constexpr):
     """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)`` over
     M tiles of ``TM`` rows. With GEMM1's tail (``PrefillConfig.tail1``) ``TM`` = ``BM`` + the
-    tail and two launches share the tiles: ``SEL`` 1 runs those with rows past ``BM``, their
-    last ``BT`` on a second accumulator (layout ``MT``) fed by the same decoded weights; ``SEL``
-    2 the others, compiled without the tail (``BT`` = 0). One kernel branching between the two
-    pipelines spilled in both (208 B of stack, local loads in the K loop; TP8 T = 2048, where no
-    tile has tail rows, took 500 us against 393, prefill_v2_step5)."""
+    tail and two launches share the tiles: the one with ``BT`` > 0 runs those with rows past
+    ``BM``, their last ``BT`` on a second accumulator (layout ``MT``) fed by the same decoded
+    weights; the one compiled without the tail (``BT`` = 0, ``TM`` > ``BM``) the others. One
+    kernel branching between the two pipelines spilled in both (208 B of stack, local loads in
+    the K loop; TP8 T = 2048, where no tile has tail rows, took 500 us against 393,
+    prefill_v2_step5)."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, TM, CL)
     if nrows <= 0:
         return
-    if SEL == 1:
+    if BT:  # the tail's launch: tiles with rows past BM only
         if nrows <= BM:
             return
-    if SEL == 2:
+    elif TM > BM:  # the other launch of a tailed config: the rest
         if nrows > BM:
             return
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
@@ -255,7 +255,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         xs = _ring(BM, NS, XS)
         xt = xs  # unused without the tail
         xpt = xp
-        if BT:  # rows past the tile's end (none: nrows <= BM) re-read its last row
+        if BT:  # the tail's rows (GEMM1's tail launch: nrows > BM); past its end: the last
             xt = _ring(BT, NS, XS)
             xpt = _act_ptrs(x_ptr, sorted_ptr, row0 + BM, nrows - BM, TOP_K, stride_x, GATED,
                             BT, AL)
@@ -300,10 +300,9 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
             NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW, xt, xpt, acc_t,
             BT)
         y, yt, p_lo, p_hi = _mma_done(acc, acc_t, p_lo, p_hi, BT)
-        if BT:
-            if nrows > BM:
-                _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM,
-                          nb0, NOUT, NP, stride_dst, GATED, EPI, BN, BT, MT, SL, nrows - BM)
+        if BT:  # only tiles with rows past BM run with the tail (_wgmma_gemm1)
+            _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM,
+                      nb0, NOUT, NP, stride_dst, GATED, EPI, BN, BT, MT, SL, nrows - BM)
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nmain, nb0, NOUT, NP,
                   stride_dst, GATED, EPI, BN, BM, ML, SL, nmain)
     else:

@@ -364,9 +364,9 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         bn, warps = getattr(config, f"block_n{i}"), getattr(config, f"warps{i}")
         bm = config.gemm1_block_m if i == 1 else config.block_m
         bt = config.tail1 if i == 1 else 0  # GEMM1's tail rows: M tiles of bm + bt
-        # GEMM1: one launch, or with the tail two over the same tiles: (tail rows, tile kind
-        # SEL) = (bt, 1) for tiles with rows past bm, (0, 2) for the others.
-        for tail, sel in ((bt, 1), (0, 2)) if bt else ((0, 0),):
+        # GEMM1 with the tail: two launches over the same tiles of bm + bt rows, one compiled
+        # with the tail for the tiles with rows past bm, one without it for the others.
+        for tail in (bt, 0) if bt else (0,):
             launches.append(
                 _Launch(
                     f"_wgmma_gemm{i}",
@@ -402,7 +402,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                         SR=getattr(config, f"static_ring{i}"),
                         **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2)
                            if i == 2 else dict(BT=tail, MT=G.layouts(bn, tail or bm, warps)["ML"],
-                                               TM=bm + bt, SEL=sel)),
+                                               TM=bm + bt)),
                         **G.layouts(bn, bm, warps),
                     ),
                     warps,

@@ -125,7 +125,8 @@ class PrefillConfig(ConfigDict):
     ``block_m1`` + ``tail1`` rows, the last ``tail1`` on a second accumulator fed by the same
     decoded weights, so an expert a little over a full tile takes ``tail1`` more MMA columns
     instead of a second tile that decodes its weights again (GLM-5 TP8 T = 4096 with 128-row
-    tiles: ~1.5 tiles per expert, a third of GEMM1's MMA columns padding); 0: off.
+    tiles: ~1.5 tiles per expert, a third of GEMM1's MMA columns padding); tiles without such
+    rows run a second GEMM1 launch compiled without the tail; 0: off.
     """
 
     block_m: int = 128
