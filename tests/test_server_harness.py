@@ -16,6 +16,7 @@ ports it chose is retried on fresh ones; two servers never share ports.
 
 from __future__ import annotations
 
+import random
 import socket
 import sys
 import textwrap
@@ -132,6 +133,20 @@ def test_block_with_a_taken_derived_port_is_skipped(monkeypatch):
             b = server_ports.reserve_ports()
             assert b.port == lo + server_ports.PORT_BLOCK
             b.release()
+
+
+def test_avoided_block_is_never_picked(monkeypatch):
+    """A retry asks for fresh ports: the block that failed is free again once its server is gone
+    and, without ``avoid``, one pick in 45 handed it back (CI, 2026-12-03: the retry bound the
+    port that had just failed)."""
+    lo = server_ports.PORT_RANGE[0] + 30 * server_ports.PORT_BLOCK
+    monkeypatch.setattr(server_ports, "PORT_RANGE", (lo, lo + 2 * server_ports.PORT_BLOCK))
+    for seed in range(20):
+        b = server_ports.reserve_ports(rng=random.Random(seed), avoid={lo})
+        assert b.port == lo + server_ports.PORT_BLOCK
+        b.release()
+    with pytest.raises(server_ports.PortInUse, match="no free block"):
+        server_ports.reserve_ports(avoid={lo, lo + server_ports.PORT_BLOCK})
 
 
 def test_explicit_port_taken_fails_at_once(tmp_path):
@@ -354,7 +369,7 @@ def test_real_server_on_a_taken_port_fails_in_seconds(plain_model, tmp_path, mon
         port = taken.getsockname()[1]
         # The race: the pick found the port free; it was taken before SGLang could bind it.
         monkeypatch.setattr(harness, "reserve_ports",
-                            lambda explicit=None: server_ports.PortBlock(port, None))
+                            lambda explicit=None, **kw: server_ports.PortBlock(port, None))
         args, env = _real_args()
         server = harness.SGLangServer(plain_model, args, env=env, log_path=tmp_path / "s.log",
                                       name="taken-port server", max_attempts=1)
@@ -378,9 +393,10 @@ def test_two_real_servers_at_once_one_on_a_taken_port(plain_model, tmp_path, mon
         taken.listen(1)
         port = taken.getsockname()[1]
 
-        def reserve(explicit=None):
+        def reserve(explicit=None, **kw):
             picks.append(explicit)
-            return server_ports.PortBlock(port, None) if len(picks) == 2 else real_reserve(explicit)
+            return (server_ports.PortBlock(port, None) if len(picks) == 2
+                    else real_reserve(explicit, **kw))
 
         monkeypatch.setattr(harness, "reserve_ports", reserve)
         args, env = _real_args()

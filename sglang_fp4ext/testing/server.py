@@ -164,6 +164,7 @@ class SGLangServer:
         self.args: list[str] = []
         self.attempt = 0
         self.failed_attempts: list[str] = []
+        self._failed_bases: set[int] = set()
         self.started_at = self.ready_at = self.stopped_at = None  # time.monotonic()
         self._block: PortBlock | None = None
         self._log = None
@@ -176,7 +177,7 @@ class SGLangServer:
         """Reserve ports and launch; returns at once (``poll`` then says when it is up)."""
         self.attempt += 1
         try:
-            self._block = reserve_ports(self._explicit)
+            self._block = reserve_ports(self._explicit, avoid=self._failed_bases)
         except PortInUse as exc:
             raise ServerStartError(self.name, exc.port, str(exc), self.log_path, "(not started)",
                                    kind="bind", attempts=self.failed_attempts) from None
@@ -206,6 +207,7 @@ class SGLangServer:
             self._stop(grace=5.0)
             if f.kind == "bind" and self.attempt < self.max_attempts:
                 self.failed_attempts.append(f"127.0.0.1:{self.port}: {f.reason}")
+                self._failed_bases.add(self.port)  # never retried on the block that failed
                 kept = self.log_path.with_name(
                     f"{self.log_path.stem}.attempt{self.attempt}{self.log_path.suffix}"
                 )

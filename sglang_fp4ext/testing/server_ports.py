@@ -110,13 +110,16 @@ def _lock_block(base: int):
     return f
 
 
-def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = None) -> PortBlock:
+def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = None,
+                  avoid: frozenset[int] | set[int] = frozenset()) -> PortBlock:
     """Ports for one server on 127.0.0.1.
 
     ``explicit``: that HTTP port (checked, not locked; SGLang picks its own nccl port); raises
     ``PortInUse`` when it is taken. Otherwise a block of ``PORT_BLOCK`` ports in ``PORT_RANGE``,
-    chosen in random order, whose lock this process got and whose ``PORT_OFFSETS`` ports are all
-    free; raises ``PortInUse`` when no block qualifies.
+    chosen in random order, not one of the bases in ``avoid`` (blocks a start already failed to
+    bind: their ports can look free again between the failure and the retry), whose lock this
+    process got and whose ``PORT_OFFSETS`` ports are all free; raises ``PortInUse`` when no block
+    qualifies.
     """
     if explicit is not None:
         if not _can_bind(explicit, "127.0.0.1", reuse=True):  # what uvicorn's bind needs
@@ -124,7 +127,7 @@ def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = No
         return PortBlock(explicit, None)
     lo, hi = PORT_RANGE
     hi = min(hi, _ephemeral_low() - PORT_BLOCK)
-    bases = list(range(lo, hi, PORT_BLOCK))
+    bases = [b for b in range(lo, hi, PORT_BLOCK) if b not in avoid]
     (rng or random).shuffle(bases)
     for base in bases:
         lock = _lock_block(base)
