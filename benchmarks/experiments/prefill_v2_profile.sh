@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|tail2
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -238,6 +238,18 @@ SGLANG_FP4EXT_CONFIG_DIR=$OLD_TABLE_DIR timeout 70 bash .peers/marlin/device_run
   --shapes glm5_ep8 --ts 8 > $R/marlin_ep8_old.log 2>&1
 grep TIME $R/marlin_ep8_old.log >> $OUT/run.log; pack
 fi
+fi
+if [ "$1" = tail2 ]; then
+# GEMM2's tail (PrefillConfig.tail2, built 2026-12-03 on the CPU, not yet run): tiles of
+# 64 + 16 / 64 + 32 rows at I = 256, the tail launch waiting for a block's MMAs before issuing
+# the next (Triton 3.6 spills 252 B at 64 + 16 and 8 blocks per program, none at 64 + 32). GPU
+# tests first (the fp32 twin; bit-equal to the tail-free config), then TP8 and the fused shared
+# expert against the shipped configs. Tiles (tile_padding.py, TP8): T = 2048 375 -> 262 (+16),
+# 4096 634 -> 512, 8192 1,149 -> 984 (+16) / 772 (+32). Prediction: GEMM2 TP8 T = 4096
+# 461 us -> 380-430. ~6 min.
+tier tier_tail2 tests/test_prefill_kernels.py 180 -k "knobs_vs_reference or gemm2_tail"
+sweep tail2_tp8 tp8 "[{'tail2': 16}, {'tail2': 32}, {'tail2': 16, 'group_n2': 4}, {'tail2': 32, 'group_n2': 4}]" 1024,2048,4096,8192 200
+sweep tail2_fused tp8-fused-shared "[{'tail2': 16}, {'tail2': 32}]" 2048,4096,8192 100
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200
