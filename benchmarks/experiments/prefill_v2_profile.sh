@@ -240,16 +240,20 @@ grep TIME $R/marlin_ep8_old.log >> $OUT/run.log; pack
 fi
 fi
 if [ "$1" = tail2 ]; then
-# GEMM2's tail (PrefillConfig.tail2, built 2026-12-03 on the CPU, not yet run): tiles of
-# 64 + 16 / 64 + 32 rows at I = 256, the tail launch waiting for a block's MMAs before issuing
-# the next (Triton 3.6 spills 252 B at 64 + 16 and 8 blocks per program, none at 64 + 32). GPU
-# tests first (the fp32 twin; bit-equal to the tail-free config), then TP8 and the fused shared
-# expert against the shipped configs. Tiles (tile_padding.py, TP8): T = 2048 375 -> 262 (+16),
-# 4096 634 -> 512, 8192 1,149 -> 984 (+16) / 772 (+32). Prediction: GEMM2 TP8 T = 4096
-# 461 us -> 380-430. ~6 min.
+# GEMM2's tail (PrefillConfig.tail2, built 2026-12-03 on the CPU, not yet run). TP8 (I = 256):
+# tiles of 64 + 16 / 64 + 32 rows, the tail launch waiting for a block's MMAs before issuing
+# the next (Triton 3.6 spills 252 B at 64 + 16 and 8 blocks per program, none at 64 + 32).
+# EP8 (I = 2048): GEMM2 in GEMM1's form (one row block per program, static ring; the shipped 4
+# blocks with one accumulator spill 200 B, this none), without and with the tail. GPU tests
+# first (the fp32 twin; bit-equal to the tail-free config), then the sweeps against the
+# shipped configs. Tiles (tile_padding.py): TP8 T = 2048 375 -> 262 (+16), 4096 634 -> 512,
+# 8192 1,149 -> 984 (+16) / 772 (+32); EP8 (128 rows) T = 4096 46.75 -> 33, 8192 78.75 -> 64.25.
+# Predictions: GEMM2 TP8 T = 4096 461 us -> 380-430; EP8 T = 4096 452 -> 320-400. ~8 min.
 tier tier_tail2 tests/test_prefill_kernels.py 180 -k "knobs_vs_reference or gemm2_tail"
-sweep tail2_tp8 tp8 "[{'tail2': 16}, {'tail2': 32}, {'tail2': 16, 'group_n2': 4}, {'tail2': 32, 'group_n2': 4}]" 1024,2048,4096,8192 200
-sweep tail2_fused tp8-fused-shared "[{'tail2': 16}, {'tail2': 32}]" 2048,4096,8192 100
+sweep tail2_tp8 tp8 "[{'tail2': 16}, {'tail2': 32}, {'tail2': 16, 'group_n2': 4}, {'tail2': 32, 'group_n2': 4}]" 2048,4096,8192 150
+R2="'group_n2': 1, 'static_ring2': 1"
+sweep tail2_ep8 ep8 "[{$R2}, {$R2, 'tail2': 16}, {$R2, 'tail2': 32}]" 2048,4096,8192 120
+sweep tail2_fused tp8-fused-shared "[{'tail2': 16}, {'tail2': 32}]" 2048,4096,8192 80
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

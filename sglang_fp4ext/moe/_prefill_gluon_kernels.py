@@ -203,8 +203,9 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)`` over M tiles of ``TM`` rows. ``ACCS == 2``:
     ``_one_chunk_2acc`` (``K`` = 256). ``EPI``: the epilogue's form, ``smem_epi2``
-    (``_epilogue``). GEMM2's tail (``PrefillConfig.tail2``, ``ACCS == 2`` only) splits the tiles
-    between two launches as GEMM1's does (``_wgmma_gemm1``)."""
+    (``_epilogue``). GEMM2's tail (``PrefillConfig.tail2``: ``ACCS == 2``, or one row block per
+    program on the static ring as GEMM1's) splits the tiles between two launches as GEMM1's
+    does (``_wgmma_gemm1``)."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, TM, CL)
     if _skips_tile(nrows, BM, TM, BT):
         return
@@ -216,7 +217,7 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                        s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, EPI, WL,
-                       ML, AL, XS, CL, SL, CP, SP, CW, 0, ML)
+                       ML, AL, XS, CL, SL, CP, SP, CW, BT, MT)
 
 
 @gluon.jit
@@ -230,8 +231,8 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, BT: gl.constexpr,
                    MT: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
-    ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring). ``BT`` > 0 (GEMM1, one
-    row block, static ring): rows ``BM ..`` of the tile (up to ``BT``) are a tail with a ring
+    ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring). ``BT`` > 0 (one row
+    block, static ring: GEMM1's tail, GEMM2's at I > 256): rows ``BM ..`` of the tile (up to ``BT``) are a tail with a ring
     and an accumulator of their own, multiplied by the same decoded weights (an expert's
     tokens past a full tile cost ``BT`` more MMA columns, not a tile that decodes the weights
     again).
@@ -250,6 +251,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     ``NOUT`` = I. Else (GEMM2): ``dst`` = partials (P, H) bf16 by pair slot times the routing
     weight, ``NOUT`` = H.
     """
+    gl.static_assert(BT == 0 or (NG == 1 and SR == 1), "a tail needs one row block, static ring")
     nb0 = gl.program_id(0) * NG
     e64 = e.to(gl.int64)
     KC = K // 256
