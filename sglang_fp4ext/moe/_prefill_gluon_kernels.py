@@ -232,10 +232,10 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    MT: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
     ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring). ``BT`` > 0 (one row
-    block, static ring: GEMM1's tail, GEMM2's at I > 256): rows ``BM ..`` of the tile (up to ``BT``) are a tail with a ring
-    and an accumulator of their own, multiplied by the same decoded weights (an expert's
-    tokens past a full tile cost ``BT`` more MMA columns, not a tile that decodes the weights
-    again).
+    block, static ring: GEMM1's tail, GEMM2's at I > 256): rows ``BM ..`` of the tile (up to
+    ``BT``) are a tail with a ring and an accumulator of their own, multiplied by the same
+    decoded weights (an expert's tokens past a full tile cost ``BT`` more MMA columns, not a
+    tile that decodes the weights again).
 
     Chunk ``it + PF``'s codes load and chunk ``it`` decodes while chunk ``it - 1``'s MMAs run
     (``it`` counts chunks over the program's row blocks, so the next block's first codes are

@@ -128,8 +128,9 @@ class PrefillConfig(ConfigDict):
     tiles: ~1.5 tiles per expert, a third of GEMM1's MMA columns padding); tiles without such
     rows run a second GEMM1 launch compiled without the tail; 0: off. ``tail2`` (wgmma, with
     ``accs2`` = 2, or with ``static_ring2`` = 1 and ``group_n2`` = 1: GEMM1's form) 16 or 32: the
-    same for GEMM2's M tiles (``block_m`` + ``tail2`` rows, two launches; GLM-5 TP8 with 64-row tiles, ``tile_padding.py``: T = 2048 375 -> 262 tiles,
-    4096 634 -> 512, 8192 1,149 -> 984 with 64 + 16 and 772 with 64 + 32); 0: off.
+    same for GEMM2's M tiles (``block_m`` + ``tail2`` rows, two launches; GLM-5 TP8 with 64-row
+    tiles, ``tile_padding.py``: T = 2048 375 -> 262 tiles, 4096 634 -> 512, 8192 1,149 -> 984
+    with 64 + 16 and 772 with 64 + 32); 0: off.
     """
 
     block_m: int = 128
