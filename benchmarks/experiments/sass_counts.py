@@ -32,6 +32,7 @@ from triton.compiler import ASTSource
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
 from sglang_fp4ext.moe import (
     _decode_dot_kernels,
+    _decode_gluon_kernels,
     _prefill_gluon_kernels,
     _prefill_kernels,
     _prefill_w4a4_kernels,
@@ -77,7 +78,8 @@ def _weights(shape: MoEShape) -> PreparedMoEWeights:
 
 def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
     """(kernel, grid, args, constexprs, warps, stages) of one ``fused_moe_nvfp4`` call, recorded
-    by running the real launcher against recording stand-ins for the kernels."""
+    by running the real launcher against recording stand-ins for the kernels (both families;
+    the Gluon ones as on an sm_90 GPU of 132 SMs: PDL as configured)."""
     w = _weights(shape)
     calls = []
 
@@ -86,27 +88,31 @@ def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
             self.fn = fn
 
         def __getitem__(self, grid):
-            def launch(*args, num_warps, num_stages, **constexprs):
+            def launch(*args, num_warps, num_stages=1, launch_pdl=False, **constexprs):
                 calls.append((self.fn, grid, args, constexprs, num_warps, num_stages))
 
             return launch
 
-    names = ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok")
-    saved = {n: getattr(_decode_dot_kernels, n) for n in names}
-    saved_ws, saved_val = F._workspace, F.validate_moe_inputs
+    mods = {_decode_dot_kernels: ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok"),
+            _decode_gluon_kernels: ("_gemm1", "_gemm2", "_gemm2_tok", "_combine", "_fused")}
+    saved = {(m, n): getattr(m, n) for m, names in mods.items() for n in names}
+    saved_f = F._workspace, F.validate_moe_inputs, F._pdl, torch.cuda.current_device
     try:
-        for n in names:
-            setattr(_decode_dot_kernels, n, _Rec(saved[n]))
+        for (m, n), fn in saved.items():
+            setattr(m, n, _Rec(fn))
         F._workspace = lambda dev, name, n, dt, zero: _meta(dt, max(n, 1))
         F.validate_moe_inputs = lambda *a, **k: None  # meta tensors are not on a CUDA device
+        F._pdl = lambda family, c, dev: c.pdl if family == "gluon" else 0
+        torch.cuda.current_device = lambda: 0  # the one-launch path's SM count
+        F._SM_COUNT.setdefault(0, _H200.num_sms)
         k = shape.top_k
         x = _meta(torch.bfloat16, T, shape.H)
         ids, tw = _meta(torch.int32, T, k), _meta(torch.float32, T, k)
         F.fused_moe_nvfp4(x, w, ids, tw, out=x, config=cfg)
     finally:
-        for n in names:
-            setattr(_decode_dot_kernels, n, saved[n])
-        F._workspace, F.validate_moe_inputs = saved_ws, saved_val
+        for (m, n), fn in saved.items():
+            setattr(m, n, fn)
+        F._workspace, F.validate_moe_inputs, F._pdl, torch.cuda.current_device = saved_f
     return calls
 
 
