@@ -97,6 +97,7 @@ def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
             _decode_gluon_kernels: ("_gemm1", "_gemm2", "_gemm2_tok", "_combine", "_fused")}
     saved = {(m, n): getattr(m, n) for m, names in mods.items() for n in names}
     saved_f = F._workspace, F.validate_moe_inputs, F._pdl, torch.cuda.current_device
+    saved_sms = dict(F._SM_COUNT)
     try:
         for (m, n), fn in saved.items():
             setattr(m, n, _Rec(fn))
@@ -113,6 +114,8 @@ def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
         for (m, n), fn in saved.items():
             setattr(m, n, fn)
         F._workspace, F.validate_moe_inputs, F._pdl, torch.cuda.current_device = saved_f
+        F._SM_COUNT.clear()
+        F._SM_COUNT.update(saved_sms)
     return calls
 
 

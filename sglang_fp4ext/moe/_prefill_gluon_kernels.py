@@ -268,7 +268,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         xs = _ring(BM, NS, XS)
         xt = xs  # unused without the tail
         xpt = xp
-        if BT:  # the tail's rows (GEMM1's tail launch: nrows > BM); past its end: the last
+        if BT:  # the tail's rows (the tail launch: nrows > BM); past its end: the last
             xt = _ring(BT, NS, XS)
             xpt = _act_ptrs(x_ptr, sorted_ptr, row0 + BM, nrows - BM, TOP_K, stride_x, GATED,
                             BT, AL)
@@ -313,7 +313,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
             NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW, xt, xpt, acc_t,
             BT)
         y, yt, p_lo, p_hi = _mma_done(acc, acc_t, p_lo, p_hi, BT)
-        if BT:  # only tiles with rows past BM run with the tail (_wgmma_gemm1)
+        if BT:  # only tiles with rows past BM run with the tail (_skips_tile)
             _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM,
                       nb0, NOUT, NP, stride_dst, GATED, EPI, BN, BT, MT, SL, nrows - BM)
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nmain, nb0, NOUT, NP,
