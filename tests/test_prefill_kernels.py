@@ -351,11 +351,6 @@ def test_wgmma_config_rules():
         (dict(tail1=32, static_ring1=1, block_m=128, stages1=3), "plus 49152 B for .* tail"),
         (dict(kernels="dot", block_k2=128, tail1=32), "knobs of the wgmma kernels"),
         (dict(kernels="w4a4", tail1=16), "knobs of the wgmma kernels"),
-        (dict(tail2=8, accs2=2, group_n2=8, block_m=64), "tail2 must be 0 .*, 16 or 32"),
-        (dict(tail2=16, group_n2=8, block_m=64), "with accs2=2"),
-        (dict(tail2=16, block_m=64, static_ring2=1, group_n2=4), "static_ring2=1, group_n2=1"),
-        (dict(tail2=32, accs2=2, group_n2=8, block_m=16), "at most block_m"),
-        (dict(kernels="dot", block_k2=128, tail2=16), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -372,10 +367,6 @@ def test_wgmma_config_rules():
             twin.code_ring1) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0)
     assert w4a16_twin_config(PrefillConfig(block_m=64, block_m1=128, stages1=2, static_ring1=1,
                                            tail1=32, **_WG)).tail1 == 0
-    assert w4a16_twin_config(PrefillConfig(block_m=64, stages1=3, accs2=2, group_n2=8,
-                                           tail2=16, **_WG)).tail2 == 0
-    ring = PrefillConfig(block_m=128, stages1=3, static_ring2=1, group_n2=1, tail2=32, **_WG)
-    assert eval(repr(ring)) == ring  # GEMM2's tail in GEMM1's form (one block, static ring)
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -412,34 +403,6 @@ def test_wgmma_static_ring_needs_stages_dividing_the_k_chunks():
             _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
     ok = PrefillConfig(block_m=16, block_p=16, static_ring1=1, stages1=3, static_ring2=1, **_WG)
     assert len(_plan(x, pw, ids, tw, torch.empty_like(x), ok, False)) == 7
-
-
-def test_wgmma_tails_split_each_gemm_into_two_launches():
-    """A GEMM with a tail (``tail1``, ``tail2``) runs two launches over the same M tiles of
-    ``block_m`` + tail rows: one compiled with the tail (``BT``), one without; a GEMM without a
-    tail runs one launch over tiles of ``block_m``. GEMM2 at I = 256 with two accumulators, and
-    at I = 512 in GEMM1's form (one row block per program, static ring)."""
-    from sglang_fp4ext.moe.prefill import _plan, max_m_tiles
-
-    g = torch.Generator().manual_seed(7)
-    T, k = 40, 2
-    x = torch.randn(T, 512, generator=g).to(torch.bfloat16).to(DEV)
-    ids, tw = (t.to(DEV) for t in _routing(T, 8, k, g))
-    base = dict(block_m=32, block_p=16, stages1=2, static_ring1=1, **_WG)
-    two_acc, ring2 = dict(accs2=2, group_n2=2), dict(group_n2=1, static_ring2=1)
-    for I, gemm2, tails in ((256, two_acc, ((0, 0), (16, 0), (0, 16), (16, 32))),
-                            (512, ring2, ((0, 16), (16, 32)))):
-        _, pw = _weights(8, 512, I)
-        for t1, t2 in tails:
-            cfg = PrefillConfig(**base, **gemm2, tail1=t1, tail2=t2)
-            plan = [L for L in _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
-                    if L.kernel.startswith("_wgmma_gemm")]
-            got = [(L.kernel, L.constexprs["BT"], L.constexprs["TM"], L.grid[1]) for L in plan]
-            want = []
-            for i, bt in ((1, t1), (2, t2)):
-                tiles = max_m_tiles(T * k, 8, 32 + bt)
-                want += [(f"_wgmma_gemm{i}", b, 32 + bt, tiles) for b in ((bt, 0) if bt else (0,))]
-            assert got == want, (I, t1, t2, got)
 
 
 def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
@@ -884,22 +847,6 @@ _KNOBS = [
     # 3.6 (3.8: none), so it is not among these compile-checked knobs (_TAILS_GPU: GPU only).
     (_GLM5[0], "block_m=64, stages1=2, static_ring1=1, tail1=32, block_n2=64, warps2=4, "
                "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
-    # GEMM2's tail (tail2): the shipped TP8 T = 4096 / 8192 configs with 64 + 16 and 64 + 32
-    # rows (the tail launch waits for a block's MMAs before issuing the next: see the limit in
-    # _check_wgmma_design).
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tail2=16"),
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tail2=32"),
-    # GEMM2 at I = 2048 in GEMM1's form (one row block per program, static ring: no spills where
-    # the shipped 4 blocks with one accumulator put 200 B on the stack), without and with its
-    # tail (EP8 T = 4096: 128 + 16 and 128 + 32 rows).
-    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=1, static_ring2=1, "
-               "smem_epi2=1"),
-    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=1, static_ring2=1, "
-               "smem_epi2=1, tail2=16"),
-    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=1, static_ring2=1, "
-               "smem_epi2=1, tail2=32"),
 ]
 # GEMM1's tail at 128 + 32 rows (2 stages: shared memory), TP8 and EP8, and the shipped 16-row
 # tails at 3 stages (TP8 64 + 16 and 128 + 16, EP8 128 + 16): GPU-checked (the compile checks of
@@ -990,10 +937,7 @@ def _check_wgmma_design(rows, where):
             assert not spills, r
         if r["tail"]:  # the tail's launch: a few bytes outside the K loop (static SASS, step 5)
             stores = [int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)]
-            # GEMM2's (no K loop; 2 + 2 accumulators and two blocks' operands live) spills
-            # scalars and parameter pointers around its epilogues with Triton 3.6: 252 B at
-            # 64 + 16 rows and 8 blocks per program, 0-76 B elsewhere (2026-12-03).
-            assert max(stores, default=0) <= (64 if r["kernel"] == "_wgmma_gemm1" else 320), r
+            assert max(stores, default=0) <= 64, r
         # The two accumulators' point is overlap, not local memory: no spills on tiles of <= 32
         # tokens. At 64 ptxas spills (~200 B on one warpgroup), and it was still the fastest
         # GEMM2 measured (prefill_v2_step2: TP8 T = 4096 635 vs 727 us).
@@ -1293,21 +1237,3 @@ def test_wgmma_block_codes_equal_the_register_queue(rows2, group_n2, seed):
     _assert_knob_keeps_bits(1280, 256, [
         PrefillConfig(block_m=32, group_n2=group_n2, accs2=2, block_n2=rows2, warps2=rows2 // 16,
                       code_ring2=cr, smem_epi2=cr, **_WG) for cr in (0, 1)], seed)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("I, block_m, tail2, rows2, group_n2",
-                         [(256, 32, 16, 64, 8), (256, 64, 16, 64, 8), (256, 64, 32, 128, 4),
-                          (512, 64, 16, 128, 1), (512, 32, 32, 128, 1)])
-def test_wgmma_gemm2_tail_equals_no_tail(I, block_m, tail2, rows2, group_n2, seed):
-    """GEMM2's tail (``tail2``) multiplies rows past ``block_m`` into accumulators of their own
-    (``m64n{tail2}`` MMAs) in a second launch: each output element is the same K-ordered sum
-    rounded once, so the output equals the tail-free config's bit for bit. I = 256: two
-    accumulators; I = 512: GEMM1's form (one row block per program, static ring). T = 300 at 2
-    of 8 experts (~75 rows each): tiles with and without tail rows, partial tails; H = 1280:
-    ragged last programs; then graph replay."""
-    two = dict(accs2=2, code_ring2=1) if I == 256 else dict(static_ring2=1)
-    _assert_knob_keeps_bits(1280, I, [
-        PrefillConfig(block_m=block_m, group_n2=group_n2, block_n2=rows2, warps2=rows2 // 16,
-                      smem_epi2=1, tail2=t, **two, **_WG)
-        for t in (0, tail2)], seed)

@@ -107,20 +107,6 @@ def _tile_of(counts_ptr, m, NBINS: gl.constexpr, BM: gl.constexpr, CL: gl.conste
 
 
 @gluon.jit
-def _skips_tile(nrows, BM: gl.constexpr, TM: gl.constexpr, BT: gl.constexpr):
-    """Whether this launch leaves an M tile of ``nrows`` rows (of at most ``TM``) alone: empty
-    tiles; with a tail (``TM`` > ``BM``) the launch compiled with it (``BT`` > 0) runs only the
-    tiles with rows past ``BM``, the one compiled without it only the others."""
-    if BT:
-        skip = nrows <= BM
-    elif TM > BM:
-        skip = (nrows <= 0) | (nrows > BM)
-    else:
-        skip = nrows <= 0
-    return skip
-
-
-@gluon.jit
 def _k_slot(u):
     """Position in ``layout.mma_k_order`` of element ``u`` of a 128-wide K block."""
     return (u // 128) * 128 + ((u // 4) % 8) * 16 + ((u // 2) % 2) * 8 + ((u // 32) % 4) * 2 + u % 2
@@ -182,8 +168,14 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     the K loop; TP8 T = 2048, where no tile has tail rows, took 500 us against 393,
     prefill_v2_step5)."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, TM, CL)
-    if _skips_tile(nrows, BM, TM, BT):
+    if nrows <= 0:
         return
+    if BT:  # the tail's launch: tiles with rows past BM only
+        if nrows <= BM:
+            return
+    elif TM > BM:  # the other launch of a tailed config: the rest
+        if nrows > BM:
+            return
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
                    NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                    s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, CR, 0, WL, ML,
@@ -198,26 +190,22 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, ACCS: gl.constexpr,
                  SR: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                  ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
-                 SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
-                 BT: gl.constexpr, MT: gl.constexpr, TM: gl.constexpr):
+                 SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
-    ``(cdiv(Np2 / BN, NG), m_tiles)`` over M tiles of ``TM`` rows. ``ACCS == 2``:
-    ``_one_chunk_2acc`` (``K`` = 256). ``EPI``: the epilogue's form, ``smem_epi2``
-    (``_epilogue``). GEMM2's tail (``PrefillConfig.tail2``: ``ACCS == 2``, or one row block per
-    program on the static ring as GEMM1's) splits the tiles between two launches as GEMM1's
-    does (``_wgmma_gemm1``)."""
-    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, TM, CL)
-    if _skips_tile(nrows, BM, TM, BT):
+    ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256). ``EPI``:
+    the epilogue's form, ``smem_epi2`` (``_epilogue``)."""
+    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
+    if nrows <= 0:
         return
     if ACCS == 2:
         _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                         NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                        BM, BN, NG, PF, LP, CR, EPI, WL, ML, AL, XS, CL, SL, CP, SP, CW, BT, MT)
+                        BM, BN, NG, PF, LP, CR, EPI, WL, ML, AL, XS, CL, SL, CP, SP, CW)
     else:
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                        s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, EPI, WL,
-                       ML, AL, XS, CL, SL, CP, SP, CW, BT, MT)
+                       ML, AL, XS, CL, SL, CP, SP, CW, 0, ML)
 
 
 @gluon.jit
@@ -231,11 +219,11 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, BT: gl.constexpr,
                    MT: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
-    ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring). ``BT`` > 0 (one row
-    block, static ring: GEMM1's tail, GEMM2's at I > 256): rows ``BM ..`` of the tile (up to
-    ``BT``) are a tail with a ring and an accumulator of their own, multiplied by the same
-    decoded weights (an expert's tokens past a full tile cost ``BT`` more MMA columns, not a
-    tile that decodes the weights again).
+    ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring). ``BT`` > 0 (GEMM1, one
+    row block, static ring): rows ``BM ..`` of the tile (up to ``BT``) are a tail with a ring
+    and an accumulator of their own, multiplied by the same decoded weights (an expert's
+    tokens past a full tile cost ``BT`` more MMA columns, not a tile that decodes the weights
+    again).
 
     Chunk ``it + PF``'s codes load and chunk ``it`` decodes while chunk ``it - 1``'s MMAs run
     (``it`` counts chunks over the program's row blocks, so the next block's first codes are
@@ -251,7 +239,6 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     ``NOUT`` = I. Else (GEMM2): ``dst`` = partials (P, H) bf16 by pair slot times the routing
     weight, ``NOUT`` = H.
     """
-    gl.static_assert(BT == 0 or (NG == 1 and SR == 1), "a tail needs one row block, static ring")
     nb0 = gl.program_id(0) * NG
     e64 = e.to(gl.int64)
     KC = K // 256
@@ -268,7 +255,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         xs = _ring(BM, NS, XS)
         xt = xs  # unused without the tail
         xpt = xp
-        if BT:  # the tail's rows (the tail launch: nrows > BM); past its end: the last
+        if BT:  # the tail's rows (GEMM1's tail launch: nrows > BM); past its end: the last
             xt = _ring(BT, NS, XS)
             xpt = _act_ptrs(x_ptr, sorted_ptr, row0 + BM, nrows - BM, TOP_K, stride_x, GATED,
                             BT, AL)
@@ -313,7 +300,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
             NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW, xt, xpt, acc_t,
             BT)
         y, yt, p_lo, p_hi = _mma_done(acc, acc_t, p_lo, p_hi, BT)
-        if BT:  # only tiles with rows past BM run with the tail (_skips_tile)
+        if BT:  # only tiles with rows past BM run with the tail (_wgmma_gemm1)
             _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM,
                       nb0, NOUT, NP, stride_dst, GATED, EPI, BN, BT, MT, SL, nrows - BM)
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nmain, nb0, NOUT, NP,
@@ -571,8 +558,7 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
                     BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, PF: gl.constexpr,
                     LP: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                     ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
-                    SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
-                    BT: gl.constexpr, MT: gl.constexpr):
+                    SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
     """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``program_id(0) * NG ..``
     of the M tile, each one chunk of MMAs, with two accumulators so that a block's epilogue
     runs while the next block's MMAs do (``_grouped_wgmma`` with one accumulator waits for
@@ -587,25 +573,13 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     ``CR`` (``PrefillConfig.code_ring2`` with ``accs2`` = 2): every block's codes and scales are
     copied into shared memory when the program starts, a commit group per block, so block
     ``g``'s arrive while blocks ``< g`` run; each is read into the one-block register queue
-    after the previous block's MMAs are issued.
-
-    ``BT`` > 0 (``PrefillConfig.tail2``; the tail's launch, ``nrows > BM``): the tile's rows
-    ``BM ..`` (up to ``BT``) have shared memory and two accumulators (layout ``MT``) of their own,
-    multiplied by the same decoded weights as the first ``BM``: four MMAs per block."""
+    after the previous block's MMAs are issued."""
     nb0 = gl.program_id(0) * NG
     e64 = e.to(gl.int64)
     NB = gl.minimum(NG, NP // BN - nb0)
 
-    nmain = nrows
-    if BT:  # the tail's launch runs tiles with rows past BM only
-        nmain = BM
-    xp = _act_ptrs(x_ptr, sorted_ptr, row0, nmain, 1, stride_x, False, BM, AL)
+    xp = _act_ptrs(x_ptr, sorted_ptr, row0, nrows, 1, stride_x, False, BM, AL)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, 128], XS)
-    xt = xs  # unused without the tail
-    if BT:  # the tail's rows join the tile's commit group
-        xt = gl.allocate_shared_memory(gl.bfloat16, [2, BT, 128], XS)
-        xpt = _act_ptrs(x_ptr, sorted_ptr, row0 + BM, nrows - BM, 1, stride_x, False, BT, AL)
-        _copy_rows(xt.index(0), xt.index(1), xpt, 0)
     _copy_chunk(xs.index(0), xs.index(1), xp, 0)
 
     qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
@@ -624,10 +598,7 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     fence_async_shared()
     x_lo = xs.index(0).permute((1, 0))
     x_hi = xs.index(1).permute((1, 0))
-    t_lo = xt.index(0).permute((1, 0))
-    t_hi = xt.index(1).permute((1, 0))
-    # Blocks alternate between the accumulators acc_a (even) and acc_b (odd); the tail's
-    # between acc_ta and acc_tb.
+    # Blocks alternate between the accumulators acc_a (even) and acc_b (odd).
     if CR:
         q0 = _read_codes(cr[0], cr[1], BN, CW, WL)
     else:
@@ -637,13 +608,6 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     acc_b = gl.zeros([BN, BM], gl.float32, ML)
     acc_a = warpgroup_mma(p_lo, x_lo, acc_a, use_acc=False, is_async=True)
     acc_a = warpgroup_mma(p_hi, x_hi, acc_a, is_async=True)
-    acc_ta = acc_a  # unused without the tail
-    acc_tb = acc_b
-    if BT:
-        acc_ta = warpgroup_mma_init(gl.zeros([BN, BT], gl.float32, MT))
-        acc_tb = gl.zeros([BN, BT], gl.float32, MT)
-        acc_ta = warpgroup_mma(p_lo, t_lo, acc_ta, use_acc=False, is_async=True)
-        acc_ta = warpgroup_mma(p_hi, t_hi, acc_ta, is_async=True)
     if CR:
         if NG > 1:
             q0 = _next_block_codes(cr, 0, NG, BN, CW, WL)
@@ -652,78 +616,55 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     else:
         q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
     for h in gl.static_range((NG - 1) // 2):
-        acc_b, acc_a, acc_tb, acc_ta, p_lo, p_hi, q0, q1, q2 = _block_2acc(
-            acc_b, acc_a, acc_tb, acc_ta, p_lo, p_hi, q0, q1, q2, 2 * h + 1, x_lo, x_hi, t_lo,
-            t_hi, qe, se, qoff, soff, QB, nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0,
-            nrows, nmain, NOUT, NP, stride_dst, BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr,
-            NG, BT, MT)
-        acc_a, acc_b, acc_ta, acc_tb, p_lo, p_hi, q0, q1, q2 = _block_2acc(
-            acc_a, acc_b, acc_ta, acc_tb, p_lo, p_hi, q0, q1, q2, 2 * h + 2, x_lo, x_hi, t_lo,
-            t_hi, qe, se, qoff, soff, QB, nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0,
-            nrows, nmain, NOUT, NP, stride_dst, BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr,
-            NG, BT, MT)
+        acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
+            acc_b, acc_a, p_lo, p_hi, q0, q1, q2, 2 * h + 1, x_lo, x_hi, qe, se, qoff, soff, QB,
+            nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
+            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG)
+        acc_a, acc_b, p_lo, p_hi, q0, q1, q2 = _block_2acc(
+            acc_a, acc_b, p_lo, p_hi, q0, q1, q2, 2 * h + 2, x_lo, x_hi, qe, se, qoff, soff, QB,
+            nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
+            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG)
     if NG % 2 == 0:
-        acc_b, acc_a, acc_tb, acc_ta, p_lo, p_hi, q0, q1, q2 = _block_2acc(
-            acc_b, acc_a, acc_tb, acc_ta, p_lo, p_hi, q0, q1, q2, NG - 1, x_lo, x_hi, t_lo,
-            t_hi, qe, se, qoff, soff, QB, nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0,
-            nrows, nmain, NOUT, NP, stride_dst, BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr,
-            NG, BT, MT)
-        y, yt, p_lo, p_hi = _mma_done(acc_b, acc_tb, p_lo, p_hi, BT)
+        acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
+            acc_b, acc_a, p_lo, p_hi, q0, q1, q2, NG - 1, x_lo, x_hi, qe, se, qoff, soff, QB,
+            nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
+            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG)
+        y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b, p_lo, p_hi))
     else:
-        y, yt, p_lo, p_hi = _mma_done(acc_a, acc_ta, p_lo, p_hi, BT)
-    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nmain, nb0 + NB - 1, NOUT, NP,
-              stride_dst, False, EPI, BN, BM, ML, SL, gl.where(NG - 1 < NB, nmain, 0))
-    if BT:
-        _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM,
-                  nb0 + NB - 1, NOUT, NP, stride_dst, False, EPI, BN, BT, MT, SL,
-                  gl.where(NG - 1 < NB, nrows - BM, 0))
+        y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, p_lo, p_hi))
+    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + NB - 1, NOUT, NP,
+              stride_dst, False, EPI, BN, BM, ML, SL, gl.where(NG - 1 < NB, nrows, 0))
 
 
 @gluon.jit
-def _block_2acc(free, busy, free_t, busy_t, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi,
-                t_lo, t_hi, qe, se, qoff, soff, QB, nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr,
-                e64, row0, nrows, nmain, NOUT, NP, stride_dst, BN: gl.constexpr,
-                BM: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, CR: gl.constexpr,
-                EPI: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr, CL: gl.constexpr,
-                SL: gl.constexpr, CW: gl.constexpr, cr, NG: gl.constexpr, BT: gl.constexpr,
-                MT: gl.constexpr):
-    """Block ``g`` of ``_one_chunk_2acc``: decode it while block ``g - 1``'s MMAs (into ``busy``,
-    the tail's into ``busy_t``) run, start its MMAs into ``free`` (``free_t``), then store block
-    ``g - 1`` while they run. Returns the accumulators swapped (``g``'s in flight, ``g - 1``'s
-    free; the tail's likewise), the operands and the queue."""
+def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi, qe, se, qoff,
+                soff, QB, nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT,
+                NP, stride_dst, BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr,
+                LP: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
+                ML: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr, CW: gl.constexpr, cr,
+                NG: gl.constexpr):
+    """Block ``g`` of ``_one_chunk_2acc``: decode it while block ``g - 1``'s MMAs (into ``busy``)
+    run, start its MMAs into ``free``, then store block ``g - 1`` while they run. Returns the
+    accumulators swapped (``g``'s in flight, ``g - 1``'s free), the operands and the queue."""
     if LP:
         _prefetch_chunk(qe, se, QB, nb0, g + PF + LP, 1, NB, 0, BN, CL)
     if not CR:
         qn = _load_chunk(qe, se, qoff, soff, QB, nb0, g + PF, 1, NB, 0, BN)
     a_lo, a_hi = _decode_chunk(q0[0], q0[1], q0[2], BN, ML)
-    if BT:
-        # Block g - 1's MMAs are waited for before block g's are issued: its operands die
-        # first. Issued first (as below), two accumulators, two tail accumulators and two
-        # blocks' operands are live at once: 312 B of stack with Triton 3.6 (static SASS).
-        y, yt, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(busy, busy_t, p_lo, p_hi))
-        free = warpgroup_mma(a_lo, x_lo, free, use_acc=False, is_async=True)
-        free = warpgroup_mma(a_hi, x_hi, free, is_async=True)
-        free_t = warpgroup_mma(a_lo, t_lo, free_t, use_acc=False, is_async=True)
-        free_t = warpgroup_mma(a_hi, t_hi, free_t, is_async=True)
-    else:
-        free = warpgroup_mma(a_lo, x_lo, free, use_acc=False, is_async=True)
-        free = warpgroup_mma(a_hi, x_hi, free, is_async=True)
-        # Two commit groups per block: block g - 1's are done once at most 2 are in flight.
-        y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=2, deps=(busy, p_lo, p_hi))
-        yt = busy_t  # unused
+    free = warpgroup_mma(a_lo, x_lo, free, use_acc=False, is_async=True)
+    free = warpgroup_mma(a_hi, x_hi, free, is_async=True)
+    # Two commit groups per block: block g - 1's are done once at most 2 are in flight.
+    y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=2, deps=(busy, p_lo, p_hi))
     # Blocks past NB (a ragged last program) repeat block NB - 1 and store nothing.
-    nb = nb0 + gl.minimum(g - 1, NB - 1)
-    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nmain, nb, NOUT, NP, stride_dst,
-              False, EPI, BN, BM, ML, SL, gl.where(g - 1 < NB, nmain, 0))
-    if BT:
-        _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM, nb, NOUT,
-                  NP, stride_dst, False, EPI, BN, BT, MT, SL, gl.where(g - 1 < NB, nrows - BM, 0))
+    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows,
+              nb0 + gl.minimum(g - 1, NB - 1), NOUT, NP, stride_dst, False, EPI, BN, BM, ML, SL,
+              gl.where(g - 1 < NB, nrows, 0))
     if CR:
         if g + 1 < NG:
             q0 = _next_block_codes(cr, g, NG, BN, CW, WL)
     else:
         q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
-    return free, y, free_t, yt, a_lo, a_hi, q0, q1, q2
+    return free, y, a_lo, a_hi, q0, q1, q2
 
 
 @gluon.jit

@@ -363,8 +363,8 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     ):
         bn, warps = getattr(config, f"block_n{i}"), getattr(config, f"warps{i}")
         bm = config.gemm1_block_m if i == 1 else config.block_m
-        bt = getattr(config, f"tail{i}")  # the GEMM's tail rows: M tiles of bm + bt
-        # A GEMM with a tail: two launches over the same tiles of bm + bt rows, one compiled
+        bt = config.tail1 if i == 1 else 0  # GEMM1's tail rows: M tiles of bm + bt
+        # GEMM1 with the tail: two launches over the same tiles of bm + bt rows, one compiled
         # with the tail for the tiles with rows past bm, one without it for the others.
         for tail in (bt, 0) if bt else (0,):
             launches.append(
@@ -401,10 +401,8 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                         CR=getattr(config, f"code_ring{i}"),
                         SR=getattr(config, f"static_ring{i}"),
                         **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2)
-                           if i == 2 else {}),
-                        BT=tail,
-                        MT=G.layouts(bn, tail or bm, warps)["ML"],
-                        TM=bm + bt,
+                           if i == 2 else dict(BT=tail, MT=G.layouts(bn, tail or bm, warps)["ML"],
+                                               TM=bm + bt)),
                         **G.layouts(bn, bm, warps),
                     ),
                     warps,

@@ -39,7 +39,7 @@ WGMMA_SMEM_LIMIT = 232_448
 #: GEMM1 by it, the twin drops it for the dot family's shared memory).
 WGMMA_KNOBS_OFF = dict(prefetch1=1, prefetch2=1, accs2=1, static_ring1=0, static_ring2=0,
                        smem_epi2=0, l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0,
-                       tail1=0, tail2=0)
+                       tail1=0)
 
 
 def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
@@ -126,11 +126,7 @@ class PrefillConfig(ConfigDict):
     decoded weights, so an expert a little over a full tile takes ``tail1`` more MMA columns
     instead of a second tile that decodes its weights again (GLM-5 TP8 T = 4096 with 128-row
     tiles: ~1.5 tiles per expert, a third of GEMM1's MMA columns padding); tiles without such
-    rows run a second GEMM1 launch compiled without the tail; 0: off. ``tail2`` (wgmma, with
-    ``accs2`` = 2, or with ``static_ring2`` = 1 and ``group_n2`` = 1: GEMM1's form) 16 or 32: the
-    same for GEMM2's M tiles (``block_m`` + ``tail2`` rows, two launches; GLM-5 TP8 with 64-row
-    tiles, ``tile_padding.py``: T = 2048 375 -> 262 tiles, 4096 634 -> 512, 8192 1,149 -> 984
-    with 64 + 16 and 772 with 64 + 32); 0: off.
+    rows run a second GEMM1 launch compiled without the tail; 0: off.
     """
 
     block_m: int = 128
@@ -158,7 +154,6 @@ class PrefillConfig(ConfigDict):
     code_ring1: int = 0
     code_ring2: int = 0
     tail1: int = 0
-    tail2: int = 0
 
     @property
     def gemm1_block_m(self) -> int:
@@ -276,10 +271,6 @@ class PrefillConfig(ConfigDict):
             extra += depth * bn * (128 + 16)
             if i == 1:  # the tail's ring beside the tile's
                 extra += 2 * ns * self.tail1 * 128 * 2
-            elif self.accs2 == 2:  # GEMM2's tail rows, copied once beside the tile's
-                extra += self.tail2 * K_CHUNK * 2
-            else:  # the tail's ring beside the tile's
-                extra += 2 * ns * self.tail2 * 128 * 2
             if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 + extra > WGMMA_SMEM_LIMIT:
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
@@ -343,16 +334,6 @@ class PrefillConfig(ConfigDict):
                 f"GEMM1's block_m, with static_ring1=1 and code_ring1=0, got tail1={self.tail1!r}, "
                 f"GEMM1 block_m={self.gemm1_block_m}, static_ring1={self.static_ring1}, "
                 f"code_ring1={self.code_ring1}"
-            )
-        ring_tail2 = (self.static_ring2, self.group_n2, self.code_ring2) == (1, 1, 0)
-        if self.tail2 not in (0, 16, 32) or self.tail2 and (
-                self.tail2 > self.block_m or self.accs2 != 2 and not ring_tail2):
-            raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): tail2 must be 0 (off), 16 or 32, at most "
-                f"block_m, with accs2=2 or (one row block per program on the static ring, as "
-                f"GEMM1) static_ring2=1, group_n2=1, code_ring2=0; got tail2={self.tail2!r}, "
-                f"block_m={self.block_m}, accs2={self.accs2}, static_ring2={self.static_ring2}, "
-                f"group_n2={self.group_n2}, code_ring2={self.code_ring2}"
             )
         if self.smem_epi2 not in (0, 1):
             raise ValueError(

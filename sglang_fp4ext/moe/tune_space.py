@@ -202,11 +202,6 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # flipped; and GEMM1's own tile at I <= 512, 64 <-> 128 rows.
             lambda: r(base, tail1=0 if base.tail1 else 16)
             if base.static_ring1 and not base.code_ring1 else None,
-            # GEMM2's 16-row tail, flipped: with two accumulators (I = 256), or in GEMM1's form
-            # (one row block per program on the static ring) where the stages divide I / 256.
-            lambda: r(base, tail2=0 if base.tail2 else 16) if base.accs2 == 2 or base.tail2
-            else r(base, group_n2=1, static_ring2=1, code_ring2=0, tail2=16)
-            if static_ring_fits(shape.I, base.stages2) else None,
             lambda: r(base, block_m1=0 if base.block_m1 else 128)
             if base.block_m == 64 and shape.I <= 512 else None,
             lambda: r(base, **st1(bm // 2)),
