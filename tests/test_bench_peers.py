@@ -284,10 +284,10 @@ def test_readme_prefill_v2_table_matches_the_committed_results():
     assert block == rt.prefill_peers_table().strip(), "run: python benchmarks/readme_table.py --write"
     r = rt.tk_prefill_points(rt.PREFILL_PEERS_DIRS[0], "tp8")[4096]
     assert f"| TP8 | 4096 | {r['fp4ext']['us']:.1f} | {r['tk']['us']:.1f} |" in block
-    # Step 4's shipped config (GEMM1 without the tail) -> step 5's (the tail), one process.
+    # Step 5's shipped config -> step 7's (tw1 and hoist2 on: the sweep's knob row), one process.
     path, knobs = rt.PREFILL_SWEEPS["tp8"][0]
     us = {str(x["knob"]): x["us"] for x in json.loads(path.read_text())["rows"] if x["T"] == 4096}
-    assert f"{us[str(dict(tail1=0))]:.1f} → {us['{}']:.1f} (tail1=16)" in block
+    assert f"{us['{}']:.1f} → {us[str(dict(tw1=1, hoist2=1))]:.1f} (tw1=1, hoist2=1)" in block
 
 
 def test_readme_suite_table_lists_each_peer(tmp_path):

@@ -351,6 +351,9 @@ def test_wgmma_config_rules():
         (dict(tail1=32, static_ring1=1, block_m=128, stages1=3), "plus 49152 B for .* tail"),
         (dict(kernels="dot", block_k2=128, tail1=32), "knobs of the wgmma kernels"),
         (dict(kernels="w4a4", tail1=16), "knobs of the wgmma kernels"),
+        (dict(tw1=2), "tw1 and hoist2 must be 0 or 1"),
+        (dict(hoist2=1, group_n2=4), "hoist2 only with accs2=2"),
+        (dict(kernels="dot", block_k2=128, tw1=1), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -367,6 +370,9 @@ def test_wgmma_config_rules():
             twin.code_ring1) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0)
     assert w4a16_twin_config(PrefillConfig(block_m=64, block_m1=128, stages1=2, static_ring1=1,
                                            tail1=32, **_WG)).tail1 == 0
+    moved = PrefillConfig(block_m=64, accs2=2, group_n2=8, tw1=1, hoist2=1, **_WG)
+    assert eval(repr(moved)) == moved
+    assert (w4a16_twin_config(moved).tw1, w4a16_twin_config(moved).hoist2) == (0, 0)
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -847,6 +853,14 @@ _KNOBS = [
     # 3.6 (3.8: none), so it is not among these compile-checked knobs (_TAILS_GPU: GPU only).
     (_GLM5[0], "block_m=64, stages1=2, static_ring1=1, tail1=32, block_n2=64, warps2=4, "
                "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    # The routing weight applied in GEMM1's epilogue (tw1) and GEMM2's epilogue loads hoisted
+    # (hoist2): the shipped TP8 T = 4096 and EP8 T = 4096 configs with them (prefill step 7).
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1"),
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, hoist2=1"),
+    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1, "
+               "tw1=1"),
 ]
 # GEMM1's tail at 128 + 32 rows (2 stages: shared memory), TP8 and EP8, and the shipped 16-row
 # tails at 3 stages (TP8 64 + 16 and 128 + 16, EP8 128 + 16): GPU-checked (the compile checks of
@@ -942,6 +956,10 @@ def _check_wgmma_design(rows, where):
         # tokens. At 64 ptxas spills (~200 B on one warpgroup), and it was still the fastest
         # GEMM2 measured (prefill_v2_step2: TP8 T = 4096 635 vs 727 us).
         if "accs2=2" in r["config"] and r["block_m"] <= 32:
+            assert not spills, r
+        # Without the routing weight's loads and multiplies GEMM2 fits its registers: the
+        # shipped EP8 GEMM2 spills 200-256 B, TP8's sits at 255 registers (prefill step 7).
+        if r["kernel"] == "_wgmma_gemm2" and "tw1=1" in r["config"]:
             assert not spills, r
     assert any("accs2=2" in r["config"] for r in gl), f"{where}: no two-accumulator GEMM2 compiled"
     for r in gl:  # GEMM2's staged epilogue: only 16-byte global stores; else 4-byte ones

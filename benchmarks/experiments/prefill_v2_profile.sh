@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|tail2
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|refresh|step7|step7_final
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -239,21 +239,90 @@ SGLANG_FP4EXT_CONFIG_DIR=$OLD_TABLE_DIR timeout 70 bash .peers/marlin/device_run
 grep TIME $R/marlin_ep8_old.log >> $OUT/run.log; pack
 fi
 fi
-if [ "$1" = tail2 ]; then
-# GEMM2's tail (PrefillConfig.tail2, built 2026-12-03 on the CPU, not yet run). TP8 (I = 256):
-# tiles of 64 + 16 / 64 + 32 rows, the tail launch waiting for a block's MMAs before issuing
-# the next (Triton 3.6 spills 252 B at 64 + 16 and 8 blocks per program, none at 64 + 32).
-# EP8 (I = 2048): GEMM2 in GEMM1's form (one row block per program, static ring; the shipped 4
-# blocks with one accumulator spill 200 B, this none), without and with the tail. GPU tests
-# first (the fp32 twin; bit-equal to the tail-free config), then the sweeps against the
-# shipped configs. Tiles (tile_padding.py): TP8 T = 2048 375 -> 262 (+16), 4096 634 -> 512,
-# 8192 1,149 -> 984 (+16) / 772 (+32); EP8 (128 rows) T = 4096 46.75 -> 33, 8192 78.75 -> 64.25.
-# Predictions: GEMM2 TP8 T = 4096 461 us -> 380-430; EP8 T = 4096 452 -> 320-400. ~8 min.
-tier tier_tail2 tests/test_prefill_kernels.py 180 -k "knobs_vs_reference or gemm2_tail"
-sweep tail2_tp8 tp8 "[{'tail2': 16}, {'tail2': 32}, {'tail2': 16, 'group_n2': 4}, {'tail2': 32, 'group_n2': 4}]" 2048,4096,8192 150
-R2="'group_n2': 1, 'static_ring2': 1"
-sweep tail2_ep8 ep8 "[{$R2}, {$R2, 'tail2': 16}, {$R2, 'tail2': 32}]" 2048,4096,8192 120
-sweep tail2_fused tp8-fused-shared "[{'tail2': 16}, {'tail2': 32}]" 2048,4096,8192 80
+# tail2 (2026-12-03, prefill_v2_step6/prefill_tail2_*): GEMM2's tail, timed at 71bafc5; it lost
+# (and was wrong in GEMM1's form at EP8 from T = 4096), and the knob is gone.
+if [ "$1" = refresh ]; then
+# After step 6 (2026-12-03: tail2 lost, retired): Nsight Compute of the shipped GEMM2 at GLM-5
+# TP8 and EP8 T = 4096 (the weak half: 30% / 29% of bf16; stall reasons per SASS line) for
+# step 7's design, then the decode peers on today's code in one run each (Marlin TP8 + EP8 and
+# triton_kernels, T = 1..256) and the regression baseline. ~7 min.
+for s in tp8 ep8; do
+  step ncu_gemm2_$s
+  if [ -n "$NCU" ]; then
+    timeout 100 $NCU --clock-control none -k regex:_wgmma_gemm2 --launch-skip 1 --launch-count 1 \
+      --set full --import-source yes -o /tmp/ncu_g2_$s \
+      python benchmarks/experiments/ncu_target.py 4096 prefill $s > $R/ncu_gemm2_${s}_run.log 2>&1
+    $NCU -i /tmp/ncu_g2_$s.ncu-rep --page details > $R/ncu_gemm2_${s}_details.txt 2>&1
+    $NCU -i /tmp/ncu_g2_$s.ncu-rep --page source --csv --print-source sass > /tmp/ncu_g2_$s.csv 2>&1
+    gzip -c /tmp/ncu_g2_$s.csv > $R/ncu_gemm2_${s}_source.csv.gz
+    python benchmarks/experiments/ncu_stalls.py /tmp/ncu_g2_$s.csv 16 > $R/ncu_gemm2_${s}_stalls.txt 2>&1
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible|Local" $R/ncu_gemm2_${s}_details.txt >> $OUT/run.log
+    head -24 $R/ncu_gemm2_${s}_stalls.txt >> $OUT/run.log
+  fi
+  pack
+done
+step marlin
+timeout 90 bash .peers/marlin/device_run.sh --out $R/marlin > $R/marlin.log 2>&1
+grep "^TIME\|copy bandwidth" $R/marlin.log | cut -c1-170 >> $OUT/run.log; pack
+step tk_decode
+timeout 260 bash .peers/tk/device_run.sh --out $R/tk_decode --timeout 125 --Ts 1,2,4,8,16,32,64,128,256 > $R/tk_decode.log 2>&1
+grep -h TIME $R/tk_decode/tk_glm5_*.log | cut -c1-170 >> $OUT/run.log; pack
+step baseline
+timeout 110 python -m pytest benchmarks -p no:cacheprovider -rs --fp4ext-rounds 10 --benchmark-storage=file://$R/pb \
+  --benchmark-columns=min,median,max,rounds --fp4ext-presets glm5-tp8,glm5-ep8 --fp4ext-paths decode,prefill \
+  --benchmark-save=h200-glm5 > $R/baseline.log 2>&1; echo rc=$? >> $R/baseline.log
+tail -3 $R/baseline.log >> $OUT/run.log; pack
+fi
+if [ "$1" = step7 ]; then
+# Step 7 (built 2026-12-03 from refresh's Nsight Compute of GEMM2): the routing weight applied
+# in GEMM1's epilogue (tw1: GEMM2 loses a per-column load, its multiplies and, at EP8, its
+# 200-256 B of spills) and GEMM2's alpha loaded a block ahead, pair rows once per program
+# (hoist2: 15% of TP8 GEMM2's samples waited on the alpha load). GPU tests of both knobs against
+# the fp32 twin; the wgmma family's shipped-config tests on a table with both on (TABLE7);
+# the sweeps against the shipped configs; triton_kernels prefill on that table. Predictions
+# (static SASS: TP8 GEMM2 5,056 -> 4,400 instructions, EP8 stack 200 -> 0 B): GEMM2 TP8
+# T = 4096 462 -> 380-420 us, EP8 444 -> 370-420 us; GEMM1 +0-2%. ~9 min.
+TABLE7=/tmp/table7; mkdir -p $TABLE7
+python - <<'PY'
+import json
+d = json.load(open("sglang_fp4ext/moe/configs/NVIDIA_H200.json"))
+for buckets in d["shapes"].values():
+    for e in buckets.values():
+        c = e["config"]
+        if c.get("kernels") == "wgmma":
+            c["tw1"] = 1
+            c["hoist2"] = int(c.get("accs2") == 2)
+json.dump(d, open("/tmp/table7/NVIDIA_H200.json", "w"), indent=1)
+PY
+tier tier_step7_knobs tests/test_prefill_kernels.py 120 \
+  -k "knobs_vs_reference and (600-17 or 600-18 or 600-19 or 4096-17 or 4096-18 or 4096-19)"
+SGLANG_FP4EXT_CONFIG_DIR=$TABLE7 tier tier_step7_shipped tests/test_prefill_kernels.py 110 \
+  -k "wgmma and (glm5_vs_reference or graph_replay or deterministic or adversarial or other_shapes)"
+sweep step7_tp8 tp8 "[{'tw1': 1}, {'hoist2': 1}, {'tw1': 1, 'hoist2': 1}]" 1024,2048,4096,8192 100
+sweep step7_ep8 ep8 "[{'tw1': 1}]" 1024,2048,4096,8192 60
+step tk_prefill_table7
+SGLANG_FP4EXT_CONFIG_DIR=$TABLE7 timeout 150 bash .peers/tk/device_run.sh --out $R/tk_prefill7 --timeout 72 \
+  --Ts 2048,4096,8192 > $R/tk_prefill7.log 2>&1
+grep -h TIME $R/tk_prefill7/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
+sweep step7_fused tp8-fused-shared "[{'tw1': 1, 'hoist2': 1}]" 2048,4096,8192 45
+fi
+if [ "$1" = step7_final ]; then
+# What step 7 ships (tw1 everywhere, hoist2 at I = 256, heuristic and H200 table): the wgmma
+# family's shipped-config GPU tests (the heuristic's shapes too) and the self-check, then
+# triton_kernels prefill where step7's run was cut (TP8 4096 / 8192, EP8 8192: the same
+# configs), then the regression baseline. ~5 min.
+tier tier_prefill tests/test_prefill_kernels.py 110 \
+  -k "wgmma and (glm5_vs_reference or graph_replay or deterministic or adversarial or other_shapes)"
+tier tier_selfcheck tests/test_selfcheck.py 70
+step tk_prefill
+timeout 100 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 95 --shapes glm5_tp8 --Ts 4096,8192 > $R/tk_prefill_tp8.log 2>&1
+timeout 100 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 95 --shapes glm5_ep8 --Ts 8192 > $R/tk_prefill_ep8.log 2>&1
+grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
+step baseline
+timeout 90 python -m pytest benchmarks -p no:cacheprovider -rs --fp4ext-rounds 10 --benchmark-storage=file://$R/pb \
+  --benchmark-columns=min,median,max,rounds --fp4ext-presets glm5-tp8,glm5-ep8 --fp4ext-paths decode,prefill \
+  --benchmark-save=h200-glm5 > $R/baseline.log 2>&1; echo rc=$? >> $R/baseline.log
+tail -3 $R/baseline.log >> $OUT/run.log; pack
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

@@ -158,8 +158,10 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr, CR: gl.constexpr,
                  WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
                  CL: gl.constexpr, SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
-                 CW: gl.constexpr, BT: gl.constexpr, MT: gl.constexpr, TM: gl.constexpr):
-    """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``); grid ``(Np1 / BN, m_tiles)`` over
+                 CW: gl.constexpr, BT: gl.constexpr, MT: gl.constexpr, TM: gl.constexpr,
+                 TW: gl.constexpr):
+    """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``; ``TW``: times the routing weight,
+    ``PrefillConfig.tw1``); grid ``(Np1 / BN, m_tiles)`` over
     M tiles of ``TM`` rows. With GEMM1's tail (``PrefillConfig.tail1``) ``TM`` = ``BM`` + the
     tail and two launches share the tiles: the one with ``BT`` > 0 runs those with rows past
     ``BM``, their last ``BT`` on a second accumulator (layout ``MT``) fed by the same decoded
@@ -179,7 +181,7 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
                    NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                    s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, CR, 0, WL, ML,
-                   AL, XS, CL, SL, CP, SP, CW, BT, MT)
+                   AL, XS, CL, SL, CP, SP, CW, BT, MT, TW)
 
 
 @gluon.jit
@@ -190,22 +192,24 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, ACCS: gl.constexpr,
                  SR: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                  ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
-                 SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
+                 SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
+                 HO: gl.constexpr, TW: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256). ``EPI``:
-    the epilogue's form, ``smem_epi2`` (``_epilogue``)."""
+    the epilogue's form, ``smem_epi2`` (``_epilogue``). ``TW`` (``tw1``): GEMM1 applied the
+    routing weight. ``HO`` (``hoist2``, ``ACCS == 2``): the epilogue's loads hoisted."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
     if nrows <= 0:
         return
     if ACCS == 2:
         _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                         NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                        BM, BN, NG, PF, LP, CR, EPI, WL, ML, AL, XS, CL, SL, CP, SP, CW)
+                        BM, BN, NG, PF, LP, CR, EPI, WL, ML, AL, XS, CL, SL, CP, SP, CW, HO, TW)
     else:
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                        K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                        s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, EPI, WL,
-                       ML, AL, XS, CL, SL, CP, SP, CW, 0, ML)
+                       ML, AL, XS, CL, SL, CP, SP, CW, 0, ML, TW)
 
 
 @gluon.jit
@@ -217,7 +221,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
                    AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr,
                    CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, BT: gl.constexpr,
-                   MT: gl.constexpr):
+                   MT: gl.constexpr, TW: gl.constexpr):
     """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
     ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring). ``BT`` > 0 (GEMM1, one
     row block, static ring): rows ``BM ..`` of the tile (up to ``BT``) are a tail with a ring
@@ -302,9 +306,10 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         y, yt, p_lo, p_hi = _mma_done(acc, acc_t, p_lo, p_hi, BT)
         if BT:  # only tiles with rows past BM run with the tail (_wgmma_gemm1)
             _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM,
-                      nb0, NOUT, NP, stride_dst, GATED, EPI, BN, BT, MT, SL, nrows - BM)
+                      nb0, NOUT, NP, stride_dst, GATED, EPI, BN, BT, MT, SL, nrows - BM, TW,
+                      0, 0, 0)
         _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nmain, nb0, NOUT, NP,
-                  stride_dst, GATED, EPI, BN, BM, ML, SL, nmain)
+                  stride_dst, GATED, EPI, BN, BM, ML, SL, nmain, TW, 0, 0, 0)
     else:
         for g in range(NIT // KC):
             acc, p_lo, p_hi, q0, q1, q2, acc_t = _row_block(
@@ -313,7 +318,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                 acc_t, 0)
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
             _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
-                      NP, stride_dst, GATED, EPI, BN, BM, ML, SL, nrows)
+                      NP, stride_dst, GATED, EPI, BN, BM, ML, SL, nrows, TW, 0, 0, 0)
             p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)  # done: not live into the next block
             p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     cp.wait_group(0)
@@ -558,7 +563,8 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
                     BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, PF: gl.constexpr,
                     LP: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                     ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
-                    SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
+                    SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
+                    HO: gl.constexpr, TW: gl.constexpr):
     """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``program_id(0) * NG ..``
     of the M tile, each one chunk of MMAs, with two accumulators so that a block's epilogue
     runs while the next block's MMAs do (``_grouped_wgmma`` with one accumulator waits for
@@ -573,10 +579,20 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     ``CR`` (``PrefillConfig.code_ring2`` with ``accs2`` = 2): every block's codes and scales are
     copied into shared memory when the program starts, a commit group per block, so block
     ``g``'s arrive while blocks ``< g`` run; each is read into the one-block register queue
-    after the previous block's MMAs are issued."""
+    after the previous block's MMAs are issued.
+
+    ``HO`` (``PrefillConfig.hoist2``): block ``g``'s global scales are loaded before its decode,
+    a block ahead of their use in its epilogue, and the staged epilogue's pair rows once here
+    (each was a load right before its use: the epilogue waited for DRAM once per block)."""
     nb0 = gl.program_id(0) * NG
     e64 = e.to(gl.int64)
     NB = gl.minimum(NG, NP // BN - nb0)
+    a_g = 0  # unused without HO: the epilogue loads them
+    pair = 0
+    if HO:
+        a_g = _alpha_raw(a_ptr, e64, NP, nb0, BN, ML)
+        if EPI:
+            pair = _pair_rows(sorted_ptr, row0, nrows, BM, SL)
 
     xp = _act_ptrs(x_ptr, sorted_ptr, row0, nrows, 1, stride_x, False, BM, AL)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, 128], XS)
@@ -616,24 +632,25 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     else:
         q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
     for h in gl.static_range((NG - 1) // 2):
-        acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
+        acc_b, acc_a, p_lo, p_hi, q0, q1, q2, a_g = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, 2 * h + 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG)
-        acc_a, acc_b, p_lo, p_hi, q0, q1, q2 = _block_2acc(
+            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG, a_g, pair, HO, TW)
+        acc_a, acc_b, p_lo, p_hi, q0, q1, q2, a_g = _block_2acc(
             acc_a, acc_b, p_lo, p_hi, q0, q1, q2, 2 * h + 2, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG)
+            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG, a_g, pair, HO, TW)
     if NG % 2 == 0:
-        acc_b, acc_a, p_lo, p_hi, q0, q1, q2 = _block_2acc(
+        acc_b, acc_a, p_lo, p_hi, q0, q1, q2, a_g = _block_2acc(
             acc_b, acc_a, p_lo, p_hi, q0, q1, q2, NG - 1, x_lo, x_hi, qe, se, qoff, soff, QB,
             nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG)
+            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG, a_g, pair, HO, TW)
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b, p_lo, p_hi))
     else:
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, p_lo, p_hi))
     _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + NB - 1, NOUT, NP,
-              stride_dst, False, EPI, BN, BM, ML, SL, gl.where(NG - 1 < NB, nrows, 0))
+              stride_dst, False, EPI, BN, BM, ML, SL, gl.where(NG - 1 < NB, nrows, 0), TW, a_g,
+              pair, HO)
 
 
 @gluon.jit
@@ -642,10 +659,14 @@ def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi,
                 NP, stride_dst, BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr,
                 LP: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                 ML: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr, CW: gl.constexpr, cr,
-                NG: gl.constexpr):
+                NG: gl.constexpr, a_prev, pair, HO: gl.constexpr, TW: gl.constexpr):
     """Block ``g`` of ``_one_chunk_2acc``: decode it while block ``g - 1``'s MMAs (into ``busy``)
     run, start its MMAs into ``free``, then store block ``g - 1`` while they run. Returns the
-    accumulators swapped (``g``'s in flight, ``g - 1``'s free), the operands and the queue."""
+    accumulators swapped (``g``'s in flight, ``g - 1``'s free), the operands, the queue and
+    (``HO``) block ``g``'s global scales, loaded first (``a_prev``: block ``g - 1``'s)."""
+    a_g = a_prev
+    if HO:  # before the decode: its ~500 cycles cover the load (no use until the next block)
+        a_g = _alpha_raw(a_ptr, e64, NP, nb0 + gl.minimum(g, NB - 1), BN, ML)
     if LP:
         _prefetch_chunk(qe, se, QB, nb0, g + PF + LP, 1, NB, 0, BN, CL)
     if not CR:
@@ -658,13 +679,13 @@ def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi,
     # Blocks past NB (a ragged last program) repeat block NB - 1 and store nothing.
     _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows,
               nb0 + gl.minimum(g - 1, NB - 1), NOUT, NP, stride_dst, False, EPI, BN, BM, ML, SL,
-              gl.where(g - 1 < NB, nrows, 0))
+              gl.where(g - 1 < NB, nrows, 0), TW, a_prev, pair, HO)
     if CR:
         if g + 1 < NG:
             q0 = _next_block_codes(cr, g, NG, BN, CW, WL)
     else:
         q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
-    return free, y, a_lo, a_hi, q0, q1, q2
+    return free, y, a_lo, a_hi, q0, q1, q2, a_g
 
 
 @gluon.jit
@@ -695,30 +716,56 @@ def _shift(q0, q1, q2, qn, PF: gl.constexpr):
 @gluon.jit
 def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT, NP,
               stride_dst, GATED: gl.constexpr, EPI: gl.constexpr, BN: gl.constexpr,
-              BM: gl.constexpr, ML: gl.constexpr, SL: gl.constexpr, nstore):
+              BM: gl.constexpr, ML: gl.constexpr, SL: gl.constexpr, nstore, TW: gl.constexpr,
+              a_raw, pair, HO: gl.constexpr):
     """Stores row block ``nb``'s finished accumulator (GEMM1: SiLU·mul; GEMM2: weighted), its
     first ``nstore`` (``nrows``, or 0: nothing) of the tile's ``nrows`` columns. GEMM2's ``EPI``
     (``smem_epi2``): 1 stores through shared memory (``_store_staged``), 0 from the accumulator
     registers; the routing weight is read by sorted row (``tw_ptr``: ``sorted_tw``; through the
-    pair index it was slower, prefill_v2_step5/prefill_tw_ab_tp8_h200.json)."""
+    pair index it was slower, prefill_v2_step5/prefill_tw_ab_tp8_h200.json). ``TW``
+    (``tw1``): GEMM1 multiplies the up rows by it (``tw * SiLU(g) * u``), GEMM2 stores unweighted.
+    ``HO`` (``hoist2``): ``a_raw`` holds the block's global scales and, with ``EPI``, ``pair``
+    the staged store's pair rows (``_one_chunk_2acc``); else both are loaded here."""
     # Per-column index tensors are built here: kept live across the K loop they would hold
     # BM / 4 registers each per thread.
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
     cols = gl.arange(0, BM, layout=gl.SliceLayout(0, ML))
     cmask = cols < nstore
     rc = row0 + gl.minimum(cols, nrows - 1)
-    alpha = gl.load(a_ptr + e64 * NP + nb * BN + _phys_row(rows)) * _TWO_P26
-    y = y * gl.expand_dims(alpha, 1)
+    if not HO:
+        a_raw = _alpha_raw(a_ptr, e64, NP, nb, BN, ML)
+    y = y * gl.expand_dims(a_raw * _TWO_P26, 1)
     if GATED:
+        if TW:  # up rows (MMA rows 8..15 of each 16, _store_gated) times the routing weight
+            tw = gl.load(tw_ptr + rc).to(gl.float32)
+            y = y * gl.where(gl.expand_dims(rows % 16 >= 8, 1), gl.expand_dims(tw, 0), 1.0)
         _store_gated(y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN, BM)
     else:
-        tw = gl.load(tw_ptr + rc).to(gl.float32)  # sorted_tw: no load chain through pair
+        if not TW:
+            tw = gl.load(tw_ptr + rc).to(gl.float32)  # sorted_tw: no load chain through pair
+            y = y * gl.expand_dims(tw, 0)
         if EPI:
-            _store_staged(y * gl.expand_dims(tw, 0), sorted_ptr, dst_ptr, row0, nrows, nstore, nb,
-                          NOUT, stride_dst, BN, BM, SL)
+            _store_staged(y, sorted_ptr, dst_ptr, row0, nrows, nstore, nb, NOUT, stride_dst, BN,
+                          BM, SL, pair, HO)
         else:
-            _store_weighted(y * gl.expand_dims(tw, 0), dst_ptr, rows, gl.load(sorted_ptr + rc),
-                            cmask, nb, NOUT, stride_dst, BN, BM)
+            _store_weighted(y, dst_ptr, rows, gl.load(sorted_ptr + rc), cmask, nb, NOUT,
+                            stride_dst, BN, BM)
+
+
+@gluon.jit
+def _alpha_raw(a_ptr, e64, NP, nb, BN: gl.constexpr, ML: gl.constexpr):
+    """Row block ``nb``'s global scales by MMA row, as stored (``_epilogue`` multiplies them by
+    2^26: that multiply waits for the load, so a hoisted load must not carry it)."""
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
+    return gl.load(a_ptr + e64 * NP + nb * BN + _phys_row(rows))
+
+
+@gluon.jit
+def _pair_rows(sorted_ptr, row0, nrows, BM: gl.constexpr, SL: gl.constexpr):
+    """The staged store's pair slot per tile row (``_store_staged``; past the tile's end the
+    last row's, never stored)."""
+    r = gl.arange(0, BM, layout=gl.SliceLayout(1, SL))
+    return gl.load(sorted_ptr + row0 + gl.minimum(r, nrows - 1))
 
 
 @gluon.jit
@@ -756,7 +803,7 @@ def _store_weighted(y, dst_ptr, rows, pair, cmask, nb, NOUT, stride_dst, BN: gl.
 
 @gluon.jit
 def _store_staged(y, sorted_ptr, dst_ptr, row0, nrows, nstore, nb, NOUT, stride_dst,
-                  BN: gl.constexpr, BM: gl.constexpr, SL: gl.constexpr):
+                  BN: gl.constexpr, BM: gl.constexpr, SL: gl.constexpr, pair, HO: gl.constexpr):
     """``_store_weighted`` through shared memory (``PrefillConfig.smem_epi2``): row block ``nb``
     [BN MMA rows, BM columns] -> bf16 in weight-row order, transposed to [BM, BN] and moved by
     ``convert_layout`` (Triton's shared-memory round trip) to ``SL``, where each thread holds 16
@@ -770,6 +817,7 @@ def _store_staged(y, sorted_ptr, dst_ptr, row0, nrows, nstore, nb, NOUT, stride_
     v = gl.convert_layout(gl.permute(yb, [1, 0]), SL)
     r = gl.arange(0, BM, layout=gl.SliceLayout(1, SL))
     h = nb * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, SL))
-    pair = gl.load(sorted_ptr + row0 + gl.minimum(r, nrows - 1))
+    if not HO:  # else the caller's (_pair_rows, loaded once per program)
+        pair = _pair_rows(sorted_ptr, row0, nrows, BM, SL)
     ptr = dst_ptr + gl.expand_dims(pair.to(gl.int64) * stride_dst, 1) + gl.expand_dims(h, 0)
     gl.store(ptr, v, mask=gl.expand_dims(r < nstore, 1) & gl.expand_dims(h < NOUT, 0))

@@ -400,9 +400,10 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                         LP=getattr(config, f"l2_prefetch{i}"),
                         CR=getattr(config, f"code_ring{i}"),
                         SR=getattr(config, f"static_ring{i}"),
-                        **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2)
+                        **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2, HO=config.hoist2)
                            if i == 2 else dict(BT=tail, MT=G.layouts(bn, tail or bm, warps)["ML"],
                                                TM=bm + bt)),
+                        TW=config.tw1,
                         **G.layouts(bn, bm, warps),
                     ),
                     warps,

@@ -39,7 +39,7 @@ WGMMA_SMEM_LIMIT = 232_448
 #: GEMM1 by it, the twin drops it for the dot family's shared memory).
 WGMMA_KNOBS_OFF = dict(prefetch1=1, prefetch2=1, accs2=1, static_ring1=0, static_ring2=0,
                        smem_epi2=0, l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0,
-                       tail1=0)
+                       tail1=0, tw1=0, hoist2=0)
 
 
 def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
@@ -127,6 +127,12 @@ class PrefillConfig(ConfigDict):
     instead of a second tile that decodes its weights again (GLM-5 TP8 T = 4096 with 128-row
     tiles: ~1.5 tiles per expert, a third of GEMM1's MMA columns padding); tiles without such
     rows run a second GEMM1 launch compiled without the tail; 0: off.
+    ``tw1`` (wgmma) 1: the routing weight multiplies GEMM1's SiLU·mul (``inter`` holds it) and
+    GEMM2 stores its sums unweighted (no per-column load and multiply in GEMM2's epilogue); 0:
+    GEMM2 applies it. ``hoist2`` (wgmma, ``accs2`` = 2) 1: GEMM2's epilogue loads leave its
+    critical path: a row block's global scales are loaded before the next block's decode (not
+    just before their use: Nsight Compute put 15% of GEMM2's samples on that wait, TP8
+    T = 4096), the staged epilogue's pair rows once per program; 0: off.
     """
 
     block_m: int = 128
@@ -154,6 +160,8 @@ class PrefillConfig(ConfigDict):
     code_ring1: int = 0
     code_ring2: int = 0
     tail1: int = 0
+    tw1: int = 0
+    hoist2: int = 0
 
     @property
     def gemm1_block_m(self) -> int:
@@ -335,6 +343,11 @@ class PrefillConfig(ConfigDict):
                 f"GEMM1 block_m={self.gemm1_block_m}, static_ring1={self.static_ring1}, "
                 f"code_ring1={self.code_ring1}"
             )
+        if self.tw1 not in (0, 1) or self.hoist2 not in (0, 1) or self.hoist2 and self.accs2 != 2:
+            raise ValueError(
+                f"PrefillConfig(kernels='wgmma'): tw1 and hoist2 must be 0 or 1, hoist2 only with "
+                f"accs2=2; got tw1={self.tw1!r}, hoist2={self.hoist2!r}, accs2={self.accs2}"
+            )
         if self.smem_epi2 not in (0, 1):
             raise ValueError(
                 f"PrefillConfig(kernels='wgmma'): smem_epi2 must be 0 or 1, "
@@ -426,6 +439,13 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
       staged, 224 / 289 / 460 / 817 with both; EP8 (I = 2048) staged at T = 4096 / 8192 489 /
       742 -> 447 / 669, but 268 -> 280 at T = 2048 (``block_m`` 64) and a tie at 1024. The L2
       code prefetch (``l2_prefetch1/2`` = 2) lost in both (TP8 T = 4096 1,501 vs 1,465 us).
+    * The routing weight in GEMM1's epilogue (``tw1``) everywhere, and at ``I`` = 256 GEMM2's
+      epilogue loads hoisted (``hoist2``) (``prefill_v2_step7/prefill_step7_{tp8,ep8,fused}
+      _h200.json``, same run, 2026-12-03): TP8 T = 1024 / 2048 / 4096 / 8192 542 / 711 / 1,114
+      / 2,016 us -> 506 / 648 / 1,030 / 1,875 (GEMM2 463 -> 370 at 4096); the fused shared expert
+      781 / 1,230 / 2,224 -> 715 / 1,137 / 2,098 at 2048 / 4096 / 8192; EP8 (``tw1`` alone: no
+      spills in GEMM2) 1,062 / 1,814 -> 1,010 / 1,748 at 4096 / 8192, 532 -> 529 at 1024, and
+      693 -> 703 at 2048 (+1.4%, kept: one rule).
     """
     bm = _wgmma_block_m(rows, shape)
     one_chunk = shape.I == K_CHUNK
@@ -445,6 +465,8 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
         accs2=2 if one_chunk else 1,
         smem_epi2=int(one_chunk or bm >= 128),
         code_ring2=int(one_chunk),
+        tw1=1,
+        hoist2=int(one_chunk),
     )
 
 

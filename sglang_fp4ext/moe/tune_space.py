@@ -189,6 +189,9 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             lambda: r(base, smem_epi2=1 - base.smem_epi2),
             lambda: r(base, l2_prefetch1=0 if base.l2_prefetch1 else 2,
                       l2_prefetch2=0 if base.l2_prefetch2 else 2),
+            # The routing weight in GEMM1's epilogue with GEMM2's epilogue loads hoisted (the
+            # heuristic's since step 7), flipped together.
+            lambda: r(base, tw1=1 - base.tw1, hoist2=0 if base.tw1 else int(base.accs2 == 2)),
             # GEMM2 at I = 256: every row block's codes copied when the program starts, with
             # the staged epilogue (no spills together; the heuristic's at I = 256), flipped.
             lambda: (r(base, code_ring2=0) if base.code_ring2 else
