@@ -28,6 +28,15 @@ tier() {
   timeout $3 python -m pytest -p no:cacheprovider -q -m gpu $2 "${@:4}" > $R/$1.log 2>&1
   echo rc=$? >> $R/$1.log; tail -3 $R/$1.log >> $OUT/run.log; pack
 }
+# baseline LIMIT_S: the regression gate's baseline (GLM-5 TP8 / EP8, decode and prefill) saved
+# to $R/pb, its last lines to run.log.
+baseline() {
+  step baseline
+  timeout $1 python -m pytest benchmarks -p no:cacheprovider -rs --fp4ext-rounds 10 --benchmark-storage=file://$R/pb \
+    --benchmark-columns=min,median,max,rounds --fp4ext-presets glm5-tp8,glm5-ep8 --fp4ext-paths decode,prefill \
+    --benchmark-save=h200-glm5 > $R/baseline.log 2>&1; echo rc=$? >> $R/baseline.log
+  tail -3 $R/baseline.log >> $OUT/run.log; pack
+}
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
 if [ "$1" = measure ]; then
@@ -100,11 +109,7 @@ grep -A80 "bf16 matmul" $R/wgmma_ab.log | grep -v " decode " >> $OUT/run.log; pa
 step peers_tk
 timeout 200 bash .peers/tk/device_run.sh --out $R/peers --timeout 100 --Ts 512,1024,4096,8192 > $R/peers_tk.log 2>&1
 tail -24 $R/peers_tk.log >> $OUT/run.log; pack
-step baseline
-timeout 100 python -m pytest benchmarks -p no:cacheprovider -rs --fp4ext-rounds 10 --benchmark-storage=file://$R/pb \
-  --benchmark-columns=min,median,max,rounds --fp4ext-presets glm5-tp8,glm5-ep8 --fp4ext-paths decode,prefill \
-  --benchmark-save=h200-glm5 > $R/baseline.log 2>&1; echo rc=$? >> $R/baseline.log
-tail -3 $R/baseline.log >> $OUT/run.log; pack
+baseline 100
 fi
 if [ "$1" = ring ]; then
 # static_ring1/2 (the ring in separate allocations: no CTA barriers inserted around its refills)
@@ -267,11 +272,7 @@ grep "^TIME\|copy bandwidth" $R/marlin.log | cut -c1-170 >> $OUT/run.log; pack
 step tk_decode
 timeout 260 bash .peers/tk/device_run.sh --out $R/tk_decode --timeout 125 --Ts 1,2,4,8,16,32,64,128,256 > $R/tk_decode.log 2>&1
 grep -h TIME $R/tk_decode/tk_glm5_*.log | cut -c1-170 >> $OUT/run.log; pack
-step baseline
-timeout 110 python -m pytest benchmarks -p no:cacheprovider -rs --fp4ext-rounds 10 --benchmark-storage=file://$R/pb \
-  --benchmark-columns=min,median,max,rounds --fp4ext-presets glm5-tp8,glm5-ep8 --fp4ext-paths decode,prefill \
-  --benchmark-save=h200-glm5 > $R/baseline.log 2>&1; echo rc=$? >> $R/baseline.log
-tail -3 $R/baseline.log >> $OUT/run.log; pack
+baseline 110
 fi
 if [ "$1" = step7 ]; then
 # Step 7 (built 2026-12-03 from refresh's Nsight Compute of GEMM2): the routing weight applied
@@ -318,11 +319,7 @@ step tk_prefill
 timeout 100 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 95 --shapes glm5_tp8 --Ts 4096,8192 > $R/tk_prefill_tp8.log 2>&1
 timeout 100 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 95 --shapes glm5_ep8 --Ts 8192 > $R/tk_prefill_ep8.log 2>&1
 grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
-step baseline
-timeout 90 python -m pytest benchmarks -p no:cacheprovider -rs --fp4ext-rounds 10 --benchmark-storage=file://$R/pb \
-  --benchmark-columns=min,median,max,rounds --fp4ext-presets glm5-tp8,glm5-ep8 --fp4ext-paths decode,prefill \
-  --benchmark-save=h200-glm5 > $R/baseline.log 2>&1; echo rc=$? >> $R/baseline.log
-tail -3 $R/baseline.log >> $OUT/run.log; pack
+baseline 90
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

@@ -240,8 +240,8 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
 
     ``x``: activations in MMA K order, (T, K) bf16 for GEMM1 (rows by token) or (P, K) for GEMM2
     (rows by sorted row). ``GATED`` (GEMM1): ``dst`` = inter (P, I) bf16 in MMA K order,
-    ``NOUT`` = I. Else (GEMM2): ``dst`` = partials (P, H) bf16 by pair slot times the routing
-    weight, ``NOUT`` = H.
+    ``NOUT`` = I (times the routing weight with ``TW``). Else (GEMM2): ``dst`` = partials (P, H)
+    bf16 by pair slot times the routing weight (``TW``: already in ``inter``), ``NOUT`` = H.
     """
     nb0 = gl.program_id(0) * NG
     e64 = e.to(gl.int64)
