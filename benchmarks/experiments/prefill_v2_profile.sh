@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|refresh|step7|step7_final
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|refresh|step7|step7_final|step7_tk8192
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -320,6 +320,15 @@ timeout 100 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 95 --shap
 timeout 100 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 95 --shapes glm5_ep8 --Ts 8192 > $R/tk_prefill_ep8.log 2>&1
 grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
 baseline 90
+fi
+if [ "$1" = step7_tk8192 ]; then
+# The triton_kernels point step7_final's deadline cut (TP8 T = 8192, shipped configs), and EP8's
+# GEMM2 on the static ring now that tw1 took its spills (step 7's Nsight Compute: 26% of its
+# samples on the run-time ring's barriers). ~2 min.
+step tk_prefill_8192
+timeout 110 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 105 --shapes glm5_tp8 --Ts 8192 > $R/tk_prefill_tp8.log 2>&1
+grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
+sweep ring2_ep8 ep8 "[{'static_ring2': 1}]" 4096,8192 50
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200
