@@ -215,6 +215,10 @@ def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
             assert cands[1] == prefill_heuristic_config(b, shape, H200, "dot")
             assert {c.kernels for c in cands} == {"wgmma", "dot"} and len(cands) >= 6
             assert len({c.block_m for c in cands if c.kernels == "wgmma"}) >= 3
+            if shape.I == 256 and b == 512:  # step 1's GEMM2 (two warpgroups, one accumulator)
+                # stays timed where the candidate cap reaches it: a config that keeps hoist2=1
+                # with accs2=1 is invalid and would be dropped silently.
+                assert any(c.kernels == "wgmma" and c.accs2 == 1 for c in cands), (shape, b)
     assert {c.kernels for c in TS.prefill_candidates(4096, TP8, PRO6000)} == {"w4a4", "dot"}
 
 

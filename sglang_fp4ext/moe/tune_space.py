@@ -216,7 +216,8 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # GEMM2 at I = 256: step 1's two warpgroups with one accumulator (the heuristic runs
             # one warpgroup with two); deeper code prefetch (lost everywhere in step 2's sweeps,
             # prefill_v2_step2/: kept as the one candidate that can say otherwise on a new GPU).
-            lambda: r(base, block_n2=128, warps2=8, accs2=1, code_ring2=0)
+            # (hoist2 is the two accumulators' epilogue: off with one.)
+            lambda: r(base, block_n2=128, warps2=8, accs2=1, code_ring2=0, hoist2=0)
             if shape.I == K_CHUNK else None,
             lambda: r(base, prefetch1=2, prefetch2=2),
             # GEMM1 on twice GEMM2's M tile (GEMM1 decodes each expert's weights once per tile;
