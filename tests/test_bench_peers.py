@@ -284,10 +284,11 @@ def test_readme_prefill_v2_table_matches_the_committed_results():
     assert block == rt.prefill_peers_table().strip(), "run: python benchmarks/readme_table.py --write"
     r = rt.tk_prefill_points(rt.PREFILL_PEERS_DIRS[0], "tp8")[4096]
     assert f"| TP8 | 4096 | {r['fp4ext']['us']:.1f} | {r['tk']['us']:.1f} |" in block
-    # Step 5's shipped config -> step 7's (tw1 and hoist2 on: the sweep's knob row), one process.
+    # Step 7's config (the sweep's knob row: msub2 and group_n2 back) -> step 8's shipped one
+    # (the sweep's base row), one process.
     path, knobs = rt.PREFILL_SWEEPS["tp8"][0]
     us = {str(x["knob"]): x["us"] for x in json.loads(path.read_text())["rows"] if x["T"] == 4096}
-    assert f"{us['{}']:.1f} → {us[str(dict(tw1=1, hoist2=1))]:.1f} (tw1=1, hoist2=1)" in block
+    assert f"{us[str(knobs)]:.1f} → {us['{}']:.1f} (msub2=2, group_n2=4)" in block
 
 
 def test_readme_suite_table_lists_each_peer(tmp_path):

@@ -354,6 +354,12 @@ def test_wgmma_config_rules():
         (dict(tw1=2), "tw1 and hoist2 must be 0 or 1"),
         (dict(hoist2=1, group_n2=4), "hoist2 only with accs2=2"),
         (dict(kernels="dot", block_k2=128, tw1=1), "knobs of the wgmma kernels"),
+        (dict(block_m=32, msub2=5), "msub2 must be 1 .* or 2-4"),
+        (dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, msub2=2),
+         "msub2=2, accs2=2, code_ring2=1, hoist2=0"),
+        (dict(block_m=128, accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, hoist2=1,
+              smem_epi2=1, msub2=4), "msub2 x block_m x 512 B = 262144 B"),
+        (dict(kernels="dot", block_k2=128, msub2=2), "knobs of the wgmma kernels"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -611,7 +617,11 @@ def test_wgmma_heuristic(monkeypatch):
     tp8, ep8 = MoEShape(256, 6144, 256, 8), MoEShape(32, 6144, 2048, 8, ep=8)
     Ts = (512, 1024, 2048, 4096, 8192)
     got = {T: prefill_heuristic_config(T, tp8, h200) for T in Ts}
-    assert all(c.kernels == "wgmma" and c.group_n2 == 8 for c in got.values())
+    assert all(c.kernels == "wgmma" for c in got.values())
+    # GEMM2's M tiles of 2 sub-tiles on 4 blocks per program where an expert expects >= 2 tiles
+    # of rows (step 8's sweeps: T = 4096 / 8192 faster, 2048 slower), else 1 on 8 blocks.
+    assert {T: (c.msub2, c.group_n2) for T, c in got.items()} == {
+        512: (1, 8), 1024: (1, 8), 2048: (1, 8), 4096: (2, 4), 8192: (2, 4)}
     # The measured best block_m of each point in the step-1 A/B (prefill_config._wgmma_config).
     assert {T: c.block_m for T, c in got.items()} == {512: 32, 1024: 32, 2048: 64, 4096: 64,
                                                      8192: 64}
@@ -861,6 +871,23 @@ _KNOBS = [
                "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, hoist2=1"),
     (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1, "
                "tw1=1"),
+    # GEMM2's M tiles of msub2 sub-tiles, each decoded row block multiplied by every sub-tile
+    # the tile's rows reach (prefill step 8): 3 x 64 rows on 8 blocks, 2 x 64 on 4, 4 x 32 on 4
+    # (at T = 4096 the fused shared expert's 4,096 rows run many full tiles and a ragged last).
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+               "msub2=3"),
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+               "msub2=2"),
+    (_GLM5[0], "block_m=32, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+               "msub2=4"),
+    # msub2 on two warpgroups (128 weight rows per block: 8 warps per SM in one CTA, where
+    # 3 x 64 rows on one warpgroup leave one CTA of 4 warps per SM).
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=128, "
+               "warps2=8, accs2=2, group_n2=2, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+               "msub2=3"),
 ]
 # GEMM1's tail at 128 + 32 rows (2 stages: shared memory), TP8 and EP8, and the shipped 16-row
 # tails at 3 stages (TP8 64 + 16 and 128 + 16, EP8 128 + 16): GPU-checked (the compile checks of
@@ -1169,19 +1196,23 @@ def test_wgmma_knobs_vs_reference(knob_i, T, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("msub2", [1, 3])
 @pytest.mark.parametrize("rows2", [128, 64])
 @pytest.mark.parametrize("group_n2", [4, 8])
-def test_wgmma_two_accumulators_ragged_last_program(group_n2, rows2, seed):
+def test_wgmma_two_accumulators_ragged_last_program(group_n2, rows2, msub2, seed):
     """H = 1280 is 10 row blocks of 128 (20 of 64, one warpgroup): the last GEMM2 program of each
     M tile has fewer blocks than ``group_n2`` (but at 64 rows and 4 per program) and must store
-    exactly its own; then graph replay and repeated runs equal eager bit for bit."""
+    exactly its own; then graph replay and repeated runs equal eager bit for bit. With
+    ``msub2`` 3 the M tiles are 3 sub-tiles of 32 rows (75 rows per expert: 1-3 of them)."""
     w, pw = _weights(8, 1280, 256)
     g = torch.Generator(device="cuda").manual_seed(seed)
     T = 300
     x = torch.randn(T, 1280, generator=g, device="cuda").to(torch.bfloat16)
     ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
-    cfg = PrefillConfig(block_m=32, group_n2=group_n2, accs2=2, prefetch1=2, prefetch2=2,
-                        block_n2=rows2, warps2=rows2 // 16, **_WG)
+    queue = (dict(prefetch1=2, prefetch2=2) if msub2 == 1 else
+             dict(code_ring2=1, hoist2=1, smem_epi2=1, msub2=msub2))
+    cfg = PrefillConfig(block_m=32, group_n2=group_n2, accs2=2, block_n2=rows2,
+                        warps2=rows2 // 16, **queue, **_WG)
     out = torch.full((T, 1280), float("nan"), dtype=torch.bfloat16, device="cuda")
     fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)

@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|refresh|step7|step7_final|step7_tk8192
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|refresh|step7|step7_final|step7_tk8192|step8_ncu|step8|step8b|step8_final
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -329,6 +329,72 @@ step tk_prefill_8192
 timeout 110 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 105 --shapes glm5_tp8 --Ts 8192 > $R/tk_prefill_tp8.log 2>&1
 grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
 sweep ring2_ep8 ep8 "[{'static_ring2': 1}]" 4096,8192 50
+fi
+if [ "$1" = step8_ncu ]; then
+# After step 7 (2026-12-03): Nsight Compute of the shipped GEMM1 (both launches: the tail-free
+# tiles and the 16-row tail's) and GEMM2 at GLM-5 TP8 T = 4096 (54% / 35% of bf16 in step 7's
+# sweep), GEMM1 at EP8; then triton_kernels prefill at T = 512 / 1024 on the step-7 configs
+# (the README's rows there are step 4's). ~6 min.
+ncu_one() {  # ncu_one NAME KERNEL_REGEX SKIP COUNT ARGS...
+  step ncu_$1
+  [ -z "$NCU" ] && { echo "no ncu" >> $OUT/run.log; return; }
+  timeout 120 $NCU --clock-control none -k regex:$2 --launch-skip $3 --launch-count $4 \
+    --set full --import-source yes -o /tmp/ncu_$1 \
+    python benchmarks/experiments/ncu_target.py "${@:5}" > $R/ncu_$1_run.log 2>&1
+  $NCU -i /tmp/ncu_$1.ncu-rep --page details > $R/ncu_$1_details.txt 2>&1
+  $NCU -i /tmp/ncu_$1.ncu-rep --page source --csv --print-source sass > /tmp/ncu_$1.csv 2>&1
+  gzip -c /tmp/ncu_$1.csv > $R/ncu_$1_source.csv.gz
+  python benchmarks/experiments/ncu_stalls.py /tmp/ncu_$1.csv 24 > $R/ncu_$1_stalls.txt 2>&1
+  grep -E "^  _wgmma|Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Cache Throughput|Issue Slots Busy|Registers Per|No Eligible|Local" $R/ncu_$1_details.txt >> $OUT/run.log
+  head -30 $R/ncu_$1_stalls.txt >> $OUT/run.log
+  pack
+}
+ncu_one gemm1_tp8 _wgmma_gemm1 2 2 4096 prefill
+ncu_one gemm2_tp8 _wgmma_gemm2 1 1 4096 prefill
+ncu_one gemm1_ep8 _wgmma_gemm1 2 2 4096 prefill ep8
+step tk_prefill_small
+timeout 230 bash .peers/tk/device_run.sh --out $R/tk_prefill --timeout 110 --Ts 512,1024 > $R/tk_prefill.log 2>&1
+grep -h TIME $R/tk_prefill/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log; pack
+fi
+if [ "$1" = step8 ]; then
+# Step 8 (built 2026-12-03 from step8_ncu): GEMM2 at I = 256 on M tiles of msub2 sub-tiles that
+# share each decoded row block (TP8 T = 4096: 2-3 tiles of 64 rows per expert, each decoding
+# its expert's GEMM2 weights: decode ~ MMA per block, 39% issue, 35% of bf16). GPU tests of the knob
+# against the fp32 twin (three configs at T = 600 / 4096 through the fused shared expert, the
+# ragged last program), then the sweeps against the heuristic's configs. Prediction: TP8 GEMM2
+# T = 4096 370 -> 230-300 us. ~8 min.
+tier tier_msub2 tests/test_prefill_kernels.py 200 \
+  -k "knobs_vs_reference and (600-20 or 600-21 or 600-22 or 4096-20 or 4096-21 or 4096-22) or ragged_last_program and 3]"
+sweep step8_tp8 tp8 "[{'msub2': 3}, {'msub2': 2, 'group_n2': 4}, {'msub2': 3, 'group_n2': 4}, {'block_m': 32, 'msub2': 4, 'group_n2': 4}]" 4096,8192,2048,1024 230
+sweep step8_fused tp8-fused-shared "[{'msub2': 3}, {'msub2': 3, 'group_n2': 4}]" 4096,8192,2048 90
+fi
+if [ "$1" = step8b ]; then
+# step8's sweep: msub2 = 3 lost (GEMM2 T = 4096 368 -> 608 us) where its shared memory leaves
+# one 4-warp CTA per SM (172 KB; the shipped config 106 KB runs two), msub2 = 2 on 4 blocks
+# (102 KB) tied at 4096 and won 7% at 8192. Here msub2 on two warpgroups (BN = 128: one CTA of
+# 8 warps sharing the sub-tiles' activations), msub2 = 2 / 4 blocks again and 4 blocks alone
+# (the control for T <= 4096, whose base has 8). GPU test of the two-warpgroup form first. ~6 min.
+tier tier_msub2_wg2 tests/test_prefill_kernels.py 120 -k "knobs_vs_reference and (600-23 or 4096-23)"
+W2="'block_n2': 128, 'warps2': 8"
+sweep step8b_tp8 tp8 "[{$W2, 'msub2': 3, 'group_n2': 2}, {$W2, 'msub2': 3, 'group_n2': 4}, {$W2, 'msub2': 2, 'group_n2': 4}, {'msub2': 2, 'group_n2': 4}, {'group_n2': 4}]" 4096,8192,2048 250
+fi
+if [ "$1" = step8_final ]; then
+# What step 8 ships (msub2=2 on 4 GEMM2 blocks where an expert expects >= 2 x block_m rows at
+# I = 256: GLM-5 TP8 and TP8 + fused shared T = 4096 / 8192 in the H200 table, the heuristic
+# everywhere): the wgmma family's shipped-config GPU tests and the self-check, the change off
+# against on (TP8 a third process, the fused shared expert and DeepSeek-R1 TP8, heuristic-only,
+# first timed here), then the regression baseline. ~8 min.
+tier tier_prefill tests/test_prefill_kernels.py 130 \
+  -k "wgmma and (glm5_vs_reference or graph_replay or deterministic or adversarial or other_shapes)"
+tier tier_selfcheck tests/test_selfcheck.py 70
+OFF="[{'msub2': 1, 'group_n2': 8}]"
+sweep step8_off_tp8 tp8 "$OFF" 4096,8192 60
+sweep step8_off_fused tp8-fused-shared "$OFF" 4096,8192 60
+step step8_off_dsr1
+OUT=$R SWEEP_T=4096,8192 SWEEP_PRESET=deepseek-r1-nvfp4-tp8 SWEEP_NAME=prefill_step8_off_dsr1 \
+  SWEEP_KNOBS="$OFF" timeout 70 python benchmarks/experiments/prefill_knob_sweep.py > $R/step8_off_dsr1.log 2>&1
+grep -A40 "bf16 matmul" $R/step8_off_dsr1.log >> $OUT/run.log; pack
+baseline 110
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

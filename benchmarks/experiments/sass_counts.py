@@ -8,7 +8,7 @@ config is the H200 table's (the heuristic's where the table has none). Each laun
 device, the JIT's 16-byte divisibility specialisation), disassembled with the ``nvdisasm`` that
 ships with Triton, and reported: registers, spill bytes, shared memory, total instructions, the
 instructions of the innermost loop that holds the MMAs (one K step of one tile) and its opcode
-mix. Counts are static, per thread of a warp; they say what a change does to the instruction
+mix (``SASS_DUMP=DIR`` also writes each kernel's SASS there). Counts are static, per thread of a warp; they say what a change does to the instruction
 stream (the decode kernels are issue-latency bound, ``decode_diagnosis_h200.json``), not its time.
 """
 
@@ -185,6 +185,8 @@ def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
 
         sass = tool(bindir / "nvdisasm", "-c", cubin)
         res = tool(bindir / "cuobjdump", "-res-usage", cubin)
+    if os.environ.get("SASS_DUMP"):  # a directory: each kernel's SASS, to read where it spills
+        Path(os.environ["SASS_DUMP"], f"{fn.__name__}_sm{cc}.sass").write_text(sass)
     lines = sass.splitlines()
     loop = _mma_loop(lines)
     mix = collections.Counter()

@@ -193,15 +193,20 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  SR: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                  ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
                  SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
-                 HO: gl.constexpr, TW: gl.constexpr):
+                 HO: gl.constexpr, TW: gl.constexpr, MS: gl.constexpr = 1):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
-    ``(cdiv(Np2 / BN, NG), m_tiles)``. ``ACCS == 2``: ``_one_chunk_2acc`` (``K`` = 256). ``EPI``:
-    the epilogue's form, ``smem_epi2`` (``_epilogue``). ``TW`` (``tw1``): GEMM1 applied the
-    routing weight. ``HO`` (``hoist2``, ``ACCS == 2``): the epilogue's loads hoisted."""
-    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM, CL)
+    ``(cdiv(Np2 / BN, NG), m_tiles)`` over M tiles of ``MS * BM`` rows. ``ACCS == 2``:
+    ``_one_chunk_2acc`` (``K`` = 256), or ``_one_chunk_msub`` with ``MS`` > 1 (``msub2``).
+    ``EPI``: the epilogue's form, ``smem_epi2`` (``_epilogue``). ``TW`` (``tw1``): GEMM1 applied
+    the routing weight. ``HO`` (``hoist2``, ``ACCS == 2``): the epilogue's loads hoisted."""
+    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM * MS, CL)
     if nrows <= 0:
         return
-    if ACCS == 2:
+    if MS > 1:
+        _one_chunk_msub(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+                        NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
+                        BM, BN, NG, WL, ML, AL, XS, SL, CP, SP, CW, TW, MS)
+    elif ACCS == 2:
         _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
                         NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
                         BM, BN, NG, PF, LP, CR, EPI, WL, ML, AL, XS, CL, SL, CP, SP, CW, HO, TW)
@@ -651,6 +656,147 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + NB - 1, NOUT, NP,
               stride_dst, False, EPI, BN, BM, ML, SL, gl.where(NG - 1 < NB, nrows, 0), TW, a_g,
               pair, HO)
+
+
+@gluon.jit
+def _one_chunk_msub(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+                    NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
+                    BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, WL: gl.constexpr,
+                    ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, SL: gl.constexpr,
+                    CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, TW: gl.constexpr,
+                    MS: gl.constexpr):
+    """``_one_chunk_2acc`` over an M tile of up to ``MS`` sub-tiles of ``BM`` rows
+    (``PrefillConfig.msub2``; code ring, hoisted loads and staged epilogue on): each row block is
+    decoded once and multiplied by every sub-tile the tile's rows reach, where ``MS`` tiles of
+    ``BM`` rows decode it ``MS`` times (at I = 256 a row block is one K chunk, so its decode
+    costs about its 64-column MMAs: at GLM-5 TP8 T = 4096 an expert's ~128 rows took 2-3 tiles
+    of 64, each decoding all of its expert's GEMM2 weights). An expert's rows past a multiple
+    of ``BM`` cost one sub-tile's MMAs, not a tile's decode. The sub-tile count is dispatched
+    to a body compiled for it: the steps are unrolled, and a run-time branch among them would
+    put non-``wgmma`` writes to the accumulators inside ptxas's ``wgmma`` pipeline. Shared
+    memory grows by a sub-tile's activations each (``MS * BM * 512`` B): at 3 x 64 rows one CTA
+    fits per SM and it lost (prefill_v2_step8); 2 x 64 on 4 blocks ships."""
+    S = (nrows + BM - 1) // BM
+    for n in gl.static_range(1, MS + 1):
+        if S == n:
+            _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+                       NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
+                       BM, BN, NG, WL, ML, AL, XS, SL, CP, SP, CW, TW, n)
+
+
+@gluon.jit
+def _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+               NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
+               BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, WL: gl.constexpr,
+               ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, SL: gl.constexpr,
+               CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, TW: gl.constexpr,
+               S: gl.constexpr):
+    """``_one_chunk_msub`` for a tile of ``S`` sub-tiles: steps ``k = S g + s`` (block ``g``,
+    sub-tile ``s``) alternate between two accumulators as ``_one_chunk_2acc``'s blocks do; step
+    ``k`` starts its MMAs, then stores step ``k - 1`` while they run. Block ``g`` is decoded at
+    its first step, while the previous block's last MMAs run, and its global scales are loaded
+    before that decode (used from its second step's epilogue on)."""
+    nb0 = gl.program_id(0) * NG
+    e64 = e.to(gl.int64)
+    NB = gl.minimum(NG, NP // BN - nb0)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BM, 128], XS)
+    for j in gl.static_range(S):
+        xp = _act_ptrs(x_ptr, sorted_ptr, row0 + j * BM, nrows - j * BM, 1, stride_x, False, BM,
+                       AL)
+        _copy_rows(xs.index(2 * j), xs.index(2 * j + 1), xp, 0)
+    cp.commit_group()
+    qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
+                                        BN, WL)
+    cr = _code_slots(BN, NG)
+    for i in gl.static_range(NG):
+        _copy_codes(cr[2 * i], cr[2 * i + 1], qe, se, QB, nb0, i, 1, NB, 0, BN, CP, SP)
+        cp.commit_group()
+    a_old = _alpha_raw(a_ptr, e64, NP, nb0, BN, ML)
+    p0 = _pair_rows(sorted_ptr, row0, nrows, BM, SL)
+    p1 = p0  # unused past S
+    p2 = p0
+    p3 = p0
+    if S >= 2:
+        p1 = _pair_rows(sorted_ptr, row0 + BM, nrows - BM, BM, SL)
+    if S >= 3:
+        p2 = _pair_rows(sorted_ptr, row0 + 2 * BM, nrows - 2 * BM, BM, SL)
+    if S == 4:
+        p3 = _pair_rows(sorted_ptr, row0 + 3 * BM, nrows - 3 * BM, BM, SL)
+    cp.wait_group(NG - 1)  # the activations and block 0's codes
+    barrier()
+    fence_async_shared()
+    q = _read_codes(cr[0], cr[1], BN, CW, WL)
+    c_lo, c_hi = _decode_chunk(q[0], q[1], q[2], BN, ML)
+    busy = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, ML))
+    free = gl.zeros([BN, BM], gl.float32, ML)
+    busy = warpgroup_mma(c_lo, xs.index(0).permute((1, 0)), busy, use_acc=False, is_async=True)
+    busy = warpgroup_mma(c_hi, xs.index(1).permute((1, 0)), busy, is_async=True)
+    p_lo = c_lo
+    p_hi = c_hi
+    if S == 1:
+        if NG > 1:
+            q = _next_block_codes(cr, 0, NG, BN, CW, WL)
+    for k in gl.static_range(1, NG * S):  # (no constexpr assignments here: they become tensors)
+        busy, free, c_lo, c_hi, p_lo, p_hi, q, a_old = _msub_step(
+            busy, free, c_lo, c_hi, p_lo, p_hi, q, a_old, xs, cr, sorted_ptr, tw_ptr, a_ptr,
+            dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP, stride_dst, BN, BM, NG, WL, ML, SL, CW,
+            TW, p0, p1, p2, p3, k // S, k % S, S)
+    y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(busy, p_lo, p_hi))
+    _msub_store(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP,
+                stride_dst, BN, BM, ML, SL, TW, a_old, p0, p1, p2, p3, NG - 1, S - 1)
+
+
+@gluon.jit
+def _msub_step(busy, free, c_lo, c_hi, p_lo, p_hi, q, a_old, xs, cr, sorted_ptr, tw_ptr, a_ptr,
+               dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP, stride_dst, BN: gl.constexpr,
+               BM: gl.constexpr, NG: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
+               SL: gl.constexpr, CW: gl.constexpr, TW: gl.constexpr, p0, p1, p2, p3,
+               g: gl.constexpr, s: gl.constexpr, S: gl.constexpr):
+    """Step (block ``g``, sub-tile ``s``) > 0 of ``_msub_body``: at a block's first step its
+    global scales are loaded and its codes ``q`` decoded into ``c_lo``/``c_hi`` while the
+    previous block's last MMAs (into ``busy``, operands ``p_lo``/``p_hi``) run; this step's MMAs
+    start into ``free``; the previous step is stored once they are done. Returns the state with
+    the accumulators swapped, the next block's codes read at a block's last step."""
+    a_new = a_old
+    if s == 0:
+        a_new = _alpha_raw(a_ptr, e64, NP, nb0 + gl.minimum(g, NB - 1), BN, ML)
+        c_lo, c_hi = _decode_chunk(q[0], q[1], q[2], BN, ML)
+    free = warpgroup_mma(c_lo, xs.index(2 * s).permute((1, 0)), free, use_acc=False,
+                         is_async=True)
+    free = warpgroup_mma(c_hi, xs.index(2 * s + 1).permute((1, 0)), free, is_async=True)
+    # Two commit groups per step: the previous step's are done once at most 2 are in flight.
+    y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=2, deps=(busy, p_lo, p_hi))
+    if s == 0:
+        _msub_store(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP,
+                    stride_dst, BN, BM, ML, SL, TW, a_old, p0, p1, p2, p3, g - 1, S - 1)
+    else:
+        _msub_store(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP,
+                    stride_dst, BN, BM, ML, SL, TW, a_old, p0, p1, p2, p3, g, s - 1)
+    if s == S - 1:
+        if g + 1 < NG:
+            q = _next_block_codes(cr, g, NG, BN, CW, WL)
+    return free, y, c_lo, c_hi, c_lo, c_hi, q, a_new
+
+
+@gluon.jit
+def _msub_store(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP,
+                stride_dst, BN: gl.constexpr, BM: gl.constexpr, ML: gl.constexpr,
+                SL: gl.constexpr, TW: gl.constexpr, a_raw, p0, p1, p2, p3, g: gl.constexpr,
+                s: gl.constexpr):
+    """The staged epilogue of step (block ``g``, sub-tile ``s``) of ``_msub_body``: rows
+    ``s BM ..`` of the tile, pair rows ``p{s}``; blocks past ``NB`` (a ragged last program)
+    repeat block ``NB - 1`` and store nothing."""
+    pair = p0
+    if s == 1:
+        pair = p1
+    if s == 2:
+        pair = p2
+    if s == 3:
+        pair = p3
+    n = nrows - s * BM
+    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + s * BM, n,
+              nb0 + gl.minimum(g, NB - 1), NOUT, NP, stride_dst, False, 1, BN, BM, ML, SL,
+              gl.where(g < NB, n, 0), TW, a_raw, pair, True)
 
 
 @gluon.jit

@@ -364,13 +364,14 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         bn, warps = getattr(config, f"block_n{i}"), getattr(config, f"warps{i}")
         bm = config.gemm1_block_m if i == 1 else config.block_m
         bt = config.tail1 if i == 1 else 0  # GEMM1's tail rows: M tiles of bm + bt
+        tm = bm + bt if i == 1 else bm * config.msub2  # GEMM2: msub2 sub-tiles of bm rows
         # GEMM1 with the tail: two launches over the same tiles of bm + bt rows, one compiled
         # with the tail for the tiles with rows past bm, one without it for the others.
         for tail in (bt, 0) if bt else (0,):
             launches.append(
                 _Launch(
                     f"_wgmma_gemm{i}",
-                    (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, bm + bt)),
+                    (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, tm)),
                     (
                         src,
                         sorted_pair,
@@ -400,9 +401,10 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                         LP=getattr(config, f"l2_prefetch{i}"),
                         CR=getattr(config, f"code_ring{i}"),
                         SR=getattr(config, f"static_ring{i}"),
-                        **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2, HO=config.hoist2)
+                        **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2, HO=config.hoist2,
+                                MS=config.msub2)
                            if i == 2 else dict(BT=tail, MT=G.layouts(bn, tail or bm, warps)["ML"],
-                                               TM=bm + bt)),
+                                               TM=tm)),
                         TW=config.tw1,
                         **G.layouts(bn, bm, warps),
                     ),

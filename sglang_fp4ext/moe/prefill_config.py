@@ -39,7 +39,7 @@ WGMMA_SMEM_LIMIT = 232_448
 #: GEMM1 by it, the twin drops it for the dot family's shared memory).
 WGMMA_KNOBS_OFF = dict(prefetch1=1, prefetch2=1, accs2=1, static_ring1=0, static_ring2=0,
                        smem_epi2=0, l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0,
-                       tail1=0, tw1=0, hoist2=0)
+                       tail1=0, tw1=0, hoist2=0, msub2=1)
 
 
 def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
@@ -132,7 +132,11 @@ class PrefillConfig(ConfigDict):
     GEMM2 applies it. ``hoist2`` (wgmma, ``accs2`` = 2) 1: GEMM2's epilogue loads leave its
     critical path: a row block's global scales are loaded before the next block's decode (not
     just before their use: Nsight Compute put 15% of GEMM2's samples on that wait, TP8
-    T = 4096), the staged epilogue's pair rows once per program; 0: off.
+    T = 4096), the staged epilogue's pair rows once per program; 0: off. ``msub2`` (wgmma,
+    ``accs2`` = 2 with ``code_ring2``, ``hoist2`` and ``smem_epi2`` on) 2-4: GEMM2's M tiles hold
+    up to ``msub2`` sub-tiles of ``block_m`` rows, and each decoded row block multiplies every
+    sub-tile the tile's rows reach (one decode of an expert's row block where ``msub2`` tiles
+    decode it ``msub2`` times; the last sub-tile's padding is the only padding); 1: off.
     """
 
     block_m: int = 128
@@ -162,6 +166,7 @@ class PrefillConfig(ConfigDict):
     tail1: int = 0
     tw1: int = 0
     hoist2: int = 0
+    msub2: int = 1
 
     @property
     def gemm1_block_m(self) -> int:
@@ -279,10 +284,13 @@ class PrefillConfig(ConfigDict):
             extra += depth * bn * (128 + 16)
             if i == 1:  # the tail's ring beside the tile's
                 extra += 2 * ns * self.tail1 * 128 * 2
-            if not 2 <= ns <= 4 or 2 * ns * bm * 128 * 2 + extra > WGMMA_SMEM_LIMIT:
+            ring = 2 * ns * bm * 128 * 2
+            if i == 2 and self.msub2 > 1:  # the tile's sub-tiles, copied once per program
+                ring = self.msub2 * bm * 256 * 2
+            if not 2 <= ns <= 4 or ring + extra > WGMMA_SMEM_LIMIT:
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
-                    f"(2 x stages x block_m x 256 B = {2 * ns * bm * 256} B"
+                    f"(2 x stages x block_m x 256 B, or msub2 x block_m x 512 B = {ring} B"
                     f"{f', plus {extra} B for the staged epilogue, code ring and tail' if extra else ''}"
                     f") within "
                     f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, GEMM{i} block_m={bm}"
@@ -357,6 +365,14 @@ class PrefillConfig(ConfigDict):
             raise ValueError(
                 "PrefillConfig(kernels='wgmma'): static_ring2 is for GEMM2's ring; with accs2=2 "
                 "GEMM2 has none (its activations are copied once per program)"
+            )
+        if self.msub2 not in (1, 2, 3, 4) or self.msub2 > 1 and (
+                self.accs2, self.code_ring2, self.hoist2, self.smem_epi2) != (2, 1, 1, 1):
+            raise ValueError(
+                f"PrefillConfig(kernels='wgmma'): msub2 must be 1 (off) or 2-4 GEMM2 sub-tiles "
+                f"per M tile, the latter with accs2=2, code_ring2=1, hoist2=1 and smem_epi2=1; got "
+                f"msub2={self.msub2!r}, accs2={self.accs2}, code_ring2={self.code_ring2}, "
+                f"hoist2={self.hoist2}, smem_epi2={self.smem_epi2}"
             )
         if self.combine != "ordered":
             raise ValueError("PrefillConfig(kernels='wgmma') has only the ordered combine")
@@ -446,9 +462,21 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
       781 / 1,230 / 2,224 -> 715 / 1,137 / 2,098 at 2048 / 4096 / 8192; EP8 (``tw1`` alone: no
       spills in GEMM2) 1,062 / 1,814 -> 1,010 / 1,748 at 4096 / 8192, 532 -> 529 at 1024, and
       693 -> 703 at 2048 (+1.4%, kept: one rule).
+    * At ``I`` = 256 where an expert expects at least two M tiles of rows (``rows`` >= 2
+      ``block_m``): GEMM2's M tiles of 2 sub-tiles that share each decoded row block
+      (``msub2``) on 4 blocks per program (``prefill_v2_step8/prefill_step8{,b}_tp8_h200.json``,
+      and ``prefill_step8_off_*``: three sweep processes, 2026-12-03): TP8 T = 4096 1,037.5 /
+      1,035.6 / 1,036.8 -> 1,022.1 / 1,024.1 / 1,020.6 us, 8192 1,900.0 / 1,911.0 / 1,913.7 ->
+      1,861.9 / 1,859.1 / 1,864.1 (GEMM2 ~672 -> ~628); the fused shared expert 1,147.1 /
+      2,136.8 -> 1,127.1 / 2,070.6, DeepSeek-R1 TP8 1,373.8 / 2,385.9 -> 1,363.0 / 2,318.9 at
+      4096 / 8192; and TP8 2048 (``rows`` = ``block_m``) 647.6 / 645.5 -> 657.6 / 654.2, so
+      not there. 3 sub-tiles
+      lost (GEMM2 368 -> 608 us at 4096): their 172 KB of shared memory leave one 4-warp CTA per
+      SM where the 106 KB of one sub-tile run two.
     """
     bm = _wgmma_block_m(rows, shape)
     one_chunk = shape.I == K_CHUNK
+    msub = one_chunk and rows >= 2 * bm
     return PrefillConfig(
         block_m=bm,
         **wgmma_gemm1_knobs(bm, shape, rows),
@@ -459,7 +487,7 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
         block_k2=K_CHUNK,
         warps2=4 if one_chunk else 8,
         stages2=2,
-        group_n2=8 if shape.I <= 512 else 4,
+        group_n2=8 if shape.I <= 512 and not msub else 4,
         block_p=block_p,
         kernels="wgmma",
         accs2=2 if one_chunk else 1,
@@ -467,6 +495,7 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
         code_ring2=int(one_chunk),
         tw1=1,
         hoist2=int(one_chunk),
+        msub2=2 if msub else 1,
     )
 
 
