@@ -219,6 +219,9 @@ def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
                 # stays timed where the candidate cap reaches it: a config that keeps hoist2=1
                 # with accs2=1 is invalid and would be dropped silently.
                 assert any(c.kernels == "wgmma" and c.accs2 == 1 for c in cands), (shape, b)
+            if shape.I == 256:  # GEMM2's sub-tiles (step 8) flipped: both forms are timed
+                assert {(c.msub2, c.group_n2) for c in cands if c.kernels == "wgmma"
+                        and c.accs2 == 2} >= {(1, 8), (2, 4)}, (shape, b)
     assert {c.kernels for c in TS.prefill_candidates(4096, TP8, PRO6000)} == {"w4a4", "dot"}
 
 

@@ -192,9 +192,11 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # The routing weight in GEMM1's epilogue with GEMM2's epilogue loads hoisted (the
             # heuristic's since step 7), flipped together.
             lambda: r(base, tw1=1 - base.tw1, hoist2=0 if base.tw1 else int(base.accs2 == 2)),
-            # GEMM2 at I = 256 on M tiles of 3 sub-tiles that share each decoded row block
-            # (msub2), flipped.
-            lambda: r(base, msub2=1 if base.msub2 > 1 else 3)
+            # GEMM2 at I = 256 on M tiles of 2 sub-tiles that share each decoded row block, 4
+            # blocks per program (msub2, the heuristic's from 2 M tiles of rows per expert),
+            # flipped (off: step 7's 8 blocks).
+            lambda: (r(base, msub2=1, group_n2=8) if base.msub2 > 1 else
+                     r(base, msub2=2, group_n2=4))
             if (base.accs2, base.code_ring2, base.hoist2, base.smem_epi2) == (2, 1, 1, 1) else None,
             # GEMM2 at I = 256: every row block's codes copied when the program starts, with
             # the staged epilogue (no spills together; the heuristic's at I = 256), flipped.
