@@ -986,8 +986,13 @@ def _check_wgmma_design(rows, where):
             assert not spills, r
         # Without the routing weight's loads and multiplies GEMM2 fits its registers: the
         # shipped EP8 GEMM2 spills 200-256 B, TP8's sits at 255 registers (prefill step 7).
+        # With 3-4 sub-tiles (msub2) each sub-tile's pair rows and staged store stay live across
+        # the row block: ptxas spills 84-548 B (sm_90, Triton 3.6 / 3.8, measured 2026-12-04);
+        # none of those is shipped (3 x 64 lost in step 8). The shipped 2 x 64 fits.
         if r["kernel"] == "_wgmma_gemm2" and "tw1=1" in r["config"]:
-            assert not spills, r
+            stores = [int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)]
+            msub = int(re.search(r"msub2=(\d+)", r["config"]).group(1))
+            assert max(stores, default=0) <= (0 if msub <= 2 else 600), r
     assert any("accs2=2" in r["config"] for r in gl), f"{where}: no two-accumulator GEMM2 compiled"
     for r in gl:  # GEMM2's staged epilogue: only 16-byte global stores; else 4-byte ones
         if r["kernel"] == "_wgmma_gemm2":
