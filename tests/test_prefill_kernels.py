@@ -318,7 +318,7 @@ def test_wgmma_config_rules():
         (dict(stages2=5), "stages2 must be in"),
         (dict(block_m=128, stages1=4), "within 232448"),
         (dict(block_m=256), "block_m and block_m1 must be <= 128"),
-        (dict(combine="atomic"), "only the ordered combine"),
+        (dict(combine="atomic"), "the ordered or the fused combine, not the atomic one"),
         (dict(kernels="gluon"), "kernels must be one of"),
         (dict(prefetch1=4), "prefetch1 must be 1, 2 or 3"),
         (dict(prefetch2=0), "prefetch2 must be 1, 2 or 3"),
@@ -360,6 +360,9 @@ def test_wgmma_config_rules():
         (dict(block_m=128, accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, hoist2=1,
               smem_epi2=1, msub2=4), "msub2 x block_m x 512 B = 262144 B"),
         (dict(kernels="dot", block_k2=128, msub2=2), "knobs of the wgmma kernels"),
+        (dict(kernels="dot", block_k2=128, combine="fused"), "combine='fused' is the wgmma"),
+        (dict(kernels="w4a4", combine="fused"), "combine='fused' is the wgmma"),
+        (dict(combine="sum"), "'ordered', 'atomic' or 'fused'"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -378,6 +381,8 @@ def test_wgmma_config_rules():
                                            tail1=32, **_WG)).tail1 == 0
     moved = PrefillConfig(block_m=64, accs2=2, group_n2=8, tw1=1, hoist2=1, **_WG)
     assert eval(repr(moved)) == moved
+    fused = replace(moved, combine="fused")  # the fallback runs the same sums in their own pass
+    assert eval(repr(fused)) == fused and w4a16_twin_config(fused).combine == "ordered"
     assert (w4a16_twin_config(moved).tw1, w4a16_twin_config(moved).hoist2) == (0, 0)
 
 
@@ -543,9 +548,12 @@ def test_w4a4_needs_input_scales_and_k_multiples_of_256():
             PrefillConfig(**(_W4 | bad))
 
 
-def test_permute_k_matches_its_twin(seed):
+@pytest.mark.parametrize("zero", [False, True])
+def test_permute_k_matches_its_twin(zero, seed):
     """``_permute_k`` (the wgmma GEMM1's input pass) against ``layout.to_mma_k_order``, on a
-    strided input, NaN-poisoned output, T not a multiple of the program's rows."""
+    strided input, NaN-poisoned output, T not a multiple of the program's rows. ``ZERO``
+    (``combine="fused"``): the tokens whose top-k ids are all outside [0, E) (dropped, another
+    EP rank's, or past E) get zero rows of ``out``; the other rows are not touched."""
     from sglang_fp4ext.moe import _prefill_kernels as K
     from sglang_fp4ext.moe.layout import mma_k_order, to_mma_k_order
 
@@ -554,10 +562,22 @@ def test_permute_k_matches_its_twin(seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(13, 640, generator=g).to(torch.bfloat16).to(DEV)[:, :512]
     y = torch.full((13, 512), float("nan"), dtype=torch.bfloat16, device=DEV)
-    K._permute_k[(2, 4)](x, y, 13, 512, x.stride(0), BT=8)
+    E, k = 6, 3
+    ids = torch.randint(0, E, (13, k), generator=g)
+    gone = torch.tensor([1, 4, 5, 12])  # no valid slot: -1, -1 / E, past E
+    ids[gone] = torch.tensor([[-1, -1, -1], [-1, E, 7], [E, E, E], [-1, 9, -1]])
+    ids[7] = torch.tensor([-1, -1, 2])  # one valid slot: not zeroed
+    ids = ids.to(torch.int32).to(DEV)
+    out = torch.full((13, 512), float("nan"), dtype=torch.bfloat16, device=DEV)
+    K._permute_k[(2, 4)](x, y, ids, out, 13, 512, E, k, x.stride(0), out.stride(0), BT=8,
+                         ZERO=zero)
     assert torch.equal(y, to_mma_k_order(x))
     inv = mma_k_order().argsort().to(DEV)
     assert torch.equal(y[:, 128:256][:, inv], x[:, 128:256])  # position s holds element order[s]
+    want = torch.zeros(13, dtype=torch.bool)
+    want[gone] = zero
+    assert torch.equal((out == 0).all(1).cpu(), want)
+    assert out[~want.to(DEV)].isnan().all()
 
 
 def test_heuristic_is_deterministic_and_never_atomic(monkeypatch):
@@ -783,6 +803,10 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
             r["l2_prefetch"] = "prefetch.global.L2" in ptx
             # The code ring: its scale codes are the only 8-byte cp.async copies.
             r["code_ring"] = ", 0x8, 0x8;" in ptx
+            # combine="fused": GPU-scope fence, then the arrivals (acq_rel atomics).
+            r["arrivals"] = sorted({w for l in ptx.splitlines() for w in l.split()
+                                    if w.startswith("atom.")})
+            r["fence_gpu"] = "fence.acq_rel.gpu" in ptx
         if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per OMMA
             r["block_m"] = L.constexprs["BM"]
             r["omma_loop"] = omma_loop(c.asm["cubin"])
@@ -888,6 +912,16 @@ _KNOBS = [
     (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=128, "
                "warps2=8, accs2=2, group_n2=2, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
                "msub2=3"),
+    # The top-k combine in GEMM2 (combine="fused", prefill step 9) on each GEMM2 form: the
+    # shipped TP8 T = 4096 config (2 sub-tiles), one sub-tile, and EP8's K loop (I = 2048).
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+               "msub2=2, combine='fused'"),
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+               "combine='fused'"),
+    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1, "
+               "tw1=1, combine='fused'"),
 ]
 # GEMM1's tail at 128 + 32 rows (2 stages: shared memory), TP8 and EP8, and the shipped 16-row
 # tails at 3 stages (TP8 64 + 16 and 128 + 16, EP8 128 + 16): GPU-checked (the compile checks of
@@ -992,13 +1026,26 @@ def _check_wgmma_design(rows, where):
         if r["kernel"] == "_wgmma_gemm2" and "tw1=1" in r["config"]:
             stores = [int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)]
             msub = int(re.search(r"msub2=(\d+)", r["config"]).group(1))
-            assert max(stores, default=0) <= (0 if msub <= 2 else 600), r
+            # combine="fused": ptxas keeps a few of the combine's arguments on the stack across
+            # the GEMM (stored and loaded once per program): 8 / 44 B with Triton 3.8, none 3.6.
+            fused = 64 if "combine='fused'" in r["config"] else 0
+            assert max(stores, default=0) <= (0 if msub <= 2 else 600) + fused, r
     assert any("accs2=2" in r["config"] for r in gl), f"{where}: no two-accumulator GEMM2 compiled"
     for r in gl:  # GEMM2's staged epilogue: only 16-byte global stores; else 4-byte ones
         if r["kernel"] == "_wgmma_gemm2":
-            st = r["st_global"]
+            st = dict(r["st_global"])
             want = ".v4" if "smem_epi2=1" in r["config"] else ""
+            fused = "combine='fused'" in r["config"]
+            # combine="fused": the arrivals (GPU-scope fence, acq_rel atomic add) and one 4-byte
+            # store, the compacted token list (the sums are stored 16 bytes per thread).
+            assert r["fence_gpu"] == fused, (where, r["config"])
+            assert r["arrivals"] == (["atom.global.gpu.acq_rel.add.u32"] if fused else []), (
+                where, r["arrivals"], r["config"])
+            if fused and want:
+                assert st[""] == 1, (where, st, r["config"])
+                st[""] = 0
             assert st[want] and sum(st.values()) == st[want], (where, st, r["config"])
+    assert any("combine='fused'" in r["config"] for r in gl), f"{where}: no fused combine"
     assert any("smem_epi2=1" in r["config"] for r in gl), f"{where}: no staged GEMM2 epilogue"
     for r in gl:  # the L2 code prefetch where asked for, and only there
         i = r["kernel"][-1]
@@ -1280,6 +1327,48 @@ def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
         PrefillConfig(block_m=32, stages1=stages, stages2=2, static_ring1=1, static_ring2=1,
                       group_n2=4, code_ring1=ring * cr, code_ring2=2 * cr, **_WG)
         for cr in (0, 1)], seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("I, knobs", [
+    (256, dict(block_n2=64, warps2=4, accs2=2, group_n2=4, code_ring2=1, hoist2=1, smem_epi2=1,
+               msub2=2)),
+    (256, dict(block_n2=64, warps2=4, accs2=2, group_n2=8, code_ring2=1, hoist2=1,
+               smem_epi2=1)),
+    (512, dict(group_n2=4, smem_epi2=1))])
+def test_wgmma_fused_combine_equals_the_ordered_combine(I, knobs, seed):
+    """``combine="fused"`` adds the same bf16 partial rows in the same slot order as the ordered
+    combine's pass, inside GEMM2: the outputs are equal bit for bit on each GEMM2 form (2
+    sub-tiles, one, the K loop at I = 512). H = 1280: the last column group of each M tile is
+    ragged (10 or 20 row blocks over 4 or 8 per program); then graph replay equals eager."""
+    _assert_knob_keeps_bits(1280, I, [
+        PrefillConfig(block_m=32, tw1=1, combine=c, **knobs, **_WG)
+        for c in ("ordered", "fused")], seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ("routed",) + glm5_cases.ADVERSARIAL)
+@pytest.mark.parametrize("name,T", [("tp8_shared", 4096), ("ep8", 1100)])
+def test_wgmma_fused_combine_glm5(name, T, kind, seed):
+    """The fused combine on the config a GLM-5 call uses, against the ordered combine bit for bit
+    (NaN-poisoned outputs) on its routing and the adversarial ones (tokens with no local
+    expert: zero rows written by ``_permute_k``; duplicate ids: two arrivals from one tile),
+    and three repeated runs equal."""
+    _, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    if kind != "routed":
+        ids = glm5_cases.adversarial(kind, T, pw.num_experts, ids.shape[1], g)
+    cfg = _cfg(pw, ids, "wgmma")
+    outs = []
+    for c in (cfg, replace(cfg, combine="fused"), replace(cfg, combine="fused")):
+        out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=c)
+        outs.append(out)
+    for out in outs[1:]:
+        assert torch.equal(out.view(torch.int16), outs[0].view(torch.int16)), (name, T, kind)
+    if kind == "all_dropped":
+        assert torch.equal(outs[1], torch.zeros_like(outs[1]))
 
 
 @pytest.mark.gpu

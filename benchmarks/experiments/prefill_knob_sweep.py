@@ -4,7 +4,7 @@ Every config is checked against the fp32 twin on a NaN-poisoned output first (rm
 max 1e-2); then per-kernel device times (profiler, eager, 4 layer copies) and the whole call by
 CUDA-graph replay. Environment: ``SWEEP_PRESET`` (glm5-tp8), ``SWEEP_T`` (4096, or a comma list),
 ``SWEEP_KNOBS`` (a Python literal: a list of ``{...}`` dicts replacing fields of the heuristic's
-wgmma config; default: the code prefetch depths, and GEMM2's two accumulators over ``block_m`` x
+wgmma config; each row says whether its output equals the heuristic config's bit for bit; default: the code prefetch depths, and GEMM2's two accumulators over ``block_m`` x
 ``group_n2`` x ``prefetch2``), ``SWEEP_ONE_WARPGROUP=1`` (lift the config check's one-warpgroup
 rule for this run), ``SWEEP_NAME``. JSON to ``$OUT/$SWEEP_NAME.json``.
 
@@ -22,6 +22,7 @@ import torch
 from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.timing import bf16_matmul_tflops, kernel_times_us, time_graph_replay
+from sglang_fp4ext.moe import prefill as PF
 from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.prefill_config import PrefillConfig, prefill_heuristic_config
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
@@ -65,9 +66,12 @@ for T in TS:
     pairs = sum(int((r[0] >= 0).sum()) for r in routes) / len(routes)
     f1, f2 = pairs * 2 * 2 * ms.I * ms.H, pairs * 2 * ms.I * ms.H
     h = prefill_heuristic_config(T, ms, target, "wgmma")
+    base = None  # the heuristic config's output on input 0: each knob's is compared bit for bit
     for knob in [{}] + KNOBS:
         try:  # a knob that does not apply at this T's config (e.g. tail1 without the static ring)
-            c = dataclasses.replace(h, **knob)
+            # "_fused_mode": how combine="fused" runs (prefill._FUSED_MODE, step 9's diagnosis)
+            PF._FUSED_MODE = knob.get("_fused_mode", "full")
+            c = dataclasses.replace(h, **{k: v for k, v in knob.items() if not k.startswith("_")})
         except ValueError as exc:
             rows.append(dict(preset=PRESET, T=T, knob=knob, ok=False, error=f"config: {exc}"[:300]))
             continue
@@ -83,6 +87,9 @@ for T in TS:
             st = error_stats(outs[0], fused_moe_nvfp4_torch(xs[0], layer.packs[0], routes[0][0], routes[0][1]))
             ok = st.nonfinite == 0 and st.rms_rel <= 5e-3 and st.max_rel <= 1e-2
             rec.update(ok=ok, rms_rel=st.rms_rel)
+            if base is None:
+                base = outs[0].clone()
+            rec["same_bits_as_base"] = torch.equal(outs[0].view(torch.int16), base.view(torch.int16))
             if ok:
                 rec["us"] = time_graph_replay(step, n).us_per_call
                 kt = kernel_times_us(step, n, calls=8)
@@ -104,4 +111,5 @@ for r in rows:
           f"{k.get('_wgmma_gemm1', 0):7.1f} {100 * (r.get('gemm1_frac_mm') or 0):4.0f} "
           f"{k.get('_wgmma_gemm2', 0):7.1f} {100 * (r.get('gemm2_frac_mm') or 0):4.0f} "
           f"{k.get('_combine', k.get('_prefill_combine', 0)):6.1f} {r.get('rms_rel', float('nan')):.1e}"
+          f"{' =base' if r.get('same_bits_as_base') else ''}"
           f"{'' if r.get('ok') else ' FAIL ' + r.get('error', '')[:60]}")

@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|refresh|step7|step7_final|step7_tk8192|step8_ncu|step8|step8b|step8_final
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|refresh|step7|step7_final|step7_tk8192|step8_ncu|step8|step8b|step8_final|step9|step9b
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -395,6 +395,22 @@ OUT=$R SWEEP_T=4096,8192 SWEEP_PRESET=deepseek-r1-nvfp4-tp8 SWEEP_NAME=prefill_s
   SWEEP_KNOBS="$OFF" timeout 70 python benchmarks/experiments/prefill_knob_sweep.py > $R/step8_off_dsr1.log 2>&1
 grep -A40 "bf16 matmul" $R/step8_off_dsr1.log >> $OUT/run.log; pack
 baseline 110
+fi
+if [ "$1" = step9 ]; then
+# Step 9, the top-k combine in GEMM2 (combine="fused") against the shipped configs' separate
+# combine pass: TP8 and EP8 at T = 4096 / 8192 (each row checked against the fp32 twin and
+# against the shipped config's output bit for bit), then its GPU tests. ~4 min.
+FUSED="[{'combine': 'fused'}]"
+sweep step9_tp8 tp8 "$FUSED" 4096,8192 60
+sweep step9_ep8 ep8 "$FUSED" 4096,8192 60
+tier tier_fused tests/test_prefill_kernels.py 100 -k "fused_combine"
+fi
+if [ "$1" = step9b ]; then
+# Step 9's loss taken apart: the fused combine against GEMM2's grid in the fused order alone
+# (the combine a pass of its own) and the fused combine without the GPU-scope fence. ~2 min.
+DIAG="[{'combine': 'fused'}, {'combine': 'fused', '_fused_mode': 'order_only'}, {'combine': 'fused', '_fused_mode': 'no_fence'}]"
+sweep step9b_tp8 tp8 "$DIAG" 4096,8192 70
+sweep step9b_ep8 ep8 "$DIAG" 4096 50
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

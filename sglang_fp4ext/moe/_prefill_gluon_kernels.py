@@ -79,6 +79,16 @@ def layouts(BN: int, BM: int, W: int) -> dict:
     )
 
 
+@functools.cache
+def combine_layouts(rows: int, W: int, fused: bool) -> dict:
+    """``_wgmma_gemm2``'s constexprs of the combine (``CB``: ``combine="fused"``, else unused)
+    over M tiles of ``rows`` rows on ``W`` warps: ``RL`` one tile row per thread (no replicated
+    atomics), ``OL`` [``RC`` tokens, 64 columns] with 16 bytes of a partial row per thread."""
+    R = max(1 << (rows - 1).bit_length(), 32 * W)
+    return dict(CB=int(fused), RR=R, RL=gl.BlockedLayout([R // (32 * W)], [32], [W], [0]), RC=4 * W,
+                OL=gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0]))
+
+
 def code_read_layout(BN: int, W: int):
     """``weight_layout`` over [BN rows, 32 words] (group ``g``, word ``w`` -> column ``4g + w``):
     the code ring's slots are [BN, 32] int32 in shared memory, read back in this layout and
@@ -178,47 +188,129 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     elif TM > BM:  # the other launch of a tailed config: the rest
         if nrows > BM:
             return
-    _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, K,
-                   NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                   s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, CR, 0, WL, ML,
-                   AL, XS, CL, SL, CP, SP, CW, BT, MT, TW)
+    _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+                   gl.program_id(0), K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride,
+                   q_row_stride, s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, CR,
+                   0, WL, ML, AL, XS, CL, SL, CP, SP, CW, BT, MT, TW)
 
 
 @gluon.jit
 def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr,
                  K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                 s_e_stride, s_chunk_stride,
+                 s_e_stride, s_chunk_stride, ids_ptr, out_ptr, cnt_ptr, work_ptr, E, stride_out,
                  NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
                  NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, ACCS: gl.constexpr,
                  SR: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                  ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
                  SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
-                 HO: gl.constexpr, TW: gl.constexpr, MS: gl.constexpr = 1):
+                 HO: gl.constexpr, TW: gl.constexpr, MS: gl.constexpr, CB: gl.constexpr,
+                 RR: gl.constexpr, RL: gl.constexpr, RC: gl.constexpr, OL: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)`` over M tiles of ``MS * BM`` rows. ``ACCS == 2``:
     ``_one_chunk_2acc`` (``K`` = 256), or ``_one_chunk_msub`` with ``MS`` > 1 (``msub2``).
     ``EPI``: the epilogue's form, ``smem_epi2`` (``_epilogue``). ``TW`` (``tw1``): GEMM1 applied
-    the routing weight. ``HO`` (``hoist2``, ``ACCS == 2``): the epilogue's loads hoisted."""
-    e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, BM * MS, CL)
+    the routing weight. ``HO`` (``hoist2``, ``ACCS == 2``): the epilogue's loads hoisted.
+
+    ``CB`` (``combine="fused"``): the grid is ``(m_tiles, cdiv(Np2 / BN, NG))``, every M tile
+    of one column group in flight together, and the top-k combine is this kernel's last step
+    (``_combine_tail``: ``ids``, ``out``, the arrival counters ``cnt`` (T, groups) int32, zero,
+    and ``work`` (programs, ``RR``) int32 scratch; layouts ``RL`` over ``RR`` >= the tile's rows,
+    one per thread, and ``OL`` over [``RC`` tokens, 64 columns], ``combine_layouts``). Without
+    it the ``ids`` .. ``stride_out`` arguments are unused."""
+    if CB:
+        pid_m = gl.program_id(0)
+        pid_n = gl.program_id(1)
+    else:
+        pid_m = gl.program_id(1)
+        pid_n = gl.program_id(0)
+    nb0 = pid_n * NG
+    e, row0, nrows = _tile_of(counts_ptr, pid_m, NBINS, BM * MS, CL)
     if nrows <= 0:
         return
     if MS > 1:
         _one_chunk_msub(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                        NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                        BM, BN, NG, WL, ML, AL, XS, SL, CP, SP, CW, TW, MS)
+                        nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride,
+                        s_e_stride, BM, BN, NG, WL, ML, AL, XS, SL, CP, SP, CW, TW, MS)
     elif ACCS == 2:
         _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                        NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                        BM, BN, NG, PF, LP, CR, EPI, WL, ML, AL, XS, CL, SL, CP, SP, CW, HO, TW)
+                        nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride,
+                        s_e_stride, BM, BN, NG, PF, LP, CR, EPI, WL, ML, AL, XS, CL, SL, CP, SP,
+                        CW, HO, TW)
     else:
         _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                       K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
+                       nb0, K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                        s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, EPI, WL,
                        ML, AL, XS, CL, SL, CP, SP, CW, 0, ML, TW)
+    if CB != 0 and CB != 2:  # 2: the fused grid order alone (prefill._FUSED_MODE)
+        c1 = gl.minimum((nb0 + NG) * BN, NOUT)
+        _combine_tail(sorted_ptr, ids_ptr, dst_ptr, out_ptr, cnt_ptr,
+                      work_ptr + (pid_m * gl.num_programs(1) + pid_n).to(gl.int64) * RR,
+                      row0, nrows, pid_n, gl.num_programs(1), nb0 * BN, c1, E, TOP_K,
+                      stride_dst, stride_out, RR, RL, RC, OL, CB == 1)
 
 
 @gluon.jit
-def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+def _fence_gpu():
+    """``fence.acq_rel.gpu``: this thread's stores are ordered before what it does next at GPU
+    scope (each thread's partials before the CTA barrier that precedes the arrivals)."""
+    gl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _combine_tail(sorted_ptr, ids_ptr, part_ptr, out_ptr, cnt_ptr, work, row0, nrows, g, NGRP,
+                  c0, c1, E, TOP_K, stride_part, stride_out, R: gl.constexpr,
+                  RL: gl.constexpr, RC: gl.constexpr, OL: gl.constexpr, FENCE: gl.constexpr):
+    """The top-k combine of ``combine="fused"``, after a program stored its tile's partial rows
+    over columns ``c0 .. c1`` (its column group ``g`` of ``NGRP``): one arrival per tile row on
+    its token's counter ``cnt[t, g]``; the program whose arrival is a token's last (its valid
+    slots counted from ``ids``) sums that token's partial rows over the group's columns in slot
+    order, as ``_prefill_kernels._prefill_combine`` does (fp32 from 0.0, invalid slots adding
+    0.0: the same bits as the ordered combine) and stores ``out[t, c0 .. c1]``. Tokens that
+    complete here are compacted through ``work`` (this program's ``R`` int32 slots), so the
+    sums run on dense [``RC`` tokens, 64 columns] tiles: about one row in ``TOP_K`` of a tile
+    completes a token. Release / acquire as the decode kernels' counter
+    combine (``_decode_gluon_kernels._gemm2``), partials read through L2 (``.cg``)."""
+    if FENCE:
+        _fence_gpu()
+    barrier()  # every thread's partial rows are written (and fenced) before any arrival
+    r = gl.arange(0, R, layout=RL)
+    ok = r < nrows
+    p = gl.load(sorted_ptr + row0 + gl.minimum(r, nrows - 1))
+    t = p // TOP_K
+    old = gl.atomic_add(cnt_ptr + t * NGRP + g, gl.full([R], 1, gl.int32, RL), mask=ok,
+                        sem="acq_rel")
+    nval = gl.zeros([R], gl.int32, RL)
+    for j in range(0, TOP_K):
+        idj = gl.load(ids_ptr + t.to(gl.int64) * TOP_K + j, mask=ok, other=-1).to(gl.int32)
+        nval += ((idj >= 0) & (idj < E)).to(gl.int32)
+    last = ok & (old == nval - 1)
+    n = gl.sum(last.to(gl.int32), 0)
+    if n > 0:
+        at = gl.associative_scan(last.to(gl.int32), 0, _add) - 1  # the token's place in work
+        gl.store(work + at, t, mask=last)
+        barrier()  # work written before every thread reads it
+        ti = gl.arange(0, RC, layout=gl.SliceLayout(1, OL))
+        hi = gl.arange(0, 64, layout=gl.SliceLayout(0, OL))
+        for i0 in range(0, n, RC):
+            tm = i0 + ti < n
+            tok = gl.load(work + i0 + ti, mask=tm, other=0).to(gl.int64)
+            for h0 in range(c0, c1, 64):
+                h = h0 + hi
+                hm = gl.expand_dims(h < c1, 0)
+                o = gl.zeros([RC, 64], gl.float32, OL)
+                for j in range(0, TOP_K):  # fixed order
+                    idj = gl.load(ids_ptr + tok * TOP_K + j, mask=tm, other=-1).to(gl.int32)
+                    vj = gl.expand_dims(tm & (idj >= 0) & (idj < E), 1) & hm
+                    pp = part_ptr + gl.expand_dims((tok * TOP_K + j) * stride_part, 1)
+                    o += gl.load(pp + gl.expand_dims(h, 0), mask=vj, other=0.0,
+                                 cache_modifier=".cg").to(gl.float32)
+                op = out_ptr + gl.expand_dims(tok * stride_out, 1) + gl.expand_dims(h, 0)
+                gl.store(op, o.to(gl.bfloat16), mask=gl.expand_dims(tm, 1) & hm)
+
+
+@gluon.jit
+def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, nb0,
                    K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                    s_e_stride, s_chunk_stride,
                    GATED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
@@ -227,7 +319,7 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
                    AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr,
                    CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, BT: gl.constexpr,
                    MT: gl.constexpr, TW: gl.constexpr):
-    """Row blocks ``program_id(0) * NG ..`` (``BN`` weight rows each) of the M tile of expert
+    """Row blocks ``nb0 ..`` (``NG``, ``BN`` weight rows each) of the M tile of expert
     ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring). ``BT`` > 0 (GEMM1, one
     row block, static ring): rows ``BM ..`` of the tile (up to ``BT``) are a tail with a ring
     and an accumulator of their own, multiplied by the same decoded weights (an expert's
@@ -248,7 +340,6 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
     ``NOUT`` = I (times the routing weight with ``TW``). Else (GEMM2): ``dst`` = partials (P, H)
     bf16 by pair slot times the routing weight (``TW``: already in ``inter``), ``NOUT`` = H.
     """
-    nb0 = gl.program_id(0) * NG
     e64 = e.to(gl.int64)
     KC = K // 256
     NIT = gl.minimum(NG, NP // BN - nb0) * KC
@@ -564,13 +655,13 @@ def _mma_done(acc, acc_t, p_lo, p_hi, BT: gl.constexpr):
 
 @gluon.jit
 def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                    NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
+                    nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
                     BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, PF: gl.constexpr,
                     LP: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                     ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
                     SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
                     HO: gl.constexpr, TW: gl.constexpr):
-    """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``program_id(0) * NG ..``
+    """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``nb0 ..`` (``NG``)
     of the M tile, each one chunk of MMAs, with two accumulators so that a block's epilogue
     runs while the next block's MMAs do (``_grouped_wgmma`` with one accumulator waits for
     them). The tile's activations are copied into shared memory once and read by every
@@ -589,7 +680,6 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     ``HO`` (``PrefillConfig.hoist2``): block ``g``'s global scales are loaded before its decode,
     a block ahead of their use in its epilogue, and the staged epilogue's pair rows once here
     (each was a load right before its use: the epilogue waited for DRAM once per block)."""
-    nb0 = gl.program_id(0) * NG
     e64 = e.to(gl.int64)
     NB = gl.minimum(NG, NP // BN - nb0)
     a_g = 0  # unused without HO: the epilogue loads them
@@ -660,7 +750,7 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
 
 @gluon.jit
 def _one_chunk_msub(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                    NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
+                    nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
                     BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, WL: gl.constexpr,
                     ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, SL: gl.constexpr,
                     CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, TW: gl.constexpr,
@@ -680,12 +770,12 @@ def _one_chunk_msub(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     for n in gl.static_range(1, MS + 1):
         if S == n:
             _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                       NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
+                       nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
                        BM, BN, NG, WL, ML, AL, XS, SL, CP, SP, CW, TW, n)
 
 
 @gluon.jit
-def _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
+def _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, nb0,
                NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
                BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, WL: gl.constexpr,
                ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, SL: gl.constexpr,
@@ -696,7 +786,6 @@ def _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0,
     ``k`` starts its MMAs, then stores step ``k - 1`` while they run. Block ``g`` is decoded at
     its first step, while the previous block's last MMAs run, and its global scales are loaded
     before that decode (used from its second step's epilogue on)."""
-    nb0 = gl.program_id(0) * NG
     e64 = e.to(gl.int64)
     NB = gl.minimum(NG, NP // BN - nb0)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BM, 128], XS)

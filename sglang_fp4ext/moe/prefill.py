@@ -80,6 +80,12 @@ _QUANT_BT = 8
 _SCAN_ROWS = 16
 # Tests set this: fill the float workspaces with NaN so a read of an unwritten row shows up.
 _POISON_WORKSPACES = False
+# Experiments set this (prefill step 9): how a ``combine="fused"`` call runs GEMM2 -- "full"
+# (the combine in GEMM2), "no_fence" (its arrivals without the GPU-scope fence before them:
+# the decode kernels' counter combine orders the partials by the CTA barrier and the acq_rel
+# atomic alone) or "order_only" (GEMM2's grid in the fused order, the combine a pass of its own).
+_FUSED_MODE = "full"
+_FUSED_CB = {"full": 1, "order_only": 2, "no_fence": 3}
 
 
 def _pow2(x) -> bool:
@@ -348,16 +354,29 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     if _POISON_WORKSPACES:
         inter.fill_(float("nan"))
         partial.fill_(float("nan"))
+    fused = config.combine == "fused"  # the combine in GEMM2 (_combine_tail): no pass of its own
+    order_only = False
     launches.append(
         _Launch(
             "_permute_k",
             (-(-T // _PERMUTE_BT), H // 128),
-            (x, xk, T, H, x.stride(0)),
-            dict(BT=_PERMUTE_BT),
+            (x, xk, topk_ids, out, T, H, E, top_k, x.stride(0), out.stride(0)),
+            dict(BT=_PERMUTE_BT, ZERO=fused),
             4,
             1,
         )
     )
+    ngrp = -(-(w2.n_pad // config.block_n2) // config.group_n2)  # GEMM2's column groups
+    cl = G.combine_layouts(config.block_m * config.msub2, config.warps2, fused)
+    if fused:
+        cl = dict(cl, CB=_FUSED_CB[_FUSED_MODE])
+        if _FUSED_MODE == "order_only":
+            fused = False
+            order_only = True
+    if fused:
+        cnt = torch.zeros(T, ngrp, dtype=torch.int32, device=dev)
+        work = torch.empty(max_m_tiles(P, E, config.block_m * config.msub2) * ngrp, cl["RR"],
+                           dtype=torch.int32, device=dev)
     for i, (w, src, dst, K, nout, ng) in enumerate(
         ((w13, xk, inter, H, I, 1), (w2, inter, partial, I, H, config.group_n2)), start=1
     ):
@@ -367,10 +386,15 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         tm = bm + bt if i == 1 else bm * config.msub2  # GEMM2: msub2 sub-tiles of bm rows
         # GEMM1 with the tail: two launches over the same tiles of bm + bt rows, one compiled
         # with the tail for the tiles with rows past bm, one without it for the others.
+        extra = ()  # GEMM2's combine arguments (unused without it: ``counts`` stands in)
+        if i == 2:
+            extra = (topk_ids, out, cnt if fused else counts, work if fused else counts, E,
+                     out.stride(0))
         for tail in (bt, 0) if bt else (0,):
             launches.append(
                 _Launch(
                     f"_wgmma_gemm{i}",
+                    (max_m_tiles(P, E, tm), ngrp) if i == 2 and (fused or order_only) else
                     (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, tm)),
                     (
                         src,
@@ -391,6 +415,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                         w.q.stride(1),
                         w.scale.stride(0),
                         w.scale.stride(1),
+                        *extra,
                     ),
                     dict(
                         NBINS=nbins,
@@ -402,7 +427,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                         CR=getattr(config, f"code_ring{i}"),
                         SR=getattr(config, f"static_ring{i}"),
                         **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2, HO=config.hoist2,
-                                MS=config.msub2)
+                                MS=config.msub2, **cl)
                            if i == 2 else dict(BT=tail, MT=G.layouts(bn, tail or bm, warps)["ML"],
                                                TM=tm)),
                         TW=config.tw1,
@@ -413,7 +438,8 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     gluon=True,
                 )
             )
-    launches.append(_combine_launch(partial, topk_ids, out, E, False, False))
+    if not fused:
+        launches.append(_combine_launch(partial, topk_ids, out, E, False, False))
     return launches
 
 

@@ -45,7 +45,8 @@ WGMMA_KNOBS_OFF = dict(prefetch1=1, prefetch2=1, accs2=1, static_ring1=0, static
 def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
-    return replace(cfg, kernels="dot", block_k2=128, block_m1=0, **WGMMA_KNOBS_OFF)
+    return replace(cfg, kernels="dot", block_k2=128, block_m1=0, **WGMMA_KNOBS_OFF,
+                   combine="ordered" if cfg.combine == "fused" else cfg.combine)
 
 
 def prefill_activations() -> str:
@@ -94,11 +95,14 @@ class PrefillConfig(ConfigDict):
     intermediate columns). ``block_k*``: K per main-loop step, 256 (one layout chunk) or 128 (half
     a chunk). ``warps*``/``stages*``: Triton ``num_warps``/``num_stages``. Suffix 1 = GEMM1, 2 =
     GEMM2. ``block_p``: pair slots per grouping program (sorted in registers). ``combine``:
-    ``"ordered"`` (deterministic) or ``"atomic"`` (fp32 atomics, opt-in). ``kernels``: the GEMMs'
+    ``"ordered"`` (deterministic), ``"atomic"`` (fp32 atomics, opt-in, dot) or ``"fused"``
+    (wgmma: the ordered combine's sums, to the bit, done by GEMM2 itself: the last program to
+    store a token's partials over a column group adds them up in slot order while they are in
+    L2, with GEMM2's M tiles of one column group in flight together; no pass of its own). ``kernels``: the GEMMs'
     family, ``"dot"`` (``_prefill_kernels``, v1, every GPU and the interpreter) or ``"wgmma"``
     (``_prefill_gluon_kernels``, sm_90 only: ``block_n*`` 128 weight rows on 8 warps,
     ``block_k*`` 256, ``stages*`` the activation ring's depth 2-4,
-    ``block_m`` <= 128, the ordered combine; H and I multiples of 256) or ``"w4a4"``
+    ``block_m`` <= 128, the ordered or fused combine; H and I multiples of 256) or ``"w4a4"``
     (``_prefill_w4a4_kernels``, sm_100/sm_120 and the interpreter: NVFP4 activations with the
     static input scales, ``block_k*`` 256, the ordered combine, ``group_n2`` unused; H and I
     multiples of 256). Under the interpreter a ``"wgmma"`` config runs the ``"dot"`` kernels.
@@ -221,9 +225,10 @@ class PrefillConfig(ConfigDict):
                 )
         if not 16 <= self.block_p <= 4096:
             raise ValueError(f"PrefillConfig.block_p must be in [16, 4096], got {self.block_p}")
-        if self.combine not in ("ordered", "atomic"):
+        if self.combine not in ("ordered", "atomic", "fused"):
             raise ValueError(
-                f"PrefillConfig.combine must be 'ordered' or 'atomic', got {self.combine!r}"
+                f"PrefillConfig.combine must be 'ordered', 'atomic' or 'fused' (wgmma), got "
+                f"{self.combine!r}"
             )
         if self.kernels not in PREFILL_KERNEL_FAMILIES:
             raise ValueError(
@@ -232,6 +237,11 @@ class PrefillConfig(ConfigDict):
         if self.kernels == "wgmma":
             self._check_wgmma()
         else:
+            if self.combine == "fused":
+                raise ValueError(
+                    f"PrefillConfig(kernels={self.kernels!r}): combine='fused' is the wgmma "
+                    f"kernels' (GEMM2 does the combine); use 'ordered'"
+                )
             wrong = {k: getattr(self, k) for k, off in WGMMA_KNOBS_OFF.items()
                      if getattr(self, k) != off}
             if wrong:
@@ -374,8 +384,9 @@ class PrefillConfig(ConfigDict):
                 f"msub2={self.msub2!r}, accs2={self.accs2}, code_ring2={self.code_ring2}, "
                 f"hoist2={self.hoist2}, smem_epi2={self.smem_epi2}"
             )
-        if self.combine != "ordered":
-            raise ValueError("PrefillConfig(kernels='wgmma') has only the ordered combine")
+        if self.combine == "atomic":
+            raise ValueError("PrefillConfig(kernels='wgmma') has the ordered or the fused combine, "
+                             "not the atomic one")
 
 def _datacenter_mma(arch: str) -> bool:
     """sm_90 / sm_10x: warpgroup (wgmma) or tcgen05 MMA with an operand in shared memory and
