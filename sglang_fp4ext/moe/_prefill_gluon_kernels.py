@@ -80,12 +80,13 @@ def layouts(BN: int, BM: int, W: int) -> dict:
 
 
 @functools.cache
-def combine_layouts(rows: int, W: int, fused: bool) -> dict:
+def combine_layouts(rows: int, W: int, fused: bool, top_k: int) -> dict:
     """``_wgmma_gemm2``'s constexprs of the combine (``CB``: ``combine="fused"``, else unused)
     over M tiles of ``rows`` rows on ``W`` warps: ``RL`` one tile row per thread (no replicated
-    atomics), ``OL`` [``RC`` tokens, 64 columns] with 16 bytes of a partial row per thread."""
+    atomics), ``OL`` [``RC`` tokens, 64 columns] with 16 bytes of a partial row per thread;
+    ``KT`` the top-k (its slot loops unrolled, so a token's slots load together)."""
     R = max(1 << (rows - 1).bit_length(), 32 * W)
-    return dict(CB=int(fused), RR=R, RL=gl.BlockedLayout([R // (32 * W)], [32], [W], [0]), RC=4 * W,
+    return dict(CB=int(fused), KT=top_k if fused else 1, RR=R, RL=gl.BlockedLayout([R // (32 * W)], [32], [W], [0]), RC=4 * W,
                 OL=gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0]))
 
 
@@ -204,7 +205,8 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                  ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
                  SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
                  HO: gl.constexpr, TW: gl.constexpr, MS: gl.constexpr, CB: gl.constexpr,
-                 RR: gl.constexpr, RL: gl.constexpr, RC: gl.constexpr, OL: gl.constexpr):
+                 RR: gl.constexpr, RL: gl.constexpr, RC: gl.constexpr, OL: gl.constexpr,
+                 KT: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)`` over M tiles of ``MS * BM`` rows. ``ACCS == 2``:
     ``_one_chunk_2acc`` (``K`` = 256), or ``_one_chunk_msub`` with ``MS`` > 1 (``msub2``).
@@ -245,8 +247,8 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
         c1 = gl.minimum((nb0 + NG) * BN, NOUT)
         _combine_tail(sorted_ptr, ids_ptr, dst_ptr, out_ptr, cnt_ptr,
                       work_ptr + (pid_m * gl.num_programs(1) + pid_n).to(gl.int64) * RR,
-                      row0, nrows, pid_n, gl.num_programs(1), nb0 * BN, c1, E, TOP_K,
-                      stride_dst, stride_out, RR, RL, RC, OL, CB == 1)
+                      row0, nrows, pid_n, gl.num_programs(1), nb0 * BN, c1, E, stride_dst,
+                      stride_out, RR, RL, RC, OL, CB == 1, KT)
 
 
 @gluon.jit
@@ -259,8 +261,8 @@ def _fence_gpu():
 
 @gluon.jit
 def _combine_tail(sorted_ptr, ids_ptr, part_ptr, out_ptr, cnt_ptr, work, row0, nrows, g, NGRP,
-                  c0, c1, E, TOP_K, stride_part, stride_out, R: gl.constexpr,
-                  RL: gl.constexpr, RC: gl.constexpr, OL: gl.constexpr, FENCE: gl.constexpr):
+                  c0, c1, E, stride_part, stride_out, R: gl.constexpr, RL: gl.constexpr,
+                  RC: gl.constexpr, OL: gl.constexpr, FENCE: gl.constexpr, TOP_K: gl.constexpr):
     """The top-k combine of ``combine="fused"``, after a program stored its tile's partial rows
     over columns ``c0 .. c1`` (its column group ``g`` of ``NGRP``): one arrival per tile row on
     its token's counter ``cnt[t, g]``; the program whose arrival is a token's last (its valid
@@ -270,7 +272,9 @@ def _combine_tail(sorted_ptr, ids_ptr, part_ptr, out_ptr, cnt_ptr, work, row0, n
     complete here are compacted through ``work`` (this program's ``R`` int32 slots), so the
     sums run on dense [``RC`` tokens, 64 columns] tiles: about one row in ``TOP_K`` of a tile
     completes a token. Release / acquire as the decode kernels' counter
-    combine (``_decode_gluon_kernels._gemm2``), partials read through L2 (``.cg``)."""
+    combine (``_decode_gluon_kernels._gemm2``), partials read through L2 (``.cg``). The slot
+    loops are unrolled (``TOP_K`` constexpr) so that a chunk's slot loads issue together: in a
+    loop (the form timed in prefill step 9) each waited on its id's load, 4 slots at a time."""
     if FENCE:
         _fence_gpu()
     barrier()  # every thread's partial rows are written (and fenced) before any arrival
@@ -281,7 +285,7 @@ def _combine_tail(sorted_ptr, ids_ptr, part_ptr, out_ptr, cnt_ptr, work, row0, n
     old = gl.atomic_add(cnt_ptr + t * NGRP + g, gl.full([R], 1, gl.int32, RL), mask=ok,
                         sem="acq_rel")
     nval = gl.zeros([R], gl.int32, RL)
-    for j in range(0, TOP_K):
+    for j in gl.static_range(TOP_K):
         idj = gl.load(ids_ptr + t.to(gl.int64) * TOP_K + j, mask=ok, other=-1).to(gl.int32)
         nval += ((idj >= 0) & (idj < E)).to(gl.int32)
     last = ok & (old == nval - 1)
@@ -299,9 +303,9 @@ def _combine_tail(sorted_ptr, ids_ptr, part_ptr, out_ptr, cnt_ptr, work, row0, n
                 h = h0 + hi
                 hm = gl.expand_dims(h < c1, 0)
                 o = gl.zeros([RC, 64], gl.float32, OL)
-                for j in range(0, TOP_K):  # fixed order
-                    idj = gl.load(ids_ptr + tok * TOP_K + j, mask=tm, other=-1).to(gl.int32)
-                    vj = gl.expand_dims(tm & (idj >= 0) & (idj < E), 1) & hm
+                for j in gl.static_range(TOP_K):  # fixed order; the loads issue together
+                    sid = gl.load(ids_ptr + tok * TOP_K + j, mask=tm, other=-1).to(gl.int32)
+                    vj = gl.expand_dims(tm & (sid >= 0) & (sid < E), 1) & hm
                     pp = part_ptr + gl.expand_dims((tok * TOP_K + j) * stride_part, 1)
                     o += gl.load(pp + gl.expand_dims(h, 0), mask=vj, other=0.0,
                                  cache_modifier=".cg").to(gl.float32)

@@ -367,7 +367,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         )
     )
     ngrp = -(-(w2.n_pad // config.block_n2) // config.group_n2)  # GEMM2's column groups
-    cl = G.combine_layouts(config.block_m * config.msub2, config.warps2, fused)
+    cl = G.combine_layouts(config.block_m * config.msub2, config.warps2, fused, top_k)
     if fused:
         cl = dict(cl, CB=_FUSED_CB[_FUSED_MODE])
         if _FUSED_MODE == "order_only":
