@@ -407,10 +407,12 @@ tier tier_fused tests/test_prefill_kernels.py 100 -k "fused_combine"
 fi
 if [ "$1" = step9b ]; then
 # Step 9's loss taken apart: the fused combine against GEMM2's grid in the fused order alone
-# (the combine a pass of its own) and the fused combine without the GPU-scope fence. ~2 min.
+# (the combine a pass of its own) and the fused combine without the GPU-scope fence, on the
+# tail with unrolled slot loops (written after step9's run); then its GPU tests. ~3 min.
 DIAG="[{'combine': 'fused'}, {'combine': 'fused', '_fused_mode': 'order_only'}, {'combine': 'fused', '_fused_mode': 'no_fence'}]"
 sweep step9b_tp8 tp8 "$DIAG" 4096,8192 70
 sweep step9b_ep8 ep8 "$DIAG" 4096 50
+tier tier_fused_b tests/test_prefill_kernels.py 100 -k "fused_combine"
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200
