@@ -17,6 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from sglang_fp4ext.testing.server_ports import PORT_BLOCK, reserve_ports
+
 TINY_LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -41,10 +43,32 @@ def tiny_model_dir(root: Path) -> Path:
     return d
 
 
+_BLOCK = None  # this process's port block (its lock held until the process exits)
+_NEXT = 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port for a child's gloo TCPStore, from a port block this process holds.
+
+    Not ``bind(0)``: that hands out a port in the kernel's ephemeral range, which is free again
+    once the probe socket closes and can be taken by any outgoing connection (a pip download, a
+    gloo pair, another test's server) before the child binds it. The block (``reserve_ports``,
+    below the ephemeral range, locked against the harness's other servers and test processes)
+    keeps other users of the range away; ports are handed out in turn and probed before use.
+    """
+    global _BLOCK, _NEXT
+    if _BLOCK is None:
+        _BLOCK = reserve_ports()
+    for _ in range(PORT_BLOCK):
+        _NEXT = _NEXT % (PORT_BLOCK - 2) + 1
+        port = _BLOCK.port + 1 + _NEXT  # not the base nor base + 1 (a server's HTTP / nccl)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no free port in {_BLOCK}")
 
 
 def run_child(code: str, *, env: dict[str, str] | None = None, timeout: float = 300) -> dict:
