@@ -262,8 +262,13 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     for b, blog in slog["buckets"].items():
         assert blog["check"]["ok"] and blog["check"]["rms_rel"] > 0  # a real comparison
         assert all(t["us"] > 0 for t in blog["timings"])
-    # Budget spent: only the heuristics ran (one per path; bucket 2 has both paths).
+    # Budget spent: only the heuristics ran (one per path; bucket 2 has both paths), so each
+    # heuristic is its path's best.
     assert [len(slog["buckets"][b]["timings"]) for b in ("1", "2", "4")] == [1, 2, 1]
+    assert [slog["buckets"][b]["heuristic_over_best"] for b in ("1", "2", "4")] == [
+        {"decode": 1.0}, {"decode": 1.0, "prefill": 1.0}, {"prefill": 1.0}]
+    assert slog["heuristic_worst"]["decode"]["ratio"] == 1.0
+    assert "heuristic vs the best timed, tiny: decode at most 1.00x" in text
     assert json.loads((user_dir / "log.json").read_text())["shapes"][key]["buckets"]
     entries = C.load_entries("Test GPU")
     assert entries[SMALL.key()] == {1: other}
@@ -282,6 +287,18 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     )  # fmt: skip
     assert log2["shapes"][key]["switch_point"] == slog["switch_point"] is not None
     assert f"tiny {slog['switch_point']}" in out2.getvalue()
+
+
+def test_heuristic_over_best_compares_within_each_path():
+    h_dec, h_pre = KernelConfig(), PrefillConfig()
+    space = {"decode": [h_dec, KernelConfig(split_k1=2)], "prefill": [h_pre, PrefillConfig(block_m=32)]}
+    rec = lambda p, c, us: {"path": p, "config": c.to_dict(), **({"us": us} if us else {"error": "x"})}
+    timings = [rec("decode", h_dec, 12.0), rec("prefill", h_pre, 30.0),
+               rec("decode", KernelConfig(split_k1=2), 10.0), rec("prefill", PrefillConfig(block_m=32), None)]
+    # decode: 12 / 10; prefill: its only timed candidate is the heuristic (the other failed)
+    assert TU.heuristic_over_best(timings, space) == {"decode": 1.2, "prefill": 1.0}
+    # a heuristic that failed to run has no ratio (not a 1.0 it did not earn)
+    assert TU.heuristic_over_best(timings[2:], space) == {}
 
 
 def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):

@@ -18,7 +18,10 @@ explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
    accumulation; a wrong expert, slot or scale is O(1)). A failing winner is dropped and the next
    fastest is checked (up to :data:`MAX_CHECKS`); a bucket with no passing candidate is left out
    of the table and makes the exit status 1;
-4. the table is written after every bucket (partial results survive a time limit), merged into an
+4. each bucket's log records the heuristic's time over the fastest timed candidate per path
+   (``heuristic_over_best``), and each shape's worst bucket (``heuristic_worst``, also printed):
+   what a shape without a tuned table loses;
+5. the table is written after every bucket (partial results survive a time limit), merged into an
    existing table at the same place (other shapes and buckets kept), plus an optional log JSON.
 
 The candidates per path, in priority order, are in ``moe/tune_space.py``; the command line
@@ -65,6 +68,7 @@ __all__ = [
     "write_table",
     "switch_point",
     "bar_postfix",
+    "heuristic_over_best",
 ]
 
 DEFAULT_BUCKETS = tuple(1 << i for i in range(14))  # 1 .. 8192
@@ -127,6 +131,22 @@ def bar_postfix(T: int, n_timed: int, n_total: int, timings: Sequence[dict]) -> 
     return f"T={T} {n_timed}/{n_total}" + (f" {tail}" if tail else "")
 
 
+def heuristic_over_best(timings: Sequence[dict], space: dict) -> dict[str, float]:
+    """Per path: the heuristic config's time over the fastest candidate timed for that path
+    (1.0: the heuristic won; a lower bound when the budget cut the candidates short): what a
+    shape without a tuned table gives away by running the heuristic."""
+    out = {}
+    for p, cands in space.items():
+        if not cands:
+            continue
+        h = cands[0].to_dict()
+        us = [t["us"] for t in timings if t["path"] == p and "us" in t]
+        hu = [t["us"] for t in timings if t["path"] == p and "us" in t and t["config"] == h]
+        if us and hu:
+            out[p] = round(hu[0] / min(us), 3)
+    return out
+
+
 def _tune_bucket(layer, T, space, deadline, timer, log, progress=None):
     """Time ``space``'s candidates for ``T`` until ``deadline``; check the fastest.
     ``progress``: a :class:`~sglang_fp4ext.progress.Progress` whose postfix follows the timing."""
@@ -162,6 +182,7 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None):
         if progress is not None:
             progress.postfix(bar_postfix(T, n + 1, len(order), timings))
     log["timings"] = timings
+    log["heuristic_over_best"] = heuristic_over_best(timings, space)
     ranked = sorted((t for t in timings if "us" in t), key=lambda t: t["us"])
     for t in ranked[:MAX_CHECKS]:
         cls = type(space[t["path"]][0])
@@ -272,8 +293,10 @@ def tune(
                 best = blog["best_us"]
                 parts = [f"{p} {best[p]:.1f} us" for p in ("decode", "prefill") if best[p]]
                 c = blog["check"]
+                hob = blog["heuristic_over_best"].get(entry.path)
                 msg = (f"{', '.join(parts)} -> {entry.path}; check rms_rel {c['rms_rel']:.1e} "
-                       f"max_rel {c['max_rel']:.1e} ok")  # fmt: skip
+                       f"max_rel {c['max_rel']:.1e} ok"
+                       + (f"; heuristic {hob:.2f}x the best" if hob else ""))  # fmt: skip
             n_t = len(blog["timings"])
             bar.write(f"[tune {done}/{total}] {ms.name} T={b}: {msg} ({n_t} timed, "
                       f"{blog['seconds']:.1f} s)", stream)  # fmt: skip
@@ -286,6 +309,18 @@ def tune(
         del layer
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    for s in log["shapes"].values():
+        worst = {}
+        for b, blog in s["buckets"].items():
+            for p, r in blog.get("heuristic_over_best", {}).items():
+                if r > worst.get(p, (0.0, 0))[0]:
+                    worst[p] = (r, int(b))
+        s["heuristic_worst"] = {p: {"ratio": r, "bucket": b} for p, (r, b) in worst.items()}
+        if worst:
+            stream.write(f"heuristic vs the best timed, {s['preset']}: " + ", ".join(
+                f"{p} at most {r:.2f}x (T={b})" for p, (r, b) in sorted(worst.items())) + "\n")
+    if log_path:
+        _write_json(Path(log_path), log)
     stream.write("switch points (first bucket of prefill): "
                  + ", ".join(f"{s['preset']} {s.get('switch_point')}"
                              for s in log["shapes"].values()) + "\n")  # fmt: skip
