@@ -408,11 +408,17 @@ fi
 if [ "$1" = step9b ]; then
 # Step 9's loss taken apart: the fused combine against GEMM2's grid in the fused order alone
 # (the combine a pass of its own) and the fused combine without the GPU-scope fence, on the
-# tail with unrolled slot loops (written after step9's run); then its GPU tests. ~3 min.
+# tail with unrolled slot loops (written after step9's run); then its GPU tests and the L2
+# discard experiment. ~4 min.
 DIAG="[{'combine': 'fused'}, {'combine': 'fused', '_fused_mode': 'order_only'}, {'combine': 'fused', '_fused_mode': 'no_fence'}]"
 sweep step9b_tp8 tp8 "$DIAG" 4096,8192 70
 sweep step9b_ep8 ep8 "$DIAG" 4096 50
 tier tier_fused_b tests/test_prefill_kernels.py 100 -k "fused_combine"
+# Step 10's premise, the bytes alone (~40 s): 453 MB written and read back per column-group
+# chunk from L2, with and without discarding each line after its read (l2_discard.py).
+step l2_discard
+OUT=$R timeout 120 python benchmarks/experiments/l2_discard.py > $R/l2_discard.log 2>&1
+tail -6 $R/l2_discard.log >> $OUT/run.log; pack
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200
