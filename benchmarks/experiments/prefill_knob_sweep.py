@@ -71,6 +71,8 @@ for T in TS:
         try:  # a knob that does not apply at this T's config (e.g. tail1 without the static ring)
             # "_fused_mode": how combine="fused" runs (prefill._FUSED_MODE, step 9's diagnosis)
             PF._FUSED_MODE = knob.get("_fused_mode", "full")
+            # "_group_mode": whether combine="group" drops the read partials from L2 (step 10)
+            PF._GROUP_MODE = knob.get("_group_mode", "discard")
             c = dataclasses.replace(h, **{k: v for k, v in knob.items() if not k.startswith("_")})
         except ValueError as exc:
             rows.append(dict(preset=PRESET, T=T, knob=knob, ok=False, error=f"config: {exc}"[:300]))

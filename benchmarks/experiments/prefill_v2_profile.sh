@@ -3,7 +3,7 @@
 # GEMMs at GLM-5 TP8 T = 4096, the one-warpgroup diagnosis, the per-kernel knob sweeps (TP8,
 # EP8) with `measure` (~8 min); the prefill and decode GPU tiers with `tiers` (~8 min): two
 # calls, each under the device's 10-minute limit. Usage (device):
-#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|refresh|step7|step7_final|step7_tk8192|step8_ncu|step8|step8b|step8_final|step9|step9b
+#   bash benchmarks/experiments/prefill_v2_profile.sh measure|tiers|occupancy|gemm2|final1|final3|ring|sorted_tw|code_ring|step4|step4_final|tail|step5_final|refresh|step7|step7_final|step7_tk8192|step8_ncu|step8|step8b|step8_final|step9|step9b|step10
 # (occupancy, ~2 min: one-warpgroup CTAs, two per SM, swept at TP8 and EP8 T = 1024, 4096;
 # gemm2, ~4 min: its winners, GEMM2's one warpgroup and two accumulators at I = 256 over T;
 # final1 ~7 min: GPU tiers (prefill, self-check) and the same-run A/B of the shipped change;
@@ -143,6 +143,12 @@ fi
 # sweep NAME SHAPE KNOBS [T_LIST] [LIMIT_S]: the heuristic's config and each knob dict on it,
 # GLM-5 SHAPE (tp8, ep8, tp8-fused-shared), T = 1024..8192 by default, one process; its table
 # to run.log.
+l2_discard() {  # step 10's premise, the bytes alone (~40 s): 453 MB written and read back per
+  # column-group chunk from L2, with and without discarding each line after its read
+  step l2_discard
+  OUT=$R timeout 120 python benchmarks/experiments/l2_discard.py > $R/l2_discard.log 2>&1
+  tail -6 $R/l2_discard.log >> $OUT/run.log; pack
+}
 sweep() {  # sweep NAME SHAPE KNOBS [T_LIST] [LIMIT_S]
   step $1
   OUT=$R SWEEP_T=${4:-1024,2048,4096,8192} SWEEP_PRESET=glm5-$2 SWEEP_NAME=prefill_$1 \
@@ -413,12 +419,20 @@ if [ "$1" = step9b ]; then
 DIAG="[{'combine': 'fused'}, {'combine': 'fused', '_fused_mode': 'order_only'}, {'combine': 'fused', '_fused_mode': 'no_fence'}]"
 sweep step9b_tp8 tp8 "$DIAG" 4096,8192 70
 sweep step9b_ep8 ep8 "$DIAG" 4096 50
-tier tier_fused_b tests/test_prefill_kernels.py 100 -k "fused_combine"
-# Step 10's premise, the bytes alone (~40 s): 453 MB written and read back per column-group
-# chunk from L2, with and without discarding each line after its read (l2_discard.py).
-step l2_discard
-OUT=$R timeout 120 python benchmarks/experiments/l2_discard.py > $R/l2_discard.log 2>&1
-tail -6 $R/l2_discard.log >> $OUT/run.log; pack
+tier tier_fused_b tests/test_prefill_kernels.py 100 -k "combine_in_gemm2 and fused"
+l2_discard
+fi
+if [ "$1" = step10 ]; then
+# Step 10: the combine as work items in GEMM2's grid (combine="group"), its GPU tests first
+# (bit-equal to the ordered combine: 3 GEMM2 forms, GLM-5 + adversarial routings), then the
+# shipped configs against it with and without the L2 discard, and against GEMM2's grid in the
+# fused order with the pass of its own (step 9b's order_only), TP8 and EP8; then the L2
+# discard experiment. ~6 min.
+tier tier_group tests/test_prefill_kernels.py 150 -k "combine_in_gemm2 and group or group_combine"
+G10="[{'combine': 'group'}, {'combine': 'group', '_group_mode': 'keep'}, {'combine': 'fused', '_fused_mode': 'order_only'}]"
+sweep step10_tp8 tp8 "$G10" 4096,8192 80
+sweep step10_ep8 ep8 "$G10" 4096,8192 70
+l2_discard
 fi
 if [ "$1" = tiers ]; then
 tier tier_prefill tests/test_prefill_kernels.py 200

@@ -38,9 +38,10 @@ workspace         shape, dtype                    meaning
 with ``P = T * top_k``, ``NB = cdiv(P, block_p)``, ``NBINS = next_pow2(E + 1)``. The ordered
 partials cost ``2 P H`` bytes (906 MB at T = 8192, top_k = 9, H = 6144), as SGLang's Triton MoE.
 
-Determinism: the default ``combine="ordered"`` is bit-identical run to run. ``combine="atomic"``
-(opt-in, never chosen by the heuristic) adds the top-k rows with fp32 ``atomic_add`` in arrival
-order.
+Determinism: the default ``combine="ordered"`` is bit-identical run to run, and so are the
+wgmma family's ``"fused"`` and ``"group"`` (the same sums in GEMM2's grid, the same bits; no pass
+of their own). ``combine="atomic"`` (opt-in, never chosen by the heuristic) adds the top-k rows
+with fp32 ``atomic_add`` in arrival order.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ _POISON_WORKSPACES = False
 # atomic alone) or "order_only" (GEMM2's grid in the fused order, the combine a pass of its own).
 _FUSED_MODE = "full"
 _FUSED_CB = {"full": 1, "order_only": 2, "no_fence": 3}
+# Experiments set this (prefill step 10): whether a ``combine="group"`` item drops the partial
+# rows it read from L2 ("discard", the default) or leaves them to be written back ("keep").
+_GROUP_MODE = "discard"
+_GROUP_CB = {"discard": 4, "keep": 5}
 
 
 def _pow2(x) -> bool:
@@ -314,7 +319,8 @@ def _check_k_chunks(family: str, H: int, I: int) -> None:
 
 def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, config: PrefillConfig):
     """The wgmma family's 7 launches: grouping (3), ``x`` into MMA K order, the two Gluon GEMMs
-    (``inter`` stays in MMA K order between them), the ordered combine."""
+    (``inter`` stays in MMA K order between them), the ordered combine (6 with
+    ``combine="fused"`` or ``"group"``: GEMM2 does the combine)."""
     from sglang_fp4ext.moe import _prefill_gluon_kernels as G
 
     T, H = x.shape
@@ -355,6 +361,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         inter.fill_(float("nan"))
         partial.fill_(float("nan"))
     fused = config.combine == "fused"  # the combine in GEMM2 (_combine_tail): no pass of its own
+    group = config.combine == "group"  # the combine as work items in GEMM2's grid
     order_only = False
     launches.append(
         _Launch(
@@ -367,7 +374,11 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         )
     )
     ngrp = -(-(w2.n_pad // config.block_n2) // config.group_n2)  # GEMM2's column groups
-    cl = G.combine_layouts(config.block_m * config.msub2, config.warps2, fused, top_k)
+    cl = G.combine_layouts(config.block_m * config.msub2, config.warps2, config.combine, top_k)
+    nmt2 = max_m_tiles(P, E, config.block_m * config.msub2)  # GEMM2's M tiles (a bound)
+    if group:
+        cl = dict(cl, CB=_GROUP_CB[_GROUP_MODE])
+        cnt = torch.zeros(1 + ngrp, dtype=torch.int32, device=dev)  # ticket, arrivals per group
     if fused:
         cl = dict(cl, CB=_FUSED_CB[_FUSED_MODE])
         if _FUSED_MODE == "order_only":
@@ -388,12 +399,13 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         # with the tail for the tiles with rows past bm, one without it for the others.
         extra = ()  # GEMM2's combine arguments (unused without it: ``counts`` stands in)
         if i == 2:
-            extra = (topk_ids, out, cnt if fused else counts, work if fused else counts, E,
-                     out.stride(0))
+            extra = (topk_ids, out, cnt if fused or group else counts, work if fused else counts,
+                     E, out.stride(0), T, nmt2)
         for tail in (bt, 0) if bt else (0,):
             launches.append(
                 _Launch(
                     f"_wgmma_gemm{i}",
+                    (ngrp * (nmt2 + -(-T // G.GROUP_TOKENS)),) if i == 2 and group else
                     (max_m_tiles(P, E, tm), ngrp) if i == 2 and (fused or order_only) else
                     (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, tm)),
                     (
@@ -438,7 +450,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     gluon=True,
                 )
             )
-    if not fused:
+    if not (fused or group):
         launches.append(_combine_launch(partial, topk_ids, out, E, False, False))
     return launches
 
