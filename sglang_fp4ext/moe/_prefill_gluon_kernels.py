@@ -319,11 +319,13 @@ def _group_item(tk, NMT, nci, ngrp):
 
 
 @gluon.jit
-def _discard_l2(ptrs):
-    """``discard.global.L2``: drop the 128-byte lines at ``ptrs`` from L2 without writing them
-    back (their contents become undefined): for partial rows that were read for the last time."""
-    gl.inline_asm_elementwise("discard.global.L2 [$1], 128;\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=gl.int32, is_pure=False, pack=1)
+def _discard_l2(ptrs, on):
+    """``discard.global.L2`` where ``on`` (int32, non-zero): drop the 128-byte lines at ``ptrs``
+    from L2 without writing them back (their contents become undefined): for partial rows that
+    were read for the last time."""
+    gl.inline_asm_elementwise(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;"
+        "\n\tmov.u32 $0, 0;\n\t}", "=r,l,r", [ptrs, on], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -336,8 +338,8 @@ def _group_combine(ids_ptr, part_ptr, out_ptr, t0, T, c0, c1, E, stride_part, st
     bits; a token with no valid slot gets zeros. Partials read through L2 (``.cg``); each
     token's valid slots as a bit mask (its ``TOP_K`` id loads once per token block, not per
     column chunk). With ``DISCARD``, after a barrier (every load of the item has returned),
-    every 128-byte line of the item's partial rows is dropped from L2 (``_discard_l2``): read
-    for the last time, its write-back to DRAM is not needed."""
+    every 128-byte line of the item's valid partial rows is dropped from L2 (``_discard_l2``):
+    read for the last time, its write-back to DRAM is not needed."""
     ti = gl.arange(0, RC, layout=gl.SliceLayout(1, OL))
     hi = gl.arange(0, 64, layout=gl.SliceLayout(0, OL))
     tend = gl.minimum(t0 + CTB, T)
@@ -373,9 +375,12 @@ def _group_combine(ids_ptr, part_ptr, out_ptr, t0, T, c0, c1, E, stride_part, st
         n = (tend - t0) * TOP_K * per_row
         li = gl.arange(0, NL, layout=CL)
         for l0 in range(0, n, NL):
-            ln = gl.minimum(l0 + li, n - 1)  # past the end: the item's last line again
-            row = (t0 * TOP_K + ln // per_row).to(gl.int64)
-            _discard_l2(part_ptr + row * stride_part + c0 + (ln % per_row) * 64)
+            ln = l0 + li
+            row = (t0 * TOP_K + ln // per_row).to(gl.int64)  # pair row t * TOP_K + j
+            # only the rows GEMM2 wrote: a valid slot (EP8: 1 in 8; the others hold nothing)
+            idr = gl.load(ids_ptr + row, mask=ln < n, other=-1).to(gl.int32)
+            on = ((ln < n) & (idr >= 0) & (idr < E)).to(gl.int32)
+            _discard_l2(part_ptr + row * stride_part + c0 + (ln % per_row) * 64, on)
 
 
 @gluon.jit
