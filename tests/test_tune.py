@@ -290,15 +290,18 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
 
 
 def test_heuristic_over_best_compares_within_each_path():
-    h_dec, h_pre = KernelConfig(), PrefillConfig()
-    space = {"decode": [h_dec, KernelConfig(split_k1=2)], "prefill": [h_pre, PrefillConfig(block_m=32)]}
-    rec = lambda p, c, us: {"path": p, "config": c.to_dict(), **({"us": us} if us else {"error": "x"})}
-    timings = [rec("decode", h_dec, 12.0), rec("prefill", h_pre, 30.0),
-               rec("decode", KernelConfig(split_k1=2), 10.0), rec("prefill", PrefillConfig(block_m=32), None)]
+    def rec(p, c, us, h=False):
+        return {"path": p, "config": c.to_dict(), "heuristic": h,
+                **({"us": us} if us else {"error": "x"})}
+
+    timings = [rec("decode", KernelConfig(), 12.0, True),
+               rec("prefill", PrefillConfig(), 30.0, True),
+               rec("decode", KernelConfig(split_k1=2), 10.0),
+               rec("prefill", PrefillConfig(block_m=32), None)]
     # decode: 12 / 10; prefill: its only timed candidate is the heuristic (the other failed)
-    assert TU.heuristic_over_best(timings, space) == {"decode": 1.2, "prefill": 1.0}
+    assert TU.heuristic_over_best(timings) == {"decode": 1.2, "prefill": 1.0}
     # a heuristic that failed to run has no ratio (not a 1.0 it did not earn)
-    assert TU.heuristic_over_best(timings[2:], space) == {}
+    assert TU.heuristic_over_best(timings[2:]) == {}
 
 
 def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):

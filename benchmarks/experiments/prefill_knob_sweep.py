@@ -4,8 +4,9 @@ Every config is checked against the fp32 twin on a NaN-poisoned output first (rm
 max 1e-2); then per-kernel device times (profiler, eager, 4 layer copies) and the whole call by
 CUDA-graph replay. Environment: ``SWEEP_PRESET`` (glm5-tp8), ``SWEEP_T`` (4096, or a comma list),
 ``SWEEP_KNOBS`` (a Python literal: a list of ``{...}`` dicts replacing fields of the heuristic's
-wgmma config; each row says whether its output equals the heuristic config's bit for bit; default: the code prefetch depths, and GEMM2's two accumulators over ``block_m`` x
-``group_n2`` x ``prefetch2``), ``SWEEP_ONE_WARPGROUP=1`` (lift the config check's one-warpgroup
+wgmma config, keys starting with ``_`` setting ``prefill``'s experiment modes; each row says
+whether its output equals the heuristic config's bit for bit; default: the code prefetch depths,
+and GEMM2's two accumulators over ``block_m`` x ``group_n2`` x ``prefetch2``), ``SWEEP_ONE_WARPGROUP=1`` (lift the config check's one-warpgroup
 rule for this run), ``SWEEP_NAME``. JSON to ``$OUT/$SWEEP_NAME.json``.
 
     PYTHONPATH=. python benchmarks/experiments/prefill_knob_sweep.py

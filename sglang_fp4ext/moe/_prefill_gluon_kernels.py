@@ -27,8 +27,9 @@ scheduler-cycle, tensor pipe 38%). Here the loop is software-pipelined by hand:
 K (``H`` for GEMM1, ``I`` for GEMM2) must be a multiple of 256 (``prefill_config`` checks); the
 grid is ``(Np / BN, m_tiles)`` as in v1. GEMM2 can also run the top-k combine in its own grid
 (``PrefillConfig.combine``): ``"fused"`` per token by its last arrival (``_combine_tail``) or
-``"group"`` as work items per column group (``_group_item``, ``_group_combine``). Gluon kernels do not run under the Triton interpreter;
-the CPU tier compiles them ahead of time and the GPU tier checks them against the torch twin.
+``"group"`` as work items per column group (``_group_item``, ``_group_combine``). Gluon kernels
+do not run under the Triton interpreter; the CPU tier compiles them ahead of time and the GPU
+tier checks them against the torch twin.
 """
 
 import functools
@@ -95,7 +96,8 @@ def combine_layouts(rows: int, W: int, combine: str, top_k: int) -> dict:
     token's slots load together); ``CTB`` tokens per combine item (``"group"``)."""
     R = max(1 << (rows - 1).bit_length(), 32 * W)
     cb = {"fused": 1, "group": 4}.get(combine, 0)
-    return dict(CB=cb, KT=top_k if cb else 1, RR=R, RL=gl.BlockedLayout([R // (32 * W)], [32], [W], [0]), RC=4 * W,
+    return dict(CB=cb, KT=top_k if cb else 1, RR=R,
+                RL=gl.BlockedLayout([R // (32 * W)], [32], [W], [0]), RC=4 * W,
                 OL=gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0]), CTB=GROUP_TOKENS)
 
 
@@ -295,6 +297,34 @@ def _fence_gpu():
 
 
 @gluon.jit
+def _valid_slots(ids_ptr, tok, tm, E, TOP_K: gl.constexpr):
+    """Per token ``tok`` (where ``tm``): bit ``j`` set where its slot ``j`` holds an id in
+    [0, E) (a pair GEMM2 wrote a partial row for). The ``TOP_K`` id loads issue together."""
+    vb = gl.zeros_like(tok).to(gl.int32)
+    for j in gl.static_range(TOP_K):
+        idj = gl.load(ids_ptr + tok * TOP_K + j, mask=tm, other=-1).to(gl.int32)
+        vb = vb | (((idj >= 0) & (idj < E)).to(gl.int32) << j)
+    return vb
+
+
+@gluon.jit
+def _slot_sum(part_ptr, tok, tm, vb, h, c1, stride_part, RC: gl.constexpr, OL: gl.constexpr,
+              TOP_K: gl.constexpr):
+    """[``RC`` tokens, 64 columns ``h``] fp32: the sum in slot order of the tokens' valid slots'
+    partial rows (``vb``, ``_valid_slots``; invalid slots and columns past ``c1`` add 0.0):
+    ``_prefill_kernels._prefill_combine``'s arithmetic. Read through L2 (``.cg``); the loads
+    issue together (the slot loop is unrolled)."""
+    hm = gl.expand_dims(h < c1, 0)
+    o = gl.zeros([RC, 64], gl.float32, OL)
+    for j in gl.static_range(TOP_K):  # fixed order
+        vj = gl.expand_dims(tm & (((vb >> j) & 1) != 0), 1) & hm
+        pp = part_ptr + gl.expand_dims((tok * TOP_K + j) * stride_part, 1)
+        o += gl.load(pp + gl.expand_dims(h, 0), mask=vj, other=0.0,
+                     cache_modifier=".cg").to(gl.float32)
+    return o
+
+
+@gluon.jit
 def _group_item(tk, NMT, nci, ngrp):
     """Work item of ticket ``tk`` under ``combine="group"``: (column group, M tile or token
     block, whether it is a combine item). Order: the M tiles of the first ``L`` = min(groups, 2)
@@ -346,28 +376,19 @@ def _group_combine(ids_ptr, part_ptr, out_ptr, t0, T, c0, c1, E, stride_part, st
     for i0 in range(t0, tend, RC):
         tm = i0 + ti < tend
         tok = (i0 + ti).to(gl.int64)
-        vb = gl.zeros([RC], gl.int32, gl.SliceLayout(1, OL))
-        for j in gl.static_range(TOP_K):  # the ids issue together
-            idj = gl.load(ids_ptr + tok * TOP_K + j, mask=tm, other=-1).to(gl.int32)
-            vb = vb | (((idj >= 0) & (idj < E)).to(gl.int32) << j)
+        vb = _valid_slots(ids_ptr, tok, tm, E, TOP_K)
         op = out_ptr + gl.expand_dims(tok * stride_out, 1)
+        om = gl.expand_dims(tm, 1)
         for h0 in range(c0, c1, 128):  # two 64-column halves: 2 x TOP_K loads in flight
             ha = h0 + hi
             hb = ha + 64
-            ma = gl.expand_dims(ha < c1, 0)
-            mb = gl.expand_dims(hb < c1, 0)
-            oa = gl.zeros([RC, 64], gl.float32, OL)
-            ob = gl.zeros([RC, 64], gl.float32, OL)
-            for j in gl.static_range(TOP_K):  # fixed order; the loads issue together
-                vj = gl.expand_dims(tm & (((vb >> j) & 1) != 0), 1)
-                pp = part_ptr + gl.expand_dims((tok * TOP_K + j) * stride_part, 1)
-                oa += gl.load(pp + gl.expand_dims(ha, 0), mask=vj & ma, other=0.0,
-                              cache_modifier=".cg").to(gl.float32)
-                ob += gl.load(pp + gl.expand_dims(hb, 0), mask=vj & mb, other=0.0,
-                              cache_modifier=".cg").to(gl.float32)
-            om = gl.expand_dims(tm, 1)
-            gl.store(op + gl.expand_dims(ha, 0), oa.to(gl.bfloat16), mask=om & ma)
-            gl.store(op + gl.expand_dims(hb, 0), ob.to(gl.bfloat16), mask=om & mb)
+            # both halves' sums before either store (a store could alias the next loads)
+            oa = _slot_sum(part_ptr, tok, tm, vb, ha, c1, stride_part, RC, OL, TOP_K)
+            ob = _slot_sum(part_ptr, tok, tm, vb, hb, c1, stride_part, RC, OL, TOP_K)
+            gl.store(op + gl.expand_dims(ha, 0), oa.to(gl.bfloat16),
+                     mask=om & gl.expand_dims(ha < c1, 0))
+            gl.store(op + gl.expand_dims(hb, 0), ob.to(gl.bfloat16),
+                     mask=om & gl.expand_dims(hb < c1, 0))
     if DISCARD:
         barrier()  # every thread's loads of the item have returned (their sums are stored)
         NL: gl.constexpr = 32 * gl.num_warps()
@@ -398,7 +419,8 @@ def _combine_tail(sorted_ptr, ids_ptr, part_ptr, out_ptr, cnt_ptr, work, row0, n
     completes a token. Release / acquire as the decode kernels' counter
     combine (``_decode_gluon_kernels._gemm2``), partials read through L2 (``.cg``). The slot
     loops are unrolled (``TOP_K`` constexpr) so that a chunk's slot loads issue together: in a
-    loop (the form timed in prefill step 9) each waited on its id's load, 4 slots at a time."""
+    loop (the form timed in prefill step 9) each waited on its id's load, 4 slots at a time;
+    the ids of a block of completed tokens are read once (``_valid_slots``), not per chunk."""
     if FENCE:
         _fence_gpu()
     barrier()  # every thread's partial rows are written (and fenced) before any arrival
@@ -423,18 +445,13 @@ def _combine_tail(sorted_ptr, ids_ptr, part_ptr, out_ptr, cnt_ptr, work, row0, n
         for i0 in range(0, n, RC):
             tm = i0 + ti < n
             tok = gl.load(work + i0 + ti, mask=tm, other=0).to(gl.int64)
+            vb = _valid_slots(ids_ptr, tok, tm, E, TOP_K)
             for h0 in range(c0, c1, 64):
                 h = h0 + hi
-                hm = gl.expand_dims(h < c1, 0)
-                o = gl.zeros([RC, 64], gl.float32, OL)
-                for j in gl.static_range(TOP_K):  # fixed order; the loads issue together
-                    sid = gl.load(ids_ptr + tok * TOP_K + j, mask=tm, other=-1).to(gl.int32)
-                    vj = gl.expand_dims(tm & (sid >= 0) & (sid < E), 1) & hm
-                    pp = part_ptr + gl.expand_dims((tok * TOP_K + j) * stride_part, 1)
-                    o += gl.load(pp + gl.expand_dims(h, 0), mask=vj, other=0.0,
-                                 cache_modifier=".cg").to(gl.float32)
+                o = _slot_sum(part_ptr, tok, tm, vb, h, c1, stride_part, RC, OL, TOP_K)
                 op = out_ptr + gl.expand_dims(tok * stride_out, 1) + gl.expand_dims(h, 0)
-                gl.store(op, o.to(gl.bfloat16), mask=gl.expand_dims(tm, 1) & hm)
+                gl.store(op, o.to(gl.bfloat16),
+                         mask=gl.expand_dims(tm, 1) & gl.expand_dims(h < c1, 0))
 
 
 @gluon.jit

@@ -386,8 +386,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
             order_only = True
     if fused:
         cnt = torch.zeros(T, ngrp, dtype=torch.int32, device=dev)
-        work = torch.empty(max_m_tiles(P, E, config.block_m * config.msub2) * ngrp, cl["RR"],
-                           dtype=torch.int32, device=dev)
+        work = torch.empty(nmt2 * ngrp, cl["RR"], dtype=torch.int32, device=dev)
     for i, (w, src, dst, K, nout, ng) in enumerate(
         ((w13, xk, inter, H, I, 1), (w2, inter, partial, I, H, config.group_n2)), start=1
     ):

@@ -131,17 +131,14 @@ def bar_postfix(T: int, n_timed: int, n_total: int, timings: Sequence[dict]) -> 
     return f"T={T} {n_timed}/{n_total}" + (f" {tail}" if tail else "")
 
 
-def heuristic_over_best(timings: Sequence[dict], space: dict) -> dict[str, float]:
-    """Per path: the heuristic config's time over the fastest candidate timed for that path
-    (1.0: the heuristic won; a lower bound when the budget cut the candidates short): what a
-    shape without a tuned table gives away by running the heuristic."""
+def heuristic_over_best(timings: Sequence[dict]) -> dict[str, float]:
+    """Per path: the heuristic config's time (the record marked ``heuristic``) over the fastest
+    candidate timed for that path (1.0: the heuristic won; a lower bound when the budget cut the
+    candidates short): what a shape without a tuned table gives away by running the heuristic."""
     out = {}
-    for p, cands in space.items():
-        if not cands:
-            continue
-        h = cands[0].to_dict()
+    for p in ("decode", "prefill"):
         us = [t["us"] for t in timings if t["path"] == p and "us" in t]
-        hu = [t["us"] for t in timings if t["path"] == p and "us" in t and t["config"] == h]
+        hu = [t["us"] for t in timings if t["path"] == p and "us" in t and t.get("heuristic")]
         if us and hu:
             out[p] = round(hu[0] / min(us), 3)
     return out
@@ -173,7 +170,7 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None):
         if not heuristic and time.monotonic() > deadline:
             log["skipped_for_budget"] = len(order) - n
             break
-        rec = {"path": path, "config": cfg.to_dict()}
+        rec = {"path": path, "config": cfg.to_dict(), "heuristic": heuristic}
         try:
             rec["us"] = timer(step_for(path, cfg), len(xs))
         except Exception as exc:  # a config that fails to compile or launch is recorded, skipped
@@ -182,7 +179,7 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None):
         if progress is not None:
             progress.postfix(bar_postfix(T, n + 1, len(order), timings))
     log["timings"] = timings
-    log["heuristic_over_best"] = heuristic_over_best(timings, space)
+    log["heuristic_over_best"] = heuristic_over_best(timings)
     ranked = sorted((t for t in timings if "us" in t), key=lambda t: t["us"])
     for t in ranked[:MAX_CHECKS]:
         cls = type(space[t["path"]][0])
