@@ -3,7 +3,8 @@
 Every test runs both kernel families, ``dot`` (``tl.dot``, v1) and ``gluon`` (v2, two launches),
 the one-launch Gluon kernel (``gluon1``: ``launches=1``) and the Gluon pairs GEMM2 whose partials a
 third launch sums, each expert's pair chunks over 4 programs (``gluon3``: ``combine="kernel"``,
-``split_t=4``), and the Gluon launches with programmatic dependent launch (``gluonp``: ``pdl=1``);
+``split_t=4``), the Gluon launches with programmatic dependent launch (``gluonp``: ``pdl=1``) and
+GEMM1's weight chunks through its shared-memory ring (``gluonr``: ``ring1=4``);
 Gluon runs only on a GPU (the CPU
 tier compiles it ahead of time, ``tests/test_gluon_aot.py``).
 
@@ -22,6 +23,7 @@ import torch
 from sglang_fp4ext.moe import decode as fm
 from sglang_fp4ext.moe.config import config_for
 from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+from sglang_fp4ext.moe.decode_config import RING_SMEM_BYTES, RING_STAGE_BYTES_PER_ROW
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.testing.compare import assert_close
 from tests import glm5_cases
@@ -29,12 +31,15 @@ from tests import glm5_cases
 pytestmark = pytest.mark.gpu
 MAX_REL, RMS_REL = 1e-2, 5e-3
 
-FAMILIES = ["dot", "gluon", "gluon1", "gluon3", "gluonp"]
+FAMILIES = ["dot", "gluon", "gluon1", "gluon3", "gluonp", "gluonr"]
 
 
 def _as(cfg, kernels):
     """``cfg`` on family ``kernels``; ``gluon1`` = its one-launch form (slot grid, token GEMM2);
-    ``gluonp``: programmatic dependent launch, the pairs GEMM2 with the third-launch combine."""
+    ``gluonp``: programmatic dependent launch, the pairs GEMM2 with the third-launch combine;
+    ``gluonr``: GEMM1 through a 4-stage shared-memory ring."""
+    if kernels == "gluonr":
+        return dataclasses.replace(_as(cfg, "gluon"), ring1=4)
     if kernels == "gluonp":
         c = _as(cfg, "gluon3" if cfg.gemm2 == "pairs" else "gluon")
         return dataclasses.replace(c, pdl=1, split_t=1)
@@ -211,6 +216,28 @@ def test_pdl_chain_matches_eager_bit_for_bit(name, T, gemm2, pdl, seed):
             if not torch.equal(want.view(torch.int16), outs[i].view(torch.int16)):
                 raise AssertionError(f"replay {rep}, layer {i}: PDL differs from eager")
     _counters_zero()
+
+
+@pytest.mark.parametrize("ring1,split_k1", [(2, 1), (4, 8), (8, 16), (3, 32)])
+@pytest.mark.parametrize("name,T", [("tp8_shared", 1), ("ep8", 2), ("tp8_shared", 40)])
+def test_ring1_changes_no_bit(name, T, ring1, split_k1, seed):
+    """GEMM1's weight chunks through the shared-memory ring (``ring1``) instead of the register
+    queue: the same chunks in the same order into the same MMAs, so the same bits; and the fp32
+    twin within tolerance (8 stages where they fit: 64-row tiles). Splits of 1-3 chunks (fewer
+    than the ring's stages: copies clamped to the split's last chunk), empty splits (32 > 24 K
+    chunks), 40 tokens (pair chunks looped over one ring)."""
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    ids[0, 1] = -1  # a dropped slot
+    cfg = dataclasses.replace(_config(pw, ids, "tokens", "gluon"), pdl=0, split_k1=split_k1)
+    ring1 = min(ring1, RING_SMEM_BYTES // (cfg.block_n1 * RING_STAGE_BYTES_PER_ROW))  # what fits
+    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
+    out = torch.full_like(a, float("nan"))
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, ring1=ring1))
+    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
+                 what=f"{name} T={T} ring1={ring1} split_k1={split_k1}")
 
 
 @pytest.mark.parametrize("name,T", [("tp8_shared", 4), ("ep8", 16), ("tp8_shared", 1)])

@@ -19,7 +19,11 @@ import json
 import pytest
 
 from sglang_fp4ext.moe import config as C
-from sglang_fp4ext.moe.decode_config import heuristic_config
+from sglang_fp4ext.moe.decode_config import (
+    RING_SMEM_BYTES,
+    RING_STAGE_BYTES_PER_ROW,
+    heuristic_config,
+)
 from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from tests.kernel_cases import compile_per_arch, triton36_site
@@ -51,7 +55,10 @@ out = []
 for v in variants:
     fn, ptrs = {1: (G._gemm1, P1), 2: (G._gemm2_tok, P2), 3: (G._gemm2, P3),
                 4: (G._fused, P4), 5: (G._combine, P5)}[v["kernel"]]
-    lay = G.layouts(v["BN"], v["BT"], v["num_warps"]) if v["kernel"] != 5 else {}
+    lay = dict(G.layouts(v["BN"], v["BT"], v["num_warps"])) if v["kernel"] != 5 else {}
+    if v["kernel"] == 1:  # the ring's layouts, or unused zeros (AOT names every constexpr)
+        ring = v["constexprs"]["RING"]
+        lay.update(G.ring_layouts(v["BN"], v["num_warps"]) if ring else dict(CP=0, SP=0, CW=0))
     if v["kernel"] == 4:
         lay = dict(WL1=lay["WL"], XL=lay["XL"], ML=lay["ML"],
                    WL2=G.layouts(v["BN2"], v["BT"], v["num_warps"])["WL"])
@@ -65,7 +72,9 @@ for v in variants:
                     mma="mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx,
                     decode="fma.rn.bf16x2" in ptx, wide_loads=ptx.count("ld.global.v4"),
                     acquire=".gpu.acquire." in ptx, release=".gpu.release." in ptx,
-                    cp_async="cp.async" in ptx, gdc_wait="griddepcontrol.wait" in ptx,
+                    cp_async="cp.async" in ptx, cp_async16=ptx.count("cp.async.cg.shared.global"),
+                    wait_group="cp.async.wait_group" in ptx, bar_sync=ptx.count("bar.sync"),
+                    gdc_wait="griddepcontrol.wait" in ptx,
                     gdc_launch="griddepcontrol.launch_dependents" in ptx,
                     l2_prefetch=ptx.count("prefetch.global.L2")))
 print(json.dumps(out))
@@ -93,6 +102,10 @@ def _gluon_configs():
         for T in (1, 8):  # deeper prefetch at small T
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", depth=3)))
+        for T, ns in ((1, 2), (1, 4), (2, 8), (8, 4)):  # GEMM1 through its shared-memory ring
+            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            ns = min(ns, RING_SMEM_BYTES // (c.block_n1 * RING_STAGE_BYTES_PER_ROW))
+            cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", ring1=ns)))
         for T, pdl in ((1, 1), (4, 1), (64, 1), (1, 2), (64, 2)):  # PDL (sm_90+), both triggers
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             c = dataclasses.replace(c, kernels="gluon", pdl=pdl)
@@ -120,7 +133,8 @@ def _variants():
         pdl = dict(PDL=c.pdl if c.launches == 2 else 0)  # AOT: constexprs are named, defaults too
         vs = [dict(kernel=1, BN=c.block_n1, BT=c.block_t, num_warps=c.warps1,
                    constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
-                                   BLOCK_P=c.block_p, DEPTH=c.depth, SPLIT_T=c.split_t, **pdl))]
+                                   BLOCK_P=c.block_p, DEPTH=c.depth, SPLIT_T=c.split_t, **pdl,
+                                   RING=c.ring1))]
         k_pow2 = 1 << (k - 1).bit_length()
         if c.launches == 1:
             vs = [dict(kernel=4, BN=c.block_n1, BN2=c.block_n2, BT=c.block_t,
@@ -166,6 +180,7 @@ def compiled():
 def test_there_are_gluon_configs_to_compile():
     kinds = {v["kernel"] for v in _variants()}
     assert kinds == {1, 2, 3, 4, 5}, kinds
+    assert {v["constexprs"]["RING"] for v in _variants() if v["constexprs"].get("RING")} >= {2, 4, 8}
     assert any(v["constexprs"].get("L2PF") and not v["constexprs"]["PDL"] for v in _variants())
     pdl = {(v["kernel"], v["constexprs"]["PDL"]) for v in _variants() if v["constexprs"].get("PDL")}
     assert pdl == {(k, p) for k in (1, 2, 3, 5) for p in (1, 2)}, pdl
@@ -181,11 +196,24 @@ def test_every_gluon_config_compiles_to_the_design(compiled, cc):
             assert r["shared"] == 0 and not r["cp_async"], r
             continue
         assert r["mma"] and r["decode"], f"sm_{cc}: no bf16 mma.sync / inline decode: {r}"
-        assert r["wide_loads"] >= 4 and not r["cp_async"], f"sm_{cc}: loads not direct: {r}"
-        assert r["shared"] <= 64, f"sm_{cc}: unexpected shared memory: {r}"
+        if r["constexprs"].get("RING"):
+            _check_ring(r, cc)
+        else:
+            assert r["wide_loads"] >= 4 and not r["cp_async"], f"sm_{cc}: loads not direct: {r}"
+            assert r["shared"] <= 64, f"sm_{cc}: unexpected shared memory: {r}"
         if r["kernel"] == 4:  # one launch: readiness released by GEMM1, acquired by GEMM2
             assert r["acquire"] and r["release"], f"sm_{cc}: no acquire/release: {r}"
         _check_pdl(r, cc)
+
+
+def _check_ring(r, cc):
+    """GEMM1 with ``ring1``: its weight chunks by 16-byte ``cp.async`` into ``RING`` slots of
+    ``BN * 144`` bytes (the shared memory), waited per commit group; the activations still load
+    16 bytes at a time straight from global memory."""
+    ns, bn = r["constexprs"]["RING"], r["BN"]
+    assert r["kernel"] == 1 and r["cp_async16"] >= 2 and r["wait_group"], f"sm_{cc}: {r}"
+    assert ns * bn * RING_STAGE_BYTES_PER_ROW <= r["shared"] <= ns * bn * 144 + 64, r
+    assert r["wide_loads"] >= 2, f"sm_{cc}: activations not 16-byte loads: {r}"
 
 
 def _check_pdl(r, cc):
@@ -233,7 +261,8 @@ def test_both_families_take_the_launchers_arguments(role):
     d, d_extra = decode._kernel("dot", role, 64, cfg, 2, 3)
     assert [a for a in d.arg_names if a != "COMPUTE_F32"] == [
         a for a in g.arg_names
-        if a not in ("WL", "XL", "ML", "DEPTH", "COMBINE", "SPLIT_T", "PDL", "L2PF")
+        if a not in ("WL", "XL", "ML", "DEPTH", "COMBINE", "SPLIT_T", "PDL", "L2PF", "RING", "CP",
+                     "SP", "CW")
     ]
     assert set(g_extra) - {"COMBINE", "SPLIT_T"} == {"num_warps", "WL", "XL", "ML", "DEPTH"}
     assert ("SPLIT_T" in g_extra) == (role != "gemm2_tok")

@@ -11,7 +11,8 @@ distinct local experts actually routed x NVFP4 bytes per expert, plus activation
 table; ``shipped`` = the package's own) with one-launch forms of it (``launches=1``: programs per
 SM, GEMM1 split-K, GEMM2 row tile, warps). ``--sweep split_t`` spreads each expert's pair chunks over more programs.
 ``--sweep combine`` tries the pairs GEMM2 with its top-k sum in a third launch.
-``--sweep depth`` tries 2 and 3 weight chunks in flight (``depth``). ``--sweep pdl`` times the
+``--sweep depth`` tries 2 and 3 weight chunks in flight (``depth``). ``--sweep ring`` stages GEMM1's
+weight chunks through a shared-memory ``cp.async`` ring (``ring1`` stages) around its split-K. ``--sweep pdl`` times the
 shipped and the heuristic's config at each ``--pdl`` level of programmatic dependent launch;
 ``--repeat N`` times every candidate N times, interleaved (median); with ``--separate`` every layer
 copy is followed by a one-element torch kernel, as other kernels follow an MoE layer in a
@@ -139,6 +140,23 @@ def depth_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
+def ring_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
+    """``base`` (Gluon) with GEMM1's weight chunks through a ``ring1``-stage shared-memory ring:
+    4 stages at the base's split-K, half and double; the most that fit at the base's and half."""
+    from sglang_fp4ext.moe.decode_config import RING_SMEM_BYTES, RING_STAGE_BYTES_PER_ROW
+
+    r = dataclasses.replace
+    b = r(base, kernels="gluon", depth=1)
+    most = min(8, RING_SMEM_BYTES // (b.block_n1 * RING_STAGE_BYTES_PER_ROW))
+    out = []
+    for ns, splits in ((4, (1, 0.5, 2)), (most, (1, 0.5))):
+        for f in splits:
+            sk = int(b.split_k1 * f)
+            if 1 <= sk <= kc1:
+                out.append(r(b, ring1=ns, split_k1=sk))
+    return _unique(out, drop=base)
+
+
 def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     """The pairs GEMM2 with its top-k sum in a third launch (``combine="kernel"``): row tile,
     warps, row tiles per program and GEMM2 split-K around ``base``."""
@@ -195,7 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--v1-table", default="benchmarks/results/NVIDIA_H200_v1_table.json",
                     help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
     ap.add_argument("--sweep", choices=("families", "one_launch", "depth", "combine", "split_t",
-                                        "pdl", "none"), default="families")
+                                        "pdl", "ring", "none"), default="families")
     ap.add_argument("--pdl", default="0,1", help="--sweep pdl: the pdl levels to time")
     ap.add_argument("--l2-prefetch", action="store_true",
                     help="--sweep pdl: also each token GEMM2 with l2_prefetch=1, without PDL")
@@ -274,6 +292,8 @@ def main(argv=None) -> int:
                 cands = [v1] + one_launch_candidates(v1, kc1)
             elif args.sweep == "depth":
                 cands = [v1] + depth_candidates(v1, kc1)
+            elif args.sweep == "ring":
+                cands = [v1] + ring_candidates(v1, kc1)
             elif args.sweep == "split_t":
                 cands = [v1] + split_t_candidates(v1)
             elif args.sweep == "combine":
@@ -348,6 +368,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     name = {"families": "gluon_decode_ab.json", "one_launch": "one_launch_ab.json",
             "depth": "depth_ab.json", "combine": "combine_ab.json", "split_t": "split_t_ab.json",
+            "ring": "ring_ab.json",
             "pdl": "pdl_ab_separate.json" if args.separate else "pdl_ab.json",
             "none": "decode_split.json"}[args.sweep]
     (out_dir / name).write_text(json.dumps(res, indent=1))

@@ -42,12 +42,23 @@ torch twin.
 
 import functools
 
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
 from sglang_fp4ext.moe._decode_dot_kernels import FP4X4_TO_BF16_PTX
 from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon, mma_v2
 from sglang_fp4ext.moe.layout import SCALE_CODE_BF16_BIAS
 
 _TWO_P26 = gl.constexpr(67108864.0)  # the decode's 2^-26 (see _decode_dot_kernels), undone here
 _SCALE_BIAS = gl.constexpr(SCALE_CODE_BF16_BIAS)
+# The flat-chunk divisor of a program with one row block (GEMM1): its chunks are its K chunks,
+# and a power of two above any chunk count makes the (block, chunk) split a shift and a mask
+# where a division by the run-time chunk count costs ~10 instructions per use.
+_ONE_BLOCK = gl.constexpr(1 << 24)
+# Code slots (the prefill code ring ``CR``, the decode GEMM1 ring ``RING``): [BN, 32] int32 code
+# words in 128-byte swizzled rows (a warp's reads of 8 rows x 32 bytes hit distinct banks),
+# [BN, 16] scale codes.
+_CS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+_SS = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
 def _log2(n: int) -> int:
@@ -86,6 +97,27 @@ def mma_layout(W: int):
 def layouts(BN: int, BT: int, W: int) -> dict:
     """The constexpr layout arguments of ``_gemm1`` / ``_gemm2_tok`` for one config."""
     return dict(WL=weight_layout(BN, W), XL=act_layout(BT, W), ML=mma_layout(W))
+
+
+def code_read_layout(BN: int, W: int):
+    """``weight_layout`` over [BN rows, 32 words] (group ``g``, word ``w`` -> column ``4g + w``):
+    the code ring's slots are [BN, 32] int32 in shared memory, read back in this layout and
+    reshaped to the decode's [BN, 8, 4] by a register renaming."""
+    wl = weight_layout(BN, W)
+    col = lambda b: [b[0], 4 * b[1] + b[2]]
+    return gl.DistributedLinearLayout([col(b) for b in wl.reg_bases],
+                                      [col(b) for b in wl.lane_bases],
+                                      [col(b) for b in wl.warp_bases], [], [BN, 32])
+
+
+@functools.cache
+def ring_layouts(BN: int, W: int) -> dict:
+    """The code-slot copy and read layouts (``_copy_codes``, ``_read_codes``) of ``BN`` weight
+    rows on ``W`` warps: copies of 16 code bytes / 8 scale codes per thread, and ``weight_layout``
+    read as [BN, 32] words (``code_read_layout``)."""
+    return dict(CP=gl.BlockedLayout([1, 4], [4, 8], [W, 1], [1, 0]),
+                SP=gl.BlockedLayout([1, 8], [16, 2], [W, 1], [1, 0]),
+                CW=code_read_layout(BN, W))
 
 
 # ---- building blocks ----
@@ -221,8 +253,98 @@ def _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K, s_chunk_stride,
 
 
 @gluon.jit
+def _ring_slots(NS: gl.constexpr, BN: gl.constexpr):
+    """The GEMM1 ring's ``NS`` slots: code words and scale codes of one chunk of ``BN`` rows."""
+    return (gl.allocate_shared_memory(gl.int32, [NS, BN, 32], _CS),
+            gl.allocate_shared_memory(gl.uint8, [NS, BN, 16], _SS))
+
+
+@gluon.jit
+def _w4a16_ring(cs, ss, qe, se, QB, nb, xp, xmask, goff, kc0, kc1, K, s_chunk_stride,
+                NS: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr,
+                WL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
+    """``_w4a16_acc`` over chunks kc0..kc1 of row tile ``nb`` (``QB`` code words per row tile)
+    with the weight chunks staged through shared memory: an ``NS``-stage ``cp.async`` ring
+    (``KernelConfig.ring1``). While chunk ``kc`` is decoded, chunks ``kc + 1 .. kc + NS - 1`` are
+    in flight and none is held in registers: the register queue (``depth``) keeps 1-3 chunks in
+    flight at ~40 registers each. One commit group per chunk; copies past kc1 re-read its last
+    chunk. The slots ``cs`` [NS, BN, 32] int32 and ``ss`` [NS, BN, 16] uint8 (``_ring_slots``);
+    their copy layout is not the read layout, hence the CTA barrier per chunk."""
+    for j in gl.static_range(NS - 1):
+        _copy_codes(cs.index(j), ss.index(j), qe, se, QB, nb, kc0 + j, _ONE_BLOCK, kc1,
+                    s_chunk_stride, BN, CP, SP)
+        async_copy.commit_group()
+    xlo, xhi = _load_x(xp, xmask, goff, gl.minimum(kc0, kc1 - 1), K, "")
+    acc = gl.zeros([BN, BT], gl.float32, ML)
+    for kc in range(kc0, kc1):
+        i = kc - kc0
+        async_copy.wait_group(NS - 2)  # chunk kc has landed (this thread's copies)
+        barrier()  # everyone's copies of kc landed; everyone has read slot (i - 1) % NS
+        b, slo, shi = _read_codes(cs.index(i % NS), ss.index(i % NS), BN, CW, WL)
+        _copy_codes(cs.index((i + NS - 1) % NS), ss.index((i + NS - 1) % NS), qe, se, QB, nb,
+                    kc + NS - 1, _ONE_BLOCK, kc1, s_chunk_stride, BN, CP, SP)
+        async_copy.commit_group()
+        xlo_n, xhi_n = _load_x(xp, xmask, goff, gl.minimum(kc + 1, kc1 - 1), K, "")
+        acc = _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN, BT, ML)
+        xlo, xhi = xlo_n, xhi_n
+    async_copy.wait_group(0)  # no copy outlives the program's use of its shared memory
+    return acc
+
+
+@gluon.jit
 def _add(a, b):
     return a + b
+
+
+# ---- code slots in shared memory (the prefill code ring, the GEMM1 ring) ----
+
+
+@gluon.jit
+def _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr):
+    """Where the program's flat chunk ``it`` (row block ``nb0 + it // KC``, K chunk ``it % KC``;
+    clamped to the last chunk, so reads past the end repeat it) starts: its row block's first
+    code word and scale code of that K chunk (``layout.py``: a row's chunk is 32 words, its
+    scale codes 16 bytes per row at ``s_chunk_stride`` per chunk)."""
+    it = gl.minimum(it, NIT - 1)
+    nb = nb0 + it // KC
+    kc = it % KC
+    return qe + nb * QB + kc * 32, se + nb * BN * 16 + kc * s_chunk_stride
+
+
+
+@gluon.jit
+def _code_slot(BN: gl.constexpr):
+    return gl.allocate_shared_memory(gl.int32, [BN, 32], _CS)
+
+
+@gluon.jit
+def _scale_slot(BN: gl.constexpr):
+    return gl.allocate_shared_memory(gl.uint8, [BN, 16], _SS)
+
+
+@gluon.jit
+def _copy_codes(c_s, s_s, qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr,
+                CP: gl.constexpr, SP: gl.constexpr):
+    """``cp.async`` flat chunk ``it``'s code words (MMA row order: slot row ``r`` holds weight
+    row ``_phys_row(r)``) into ``c_s`` and scale codes into ``s_s``, 16 and 8 bytes per copy,
+    clamped to the last chunk (``_chunk_base``); they join the caller's next commit group."""
+    qb, sb = _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN)
+    r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, CP)))
+    c = gl.arange(0, 32, layout=gl.SliceLayout(0, CP))
+    async_copy.async_copy_global_to_shared(
+        c_s, qb + gl.expand_dims(r * (QB // BN), 1) + gl.expand_dims(c, 0))
+    r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, SP)))
+    c = gl.arange(0, 16, layout=gl.SliceLayout(0, SP))
+    async_copy.async_copy_global_to_shared(s_s, sb + gl.expand_dims(r * 16, 1) + gl.expand_dims(c, 0))
+
+
+@gluon.jit
+def _read_codes(c_s, s_s, BN: gl.constexpr, CW: gl.constexpr, WL: gl.constexpr):
+    """A code slot -> ``_load_chunk``'s registers: code words [BN, 8, 4] in the decode's
+    layout ``WL`` and the two halves' scale codes [BN, 8]."""
+    b = gl.convert_layout(gl.reshape(c_s.load(CW), [BN, 8, 4]), WL, assert_trivial=True)
+    SWL: gl.constexpr = gl.SliceLayout(2, WL)
+    return b, s_s.slice(0, 8, 1).load(SWL), s_s.slice(8, 8, 1).load(SWL)
 
 
 # ---- programmatic dependent launch (module docstring) ----
@@ -356,14 +478,16 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
            KC, CPS, TOP_K, SPLIT_K,
            SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BLOCK_P: gl.constexpr,
            WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-           SPLIT_T: gl.constexpr, PDL: gl.constexpr = 0):
+           SPLIT_T: gl.constexpr, PDL: gl.constexpr = 0, RING: gl.constexpr = 0,
+           CP: gl.constexpr = 0, SP: gl.constexpr = 0, CW: gl.constexpr = 0):
     """``_decode_dot_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
     NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt).
     Grid axis 2 is ``SPLIT_K * SPLIT_T``: program ``ks + SPLIT_K * cs`` takes K split ``ks`` of
     the expert's pair chunks ``cs, cs + SPLIT_T, ..`` (an expert with many pairs, e.g. a fused
     shared expert, is spread over ``SPLIT_T`` programs instead of looping alone). With ``PDL``
     it touches memory only after the previous kernel has finished, then lets GEMM2 start: at
-    once (1) or after its K loops (2: GEMM2's programs are placed as GEMM1's finish)."""
+    once (1) or after its K loops (2: GEMM2's programs are placed as GEMM1's finish). ``RING``:
+    the weight chunks through a shared-memory ring (``_gemm1_tile``)."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     if PDL != 0:
         _gdc_wait()
@@ -378,7 +502,7 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
                 pid0 * gl.num_programs(1) + gl.program_id(1), e, m, lbase, gl.program_id(1),
                 pid2 % SPLIT_K, pid2 // SPLIT_K, P, I, NP, stride_x, q_e_stride, q_row_stride,
                 s_e_stride, s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, False, DEPTH, SPLIT_T, BN,
-                BT, WL, XL, ML, PDL == 2)
+                BT, WL, XL, ML, PDL == 2, RING, CP, SP, CW)
 
 
 @gluon.jit
@@ -387,12 +511,15 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
                 s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, SIGNAL: gl.constexpr,
                 DEPTH: gl.constexpr, SPLIT_T: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
                 WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
-                LATE_TRIGGER: gl.constexpr = False):
+                LATE_TRIGGER: gl.constexpr = False, RING: gl.constexpr = 0, CP: gl.constexpr = 0,
+                SP: gl.constexpr = 0, CW: gl.constexpr = 0):
     """Row tile ``nb``, K split ``ks``, pair chunks ``cs, cs + SPLIT_T, ..`` of expert ``e``
     (``m > 0`` pairs listed at ``lbase``): partials through ws and the arrival counter
     ``cnt_ptr[tile]`` (``SPLIT_K * SPLIT_T`` arrivals) when K is split; whoever finishes the
     tile writes SiLU·mul to inter and, with ``SIGNAL``, releases ``ready_ptr[e] += 1``. With
-    ``LATE_TRIGGER`` the next kernel may start once every program has left its K loops."""
+    ``LATE_TRIGGER`` the next kernel may start once every program has left its K loops. With
+    ``RING`` stages the weight chunks come through shared memory (``_w4a16_ring``; layouts
+    ``CP``, ``SP``, ``CW`` of ``ring_layouts``), else through the register queue (``DEPTH``)."""
     e64 = e.to(gl.int64)
     qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
     se = s_ptr + e64 * s_e_stride
@@ -401,6 +528,10 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
     kc1 = gl.minimum(kc0 + CPS, KC)
 
     qoff, soff, koff, goff, n1, rows, cols, wrow = _offsets(nb, q_row_stride, BN, BT, WL, XL, ML)
+    rcs = qe  # unused without the ring
+    rss = se
+    if RING > 0:
+        rcs, rss = _ring_slots(RING, BN)
 
     nchunk = gl.cdiv(m, BT)
     for c in range(cs, nchunk, SPLIT_T):
@@ -411,8 +542,12 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
         xw = x_ptr.to(gl.pointer_type(gl.int32))  # bf16 pairs
         xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2) + koff
         xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
-        acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride,
-                         DEPTH, BN, BT, ML)
+        if RING > 0:
+            acc = _w4a16_ring(rcs, rss, qe, se, BN * (q_row_stride // 4), nb, xp, xmask, goff,
+                              kc0, kc1, H, s_chunk_stride, RING, BN, BT, ML, WL, CP, SP, CW)
+        else:
+            acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride,
+                             DEPTH, BN, BT, ML)
         cslot = c * BT + cols
         cm = cslot < m
         cpairs = gl.load(lbase + cslot, mask=cm, other=0)

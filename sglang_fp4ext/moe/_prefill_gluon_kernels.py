@@ -43,24 +43,23 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from sglang_fp4ext.moe._decode_gluon_kernels import (
+    _ONE_BLOCK,
     _TWO_P26,
     _add,
+    _chunk_base,
+    _code_slot,
+    _copy_codes,
     _decode_chunk,
     _phys_row,
     _prefetch_rows,
+    _read_codes,
+    _scale_slot,
     _wait_ready,
+    ring_layouts,
     weight_layout,
 )
 from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
 
-# The flat-chunk divisor of a program with one row block (GEMM1): its chunks are its K chunks,
-# and a power of two above any chunk count makes the (block, chunk) split a shift and a mask
-# where a division by the run-time chunk count costs ~10 instructions per use.
-_ONE_BLOCK = gl.constexpr(1 << 24)
-# The code ring's slots (``CR``): [BN, 32] int32 code words in 128-byte swizzled rows (a warp's
-# reads of 8 rows x 32 bytes hit distinct banks), [BN, 16] scale codes.
-_CS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
-_SS = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
 @functools.cache
@@ -75,11 +74,8 @@ def layouts(BN: int, BM: int, W: int) -> dict:
         CL=gl.BlockedLayout([1], [32], [W], [0]),
         # GEMM2's staged store (``EPI`` bit 0): [BM tokens, BN rows] bf16, 16 bytes of a pair row.
         SL=gl.BlockedLayout([1, 8], [32 * 8 // BN, BN // 8], [W, 1], [1, 0]),
-        # The code ring (``CR``): copies of 16 code bytes / 8 scale codes per thread, and the
-        # decode's weight layout read as [BN, 32] words (``code_read_layout``).
-        CP=gl.BlockedLayout([1, 4], [4, 8], [W, 1], [1, 0]),
-        SP=gl.BlockedLayout([1, 8], [16, 2], [W, 1], [1, 0]),
-        CW=code_read_layout(BN, W),
+        # The code ring (``CR``): CP, SP, CW (``ring_layouts``).
+        **ring_layouts(BN, W),
     )
 
 
@@ -99,17 +95,6 @@ def combine_layouts(rows: int, W: int, combine: str, top_k: int) -> dict:
     return dict(CB=cb, KT=top_k if cb else 1, RR=R,
                 RL=gl.BlockedLayout([R // (32 * W)], [32], [W], [0]), RC=4 * W,
                 OL=gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0]), CTB=GROUP_TOKENS)
-
-
-def code_read_layout(BN: int, W: int):
-    """``weight_layout`` over [BN rows, 32 words] (group ``g``, word ``w`` -> column ``4g + w``):
-    the code ring's slots are [BN, 32] int32 in shared memory, read back in this layout and
-    reshaped to the decode's [BN, 8, 4] by a register renaming."""
-    wl = weight_layout(BN, W)
-    col = lambda b: [b[0], 4 * b[1] + b[2]]
-    return gl.DistributedLinearLayout([col(b) for b in wl.reg_bases],
-                                      [col(b) for b in wl.lane_bases],
-                                      [col(b) for b in wl.warp_bases], [], [BN, 32])
 
 
 @gluon.jit
@@ -616,18 +601,6 @@ def _code_queue(qe, se, qoff, soff, QB, nb0, KC, NIT, s_chunk_stride, BN: gl.con
 
 
 @gluon.jit
-def _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr):
-    """Where the program's flat chunk ``it`` (row block ``nb0 + it // KC``, K chunk ``it % KC``;
-    clamped to the last chunk, so reads past the end repeat it) starts: its row block's first
-    code word and scale code of that K chunk (``layout.py``: a row's chunk is 32 words, its
-    scale codes 16 bytes per row at ``s_chunk_stride`` per chunk)."""
-    it = gl.minimum(it, NIT - 1)
-    nb = nb0 + it // KC
-    kc = it % KC
-    return qe + nb * QB + kc * 32, se + nb * BN * 16 + kc * s_chunk_stride
-
-
-@gluon.jit
 def _load_chunk(qe, se, qoff, soff, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr):
     """Codes and scale codes of the program's flat chunk ``it`` (``_chunk_base``)."""
     qb, sb = _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN)
@@ -664,41 +637,6 @@ def _code_slots(BN: gl.constexpr, N: gl.constexpr):
              _code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
              _scale_slot(BN))
     return r
-
-
-@gluon.jit
-def _code_slot(BN: gl.constexpr):
-    return gl.allocate_shared_memory(gl.int32, [BN, 32], _CS)
-
-
-@gluon.jit
-def _scale_slot(BN: gl.constexpr):
-    return gl.allocate_shared_memory(gl.uint8, [BN, 16], _SS)
-
-
-@gluon.jit
-def _copy_codes(c_s, s_s, qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr,
-                CP: gl.constexpr, SP: gl.constexpr):
-    """``cp.async`` flat chunk ``it``'s code words (MMA row order: slot row ``r`` holds weight
-    row ``_phys_row(r)``) into ``c_s`` and scale codes into ``s_s``, 16 and 8 bytes per copy,
-    clamped to the last chunk (``_chunk_base``); they join the caller's next commit group."""
-    qb, sb = _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN)
-    r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, CP)))
-    c = gl.arange(0, 32, layout=gl.SliceLayout(0, CP))
-    cp.async_copy_global_to_shared(
-        c_s, qb + gl.expand_dims(r * (QB // BN), 1) + gl.expand_dims(c, 0))
-    r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, SP)))
-    c = gl.arange(0, 16, layout=gl.SliceLayout(0, SP))
-    cp.async_copy_global_to_shared(s_s, sb + gl.expand_dims(r * 16, 1) + gl.expand_dims(c, 0))
-
-
-@gluon.jit
-def _read_codes(c_s, s_s, BN: gl.constexpr, CW: gl.constexpr, WL: gl.constexpr):
-    """A code slot -> ``_load_chunk``'s registers: code words [BN, 8, 4] in the decode's
-    layout ``WL`` and the two halves' scale codes [BN, 8]."""
-    b = gl.convert_layout(gl.reshape(c_s.load(CW), [BN, 8, 4]), WL, assert_trivial=True)
-    SWL: gl.constexpr = gl.SliceLayout(2, WL)
-    return b, s_s.slice(0, 8, 1).load(SWL), s_s.slice(8, 8, 1).load(SWL)
 
 
 @gluon.jit

@@ -338,6 +338,8 @@ def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int,
         extra = dict(num_warps=warps, DEPTH=cfg.depth, **lay, **_pdl_args(pdl))
         if role != "gemm2_tok":
             extra["SPLIT_T"] = cfg.split_t
+        if role == "gemm1" and cfg.ring1:
+            extra.update(RING=cfg.ring1, **G.ring_layouts(block_n, warps))
         elif cfg.l2_prefetch:
             extra["L2PF"] = True
         if role == "gemm2":

@@ -32,6 +32,12 @@ __all__ = ["KERNEL_FAMILIES", "KernelConfig", "heuristic_config"]
 
 #: Decode kernel families: "dot" (Triton ``tl.dot``, v1) and "gluon" (v2).
 KERNEL_FAMILIES = ("dot", "gluon")
+#: A GEMM1 ring stage per weight row (``ring1``): a 256-deep chunk's 128 code bytes and 16 scale
+#: codes (``layout.py``).
+RING_STAGE_BYTES_PER_ROW = K_CHUNK // 2 + K_CHUNK // 16
+#: The ring's shared memory cap: 96 KiB, under sm_120's 101,376 B per CTA with room for the
+#: kernel's own scratch.
+RING_SMEM_BYTES = 96 * 1024
 
 
 def _pow2(x: int) -> bool:
@@ -68,6 +74,11 @@ class KernelConfig(ConfigDict):
     pairs (a fused shared expert sees every token) does not run alone while the rest idle.
     ``depth``: Gluon K loops keep this many weight chunks in flight beyond the one being decoded
     (1-3; more bytes in flight per program where few programs run, more registers).
+    ``ring1``: Gluon GEMM1 only (two launches): 2-8 stages its weight chunks through a
+    ``cp.async`` shared-memory ring instead of the register queue of ``depth`` (``ring1 - 1``
+    chunks in flight per program, none held in registers; ``block_n1 * 144`` bytes per stage,
+    at most ``RING_SMEM_BYTES``); 0 off. Measured no faster than the register queue at GLM-5
+    T <= 8 on the H200 (decode step 6): opt-in, out of the heuristic and the tuner.
     ``pdl``: 1 or 2 launches the Gluon kernels with programmatic dependent launch where the GPU
     has it (sm_90+; the dot family, the one-launch kernel and older GPUs ignore it, as the
     self-check's dot fallback does): GEMM2 starts while GEMM1 runs, asks L2 for its weights (slot
@@ -95,6 +106,7 @@ class KernelConfig(ConfigDict):
     launches: int = 2
     ctas_per_sm: int = 4
     depth: int = 1
+    ring1: int = 0
     combine: str = "counter"
     split_t: int = 1
     pdl: int = 0
@@ -124,6 +136,14 @@ class KernelConfig(ConfigDict):
             raise ValueError(f"KernelConfig.l2_prefetch must be 0 or 1, got {self.l2_prefetch!r}")
         if self.depth not in (1, 2, 3):
             raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
+        if self.ring1 not in (0, 2, 3, 4, 5, 6, 7, 8):
+            raise ValueError(f"KernelConfig.ring1 must be 0 or 2..8 stages, got {self.ring1!r}")
+        if self.ring1 * self.block_n1 * RING_STAGE_BYTES_PER_ROW > RING_SMEM_BYTES:
+            raise ValueError(
+                f"KernelConfig.ring1={self.ring1} stages of block_n1={self.block_n1} rows take "
+                f"{self.ring1 * self.block_n1 * RING_STAGE_BYTES_PER_ROW} B of shared memory, more "
+                f"than {RING_SMEM_BYTES} (sm_120 has 101,376 B per CTA)"
+            )
         if self.launches not in (1, 2):
             raise ValueError(f"KernelConfig.launches must be 1 or 2, got {self.launches!r}")
         if self.launches == 1 and (self.grid, self.gemm2) != ("slots", "tokens"):
