@@ -14,7 +14,7 @@ What Gluon changes is where the bytes go:
   them there with the same inline PTX as v1 and hands them to ``mma.sync`` (``mma_v2``). v1's
   pipeliner staged the codes through shared memory with ``cp.async`` in an unswizzled layout
   (61-68% of the shared wavefronts bank-conflicted, MIO-throttled; README diagnosis); here the
-  shared-memory pipe is unused in the K loop.
+  shared-memory pipe is unused in the K loop. (Opt-in exception: GEMM1's ``RING``, below.)
 * **Register double buffering.** The next K chunk's codes, scales and activations are loaded
   before the current chunk is decoded, so their latency hides behind the decode and MMAs.
 * **K order.** The MMA does not care in which order K is summed as long as both operands agree.
@@ -26,6 +26,10 @@ What Gluon changes is where the bytes go:
 * **Row order.** Within each 16-row MMA tile, MMA row ``8h + g`` reads weight row ``2g + h``: the
   gate row ``2j`` and up row ``2j + 1`` of the interleaved w13 land in the same thread's
   accumulators, so SiLU·mul is register-local.
+* **GEMM1's shared-memory ring** (``RING``, ``KernelConfig.ring1``, opt-in): its weight chunks
+  ``cp.async``-copied into swizzled slots ``RING - 1`` chunks ahead and read back in the decode's
+  layout; more bytes in flight, none in registers. Bit-equal to the register queue, measured no
+  faster on the H200 (decode step 6: these grids lack warps, not bytes in flight).
 * **Programmatic dependent launch** (``PDL`` 1 or 2, sm_90+, launched with Triton's
   ``launch_pdl``): a kernel may start before the one ahead of it in the stream has finished; with
   1 a kernel lets the next start at once, with 2 GEMM1 does so after its K loops and the others
@@ -311,7 +315,6 @@ def _chunk_base(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr):
     return qe + nb * QB + kc * 32, se + nb * BN * 16 + kc * s_chunk_stride
 
 
-
 @gluon.jit
 def _code_slot(BN: gl.constexpr):
     return gl.allocate_shared_memory(gl.int32, [BN, 32], _CS)
@@ -335,7 +338,8 @@ def _copy_codes(c_s, s_s, qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.c
         c_s, qb + gl.expand_dims(r * (QB // BN), 1) + gl.expand_dims(c, 0))
     r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, SP)))
     c = gl.arange(0, 16, layout=gl.SliceLayout(0, SP))
-    async_copy.async_copy_global_to_shared(s_s, sb + gl.expand_dims(r * 16, 1) + gl.expand_dims(c, 0))
+    async_copy.async_copy_global_to_shared(
+        s_s, sb + gl.expand_dims(r * 16, 1) + gl.expand_dims(c, 0))
 
 
 @gluon.jit
