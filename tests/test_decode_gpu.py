@@ -4,7 +4,8 @@ Every test runs both kernel families, ``dot`` (``tl.dot``, v1) and ``gluon`` (v2
 the one-launch Gluon kernel (``gluon1``: ``launches=1``) and the Gluon pairs GEMM2 whose partials a
 third launch sums, each expert's pair chunks over 4 programs (``gluon3``: ``combine="kernel"``,
 ``split_t=4``), the Gluon launches with programmatic dependent launch (``gluonp``: ``pdl=1``) and
-GEMM1's weight chunks through its shared-memory ring (``gluonr``: ``ring1=4``);
+GEMM1's weight chunks through its shared-memory ring (``gluonr``: ``ring1=4``) and the token GEMM2
+with a token's top-k slots side by side (``gluons``: ``slots2=1``);
 Gluon runs only on a GPU (the CPU
 tier compiles it ahead of time, ``tests/test_gluon_aot.py``).
 
@@ -31,13 +32,20 @@ from tests import glm5_cases
 pytestmark = pytest.mark.gpu
 MAX_REL, RMS_REL = 1e-2, 5e-3
 
-FAMILIES = ["dot", "gluon", "gluon1", "gluon3", "gluonp", "gluonr"]
+FAMILIES = ["dot", "gluon", "gluon1", "gluon3", "gluonp", "gluonr", "gluons"]
 
 
 def _as(cfg, kernels):
     """``cfg`` on family ``kernels``; ``gluon1`` = its one-launch form (slot grid, token GEMM2);
     ``gluonp``: programmatic dependent launch, the pairs GEMM2 with the third-launch combine;
-    ``gluonr``: GEMM1 through a 4-stage shared-memory ring."""
+    ``gluonr``: GEMM1 through a 4-stage shared-memory ring; ``gluons``: the token GEMM2 with the
+    slots side by side (``slots2``, at most 2 warps a slot: 32 warps at top_k 9)."""
+    if kernels == "gluons":
+        w = min(cfg.warps2, 2)
+        return dataclasses.replace(
+            _as(cfg, "gluon"), gemm2="tokens", split_k2=1, tiles2=1, slots2=1, warps2=w,
+            block_n2=max(cfg.block_n2, 16 * w),
+        )
     if kernels == "gluonr":
         return dataclasses.replace(_as(cfg, "gluon"), ring1=4)
     if kernels == "gluonp":
@@ -238,6 +246,31 @@ def test_ring1_changes_no_bit(name, T, ring1, split_k1, seed):
     assert torch.equal(a.view(torch.int16), out.view(torch.int16))
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
                  what=f"{name} T={T} ring1={ring1} split_k1={split_k1}")
+
+
+@pytest.mark.parametrize("warps2,block_n2,depth,pdl", [(1, 32, 1, 0), (2, 32, 1, 2), (1, 64, 3, 0),
+                                                      (2, 64, 2, 1)])
+@pytest.mark.parametrize("name,T", [("tp8_shared", 1), ("tp8_shared", 2), ("ep8", 2), ("ep8", 9),
+                                    ("tp8_shared", 24)])
+def test_slots2_changes_no_bit(name, T, warps2, block_n2, depth, pdl, seed):
+    """The token GEMM2 with the slots side by side (``slots2``) sums the same per-slot products
+    in the same slot order as the walk it replaces: the same bits, with a dropped slot and an id
+    >= E among the routings, at top_k 8 and 9 (16 slot rows, 7 of them empty), I = 256 (one K
+    chunk) and 2048 (8 chunks, prefetched ``depth`` ahead), with and without PDL; and the fp32
+    twin within tolerance."""
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    ids[0, 1] = -1  # a dropped slot
+    ids[-1, 2] = pw.num_experts  # an id >= E: no expert
+    cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
+                              warps2=warps2, block_n2=block_n2, depth=depth)
+    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
+    out = torch.full_like(a, float("nan"))
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, slots2=1))
+    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
+    assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} slots2")
 
 
 @pytest.mark.parametrize("name,T", [("tp8_shared", 4), ("ep8", 16), ("tp8_shared", 1)])

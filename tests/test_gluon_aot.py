@@ -54,8 +54,9 @@ DIV |= {"s1_chunk_stride", "s2_chunk_stride"}
 out = []
 for v in variants:
     fn, ptrs = {1: (G._gemm1, P1), 2: (G._gemm2_tok, P2), 3: (G._gemm2, P3),
-                4: (G._fused, P4), 5: (G._combine, P5)}[v["kernel"]]
-    lay = dict(G.layouts(v["BN"], v["BT"], v["num_warps"])) if v["kernel"] != 5 else {}
+                4: (G._fused, P4), 5: (G._combine, P5), 6: (G._gemm2_tok_slots, P2)}[v["kernel"]]
+    kp = min(v["constexprs"]["K_POW2"], 8) if v["kernel"] == 6 else 1  # slots along the rows
+    lay = dict(G.layouts(kp * v["BN"], v["BT"], v["num_warps"])) if v["kernel"] != 5 else {}
     if v["kernel"] == 1:  # the ring's layouts, or unused zeros (AOT names every constexpr)
         ring = v["constexprs"]["RING"]
         lay.update(G.ring_layouts(v["BN"], v["num_warps"]) if ring else dict(CP=0, SP=0, CW=0))
@@ -112,6 +113,12 @@ def _gluon_configs():
             if c.gemm2 == "pairs":
                 c = dataclasses.replace(c, combine="kernel")
             cfgs.add((s.top_k, c))
+        for T, w, pdl in ((1, 1, 2), (2, 1, 0), (2, 2, 0), (8, 1, 0)):  # slot-parallel token GEMM2
+            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            c = dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1, tiles2=1,
+                                    block_n2=max(c.block_n2, 16 * w), warps2=w, slots2=1, pdl=pdl,
+                                    combine="counter")
+            cfgs.add((s.top_k, c))
         for T in (2, 8):  # the token GEMM2 asking L2 for its experts' weights first
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1,
@@ -141,6 +148,10 @@ def _variants():
                        num_warps=c.warps1,
                        constexprs=dict(K_POW2=k_pow2, BN1=c.block_n1, BN2=c.block_n2,
                                        BT=c.block_t, BLOCK_P=c.block_p, DEPTH=c.depth))]
+        elif c.slots2:
+            vs.append(dict(kernel=6, BN=c.block_n2, BT=8, num_warps=min(k_pow2, 8) * c.warps2,
+                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=8, DEPTH=c.depth,
+                                           L2PF=bool(c.l2_prefetch), **pdl)))
         elif c.gemm2 == "tokens":
             vs.append(dict(kernel=2, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
                            constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t,
@@ -166,9 +177,10 @@ def _variants():
 def compiled():
     variants = _variants()
     some = [next(v for v in variants if v["kernel"] == i and not v["constexprs"].get("PDL"))
-            for i in (1, 2, 3, 4, 5)]
+            for i in (1, 2, 3, 4, 5, 6)]
     pdl = [next(v for v in variants if v["kernel"] == i and v["constexprs"].get("PDL") == p)
            for i in (1, 2, 3, 5) for p in (1, 2)]  # griddepcontrol: sm_90+ (none on sm_80)
+    pdl.append(next(v for v in variants if v["kernel"] == 6 and v["constexprs"]["PDL"] == 2))
     todo = {80: some, 90: variants, 100: some + pdl, 120: variants}
     res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
     site = triton36_site()
@@ -179,11 +191,12 @@ def compiled():
 
 def test_there_are_gluon_configs_to_compile():
     kinds = {v["kernel"] for v in _variants()}
-    assert kinds == {1, 2, 3, 4, 5}, kinds
+    assert kinds == {1, 2, 3, 4, 5, 6}, kinds
+    assert {v["constexprs"]["K_POW2"] for v in _variants() if v["kernel"] == 6} == {8, 16}
     assert {v["constexprs"]["RING"] for v in _variants() if v["constexprs"].get("RING")} >= {2, 4, 8}
     assert any(v["constexprs"].get("L2PF") and not v["constexprs"]["PDL"] for v in _variants())
     pdl = {(v["kernel"], v["constexprs"]["PDL"]) for v in _variants() if v["constexprs"].get("PDL")}
-    assert pdl == {(k, p) for k in (1, 2, 3, 5) for p in (1, 2)}, pdl
+    assert pdl == {(k, p) for k in (1, 2, 3, 5) for p in (1, 2)} | {(6, 2)}, pdl
 
 
 @pytest.mark.parametrize("cc", [80, 90, 100, 120])
@@ -198,6 +211,8 @@ def test_every_gluon_config_compiles_to_the_design(compiled, cc):
         assert r["mma"] and r["decode"], f"sm_{cc}: no bf16 mma.sync / inline decode: {r}"
         if r["constexprs"].get("RING"):
             _check_ring(r, cc)
+        elif r["kernel"] == 6:
+            _check_slots(r, cc)
         else:
             assert r["wide_loads"] >= 4 and not r["cp_async"], f"sm_{cc}: loads not direct: {r}"
             assert r["shared"] <= 64, f"sm_{cc}: unexpected shared memory: {r}"
@@ -216,6 +231,15 @@ def _check_ring(r, cc):
     assert r["wide_loads"] >= 2, f"sm_{cc}: activations not 16-byte loads: {r}"
 
 
+def _check_slots(r, cc):
+    """The slot-parallel token GEMM2: direct 16-byte weight loads as the others; its shared
+    memory is each slot's products and coefficients, fp32 2 x [K_POW2 * BN] (their slot-order
+    sum reads them back after one CTA barrier)."""
+    sums = 2 * r["constexprs"]["K_POW2"] * r["BN"] * 4
+    assert r["wide_loads"] >= 4 and not r["cp_async"], f"sm_{cc}: loads not direct: {r}"
+    assert sums <= r["shared"] <= sums + 64 and r["bar_sync"] >= 1, f"sm_{cc}: {r}"
+
+
 def _check_pdl(r, cc):
     """A PDL variant waits for the previous grid and lets the next start (1: every kernel, at
     once; 2: GEMM1 after its K loops, the others implicitly at exit); a GEMM2 that knows its
@@ -228,7 +252,7 @@ def _check_pdl(r, cc):
         return
     launches = c["PDL"] == 1 or r["kernel"] == 1
     assert cc >= 90 and r["gdc_wait"] and r["gdc_launch"] == launches, f"sm_{cc}: {r}"
-    prefetches = r["kernel"] == 2 or (r["kernel"] == 3 and c["SLOT_MODE"])
+    prefetches = r["kernel"] in (2, 6) or (r["kernel"] == 3 and c["SLOT_MODE"])
     assert (r["l2_prefetch"] > 0) == prefetches, f"sm_{cc}: L2 prefetch: {r}"
 
 
@@ -264,6 +288,24 @@ def test_both_families_take_the_launchers_arguments(role):
         if a not in ("WL", "XL", "ML", "DEPTH", "COMBINE", "SPLIT_T", "PDL", "L2PF", "RING", "CP",
                      "SP", "CW")
     ]
-    assert set(g_extra) - {"COMBINE", "SPLIT_T"} == {"num_warps", "WL", "XL", "ML", "DEPTH"}
+    assert set(g_extra) - {"COMBINE", "SPLIT_T"} == {"num_warps", "WL", "XL", "ML", "DEPTH", "BT"}
     assert ("SPLIT_T" in g_extra) == (role != "gemm2_tok")
     assert ("COMBINE" in g_extra) == (role == "gemm2") and "COMPUTE_F32" in d_extra
+    assert g_extra["BT"] == d_extra["BT"] == cfg.block_t
+
+
+def test_slot_parallel_token_gemm2_takes_the_same_arguments():
+    """``slots2=1`` swaps the token GEMM2 for ``_gemm2_tok_slots`` under the same launch: the
+    same arguments, up to 8 times the warps and rows, an MMA column per slot of a round."""
+    from sglang_fp4ext.moe import decode
+    from sglang_fp4ext.moe import _decode_gluon_kernels as G
+    from sglang_fp4ext.moe.decode_config import KernelConfig
+
+    cfg = KernelConfig(kernels="gluon", gemm2="tokens", slots2=1, block_n2=32, warps2=2)
+    g, extra = decode._kernel("gluon", "gemm2_tok", 32, cfg, 2, 3, top_k=9)
+    assert g is G._gemm2_tok_slots and g.arg_names == G._gemm2_tok.arg_names
+    assert extra["num_warps"] == 16 and extra["BT"] == 8  # 8 slots a round, 2 rounds
+    assert extra["WL"] == G.weight_layout(8 * 32, 16)
+    with pytest.raises(ValueError, match="more than 32"):
+        decode._kernel("gluon", "gemm2_tok", 128, dataclasses.replace(cfg, warps2=8, block_n2=128),
+                       8, 3, top_k=9)

@@ -56,6 +56,9 @@ def test_frozen_hashable_repr_round_trip():
         ({"ring1": 6, "block_n1": 128, "warps1": 4}, "110592 B of shared memory"),
         ({"combine": "atomic"}, "combine must be"),
         ({"pdl": 3}, "pdl must be 0, 1 or 2"),
+        ({"slots2": 2, "gemm2": "tokens"}, "slots2 must be 0 or 1"),
+        ({"slots2": 1}, "gemm2 must be 'tokens' and launches 2"),
+        ({"slots2": 1, "gemm2": "tokens", "launches": 1}, "gemm2 must be 'tokens' and launches 2"),
     ],
 )
 def test_invalid_configs_rejected(kwargs, msg):

@@ -200,6 +200,20 @@ def test_search_space_is_deterministic_valid_and_small(shape, target):
         TS.search_space(64, TP8, H200, decode_max=16, prefill_min=128)
 
 
+def test_decode_search_space_tries_the_slot_parallel_token_gemm2_at_one_or_two_tokens(monkeypatch):
+    """Where the heuristic runs the Gluon token GEMM2 (GLM-5 TP8 on the H200, outside the
+    interpreter), buckets 1 and 2 also time it with the slots side by side (``slots2``, shipped
+    there since decode step 7); larger buckets do not."""
+    from sglang_fp4ext import target_info
+
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
+    for b in (1, 2, 4):
+        got = [c for c in TS.search_space(b, TP8, H200)["decode"] if c.slots2]
+        assert (len(got) == 1) == (b <= 2), (b, got)
+        if got:
+            assert got[0].gemm2 == "tokens" and got[0].warps2 == 1 and got[0].kernels == "gluon"
+
+
 def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
     """Outside the interpreter the H200's prefill heuristic is the wgmma family: the tuner times
     it, the tl.dot family's heuristic and the wgmma knobs (all valid configs)."""

@@ -12,7 +12,9 @@ table; ``shipped`` = the package's own) with one-launch forms of it (``launches=
 SM, GEMM1 split-K, GEMM2 row tile, warps). ``--sweep split_t`` spreads each expert's pair chunks over more programs.
 ``--sweep combine`` tries the pairs GEMM2 with its top-k sum in a third launch.
 ``--sweep depth`` tries 2 and 3 weight chunks in flight (``depth``). ``--sweep ring`` stages GEMM1's
-weight chunks through a shared-memory ``cp.async`` ring (``ring1`` stages) around its split-K. ``--sweep pdl`` times the
+weight chunks through a shared-memory ``cp.async`` ring (``ring1`` stages) around its split-K.
+``--sweep slots`` runs the token GEMM2 with the token's top-k slots side by side (``slots2``).
+``--sweep pdl`` times the
 shipped and the heuristic's config at each ``--pdl`` level of programmatic dependent launch;
 ``--repeat N`` times every candidate N times, interleaved (median); with ``--separate`` every layer
 copy is followed by a one-element torch kernel, as other kernels follow an MoE layer in a
@@ -157,6 +159,20 @@ def ring_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
+def slots_candidates(base: KernelConfig, top_k: int) -> list[KernelConfig]:
+    """The token GEMM2 with a token's top-k slots side by side (``slots2=1``), 1, 2 or 4 warps and
+    32-128 rows per slot, at the base's PDL; for a pairs-GEMM2 base also its plain token form."""
+    r = dataclasses.replace
+    sp = min(1 << (top_k - 1).bit_length(), 8)  # slots side by side per round
+    tok = r(base, kernels="gluon", gemm2="tokens", split_k2=1, tiles2=1, combine="counter",
+            launches=2)
+    out = [] if base.gemm2 == "tokens" else [r(tok, slots2=0)]
+    for w, bn in ((1, 32), (1, 64), (1, 128), (2, 32), (2, 64), (4, 64)):
+        if sp * w <= 32:
+            out.append(r(tok, slots2=1, warps2=w, block_n2=bn))
+    return _unique(out, drop=base)
+
+
 def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     """The pairs GEMM2 with its top-k sum in a third launch (``combine="kernel"``): row tile,
     warps, row tiles per program and GEMM2 split-K around ``base``."""
@@ -213,7 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--v1-table", default="benchmarks/results/NVIDIA_H200_v1_table.json",
                     help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
     ap.add_argument("--sweep", choices=("families", "one_launch", "depth", "combine", "split_t",
-                                        "pdl", "ring", "none"), default="families")
+                                        "pdl", "ring", "slots", "none"), default="families")
     ap.add_argument("--pdl", default="0,1", help="--sweep pdl: the pdl levels to time")
     ap.add_argument("--l2-prefetch", action="store_true",
                     help="--sweep pdl: also each token GEMM2 with l2_prefetch=1, without PDL")
@@ -222,6 +238,7 @@ def main(argv=None) -> int:
     ap.add_argument("--separate", action="store_true",
                     help="a one-element torch kernel after every layer copy (see above)")
     ap.add_argument("--split", action="store_true", help="per-kernel times of each baseline")
+    ap.add_argument("--split-all", action="store_true", help="per-kernel times of every candidate")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = ap.parse_args(argv)
     t_start = time.time()
@@ -294,6 +311,8 @@ def main(argv=None) -> int:
                 cands = [v1] + depth_candidates(v1, kc1)
             elif args.sweep == "ring":
                 cands = [v1] + ring_candidates(v1, kc1)
+            elif args.sweep == "slots":
+                cands = [v1] + slots_candidates(v1, shape.top_k)
             elif args.sweep == "split_t":
                 cands = [v1] + split_t_candidates(v1)
             elif args.sweep == "combine":
@@ -333,7 +352,7 @@ def main(argv=None) -> int:
                         us = sorted(rec["us_reps"])[len(rec["us_reps"]) // 2]
                         rec.update(us=us, us_min=min(rec.get("us_min", tm.us_min), tm.us_min),
                                    pct_bw=floor_us / us)
-                        if args.split and ci == 0 and rep == 0:
+                        if (args.split_all or args.split and ci == 0) and rep == 0:
                             rec["kernels_us"] = kernel_times_us(step, args.copies)
                     except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
                         rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
@@ -368,7 +387,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     name = {"families": "gluon_decode_ab.json", "one_launch": "one_launch_ab.json",
             "depth": "depth_ab.json", "combine": "combine_ab.json", "split_t": "split_t_ab.json",
-            "ring": "ring_ab.json",
+            "ring": "ring_ab.json", "slots": "slots_ab.json",
             "pdl": "pdl_ab_separate.json" if args.separate else "pdl_ab.json",
             "none": "decode_split.json"}[args.sweep]
     (out_dir / name).write_text(json.dumps(res, indent=1))

@@ -201,9 +201,10 @@ def _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN: gl.constexpr, BT: gl.constex
 
 
 @gluon.jit
-def _load_w(qe, se, qoff, soff, kc, s_chunk_stride):
+def _load_w(qe, se, qoff, soff, kc, s_chunk_stride, WQ=None, WS=None):
+    # WQ / WS: optional row masks of the codes / scales (rows of absent experts read nothing).
     sp = se + kc * s_chunk_stride + soff
-    return gl.load(qe + qoff + kc * 32), gl.load(sp), gl.load(sp + 8)
+    return gl.load(qe + qoff + kc * 32, mask=WQ), gl.load(sp, mask=WS), gl.load(sp + 8, mask=WS)
 
 
 @gluon.jit
@@ -218,20 +219,22 @@ def _load_x(xp, xmask, goff, kc, K, CACHE: gl.constexpr):
 @gluon.jit
 def _w4a16_loop(b, slo, shi, xlo, xhi, qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K,
                 s_chunk_stride, CACHE: gl.constexpr, DEPTH: gl.constexpr, BN: gl.constexpr,
-                BT: gl.constexpr, ML: gl.constexpr):
+                BT: gl.constexpr, ML: gl.constexpr, WQ=None, WS=None):
     """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0) given chunk kc0's codes,
     scales and activations. While a chunk is decoded, the next ``DEPTH`` (1-3) chunks' codes and
     the next chunk's activations are in flight (bytes in flight per SM cover DRAM latency when
     few programs run; activations come from L2). Prefetches past kc1 re-read its last chunk (L1
-    hits)."""
+    hits). ``WQ`` / ``WS``: ``_load_w``'s row masks."""
     acc = gl.zeros([BN, BT], gl.float32, ML)
     if DEPTH >= 2:
-        b1, slo1, shi1 = _load_w(qe, se, qoff, soff, gl.minimum(kc0 + 1, kc1 - 1), s_chunk_stride)
+        b1, slo1, shi1 = _load_w(qe, se, qoff, soff, gl.minimum(kc0 + 1, kc1 - 1), s_chunk_stride,
+                                    WQ, WS)
     if DEPTH >= 3:
-        b2, slo2, shi2 = _load_w(qe, se, qoff, soff, gl.minimum(kc0 + 2, kc1 - 1), s_chunk_stride)
+        b2, slo2, shi2 = _load_w(qe, se, qoff, soff, gl.minimum(kc0 + 2, kc1 - 1), s_chunk_stride,
+                                    WQ, WS)
     for kc in range(kc0, kc1):
         kn = gl.minimum(kc + DEPTH, kc1 - 1)
-        b_n, slo_n, shi_n = _load_w(qe, se, qoff, soff, kn, s_chunk_stride)
+        b_n, slo_n, shi_n = _load_w(qe, se, qoff, soff, kn, s_chunk_stride, WQ, WS)
         xlo_n, xhi_n = _load_x(xp, xmask, goff, gl.minimum(kc + 1, kc1 - 1), K, CACHE)
         acc = _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN, BT, ML)
         if DEPTH == 1:
@@ -247,13 +250,14 @@ def _w4a16_loop(b, slo, shi, xlo, xhi, qe, se, qoff, soff, xp, xmask, goff, kc0,
 
 @gluon.jit
 def _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K, s_chunk_stride,
-               DEPTH: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+               DEPTH: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr,
+               WQ=None, WS=None):
     """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0), prefetching ``DEPTH``."""
     k0 = gl.minimum(kc0, kc1 - 1)  # an empty split (kc1 <= kc0) must not read past the weights
-    b, slo, shi = _load_w(qe, se, qoff, soff, k0, s_chunk_stride)
+    b, slo, shi = _load_w(qe, se, qoff, soff, k0, s_chunk_stride, WQ, WS)
     xlo, xhi = _load_x(xp, xmask, goff, k0, K, "")
     return _w4a16_loop(b, slo, shi, xlo, xhi, qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K,
-                       s_chunk_stride, "", DEPTH, BN, BT, ML)
+                       s_chunk_stride, "", DEPTH, BN, BT, ML, WQ, WS)
 
 
 @gluon.jit
@@ -588,17 +592,12 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
 
 
 @gluon.jit
-def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
-               stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
-               K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-               PDL: gl.constexpr = 0, L2PF: gl.constexpr = False):
-    """``_decode_dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
-    and walks the token's valid experts in slot order (the pair in MMA column 0), one after the
-    other. With ``L2PF`` it first asks L2 for the weights of its row tile of every expert of the
-    token, so that walk waits on L2 rather than DRAM after its first expert. With ``PDL`` it
-    does so while GEMM1 runs, then waits for GEMM1; with 1 it lets the next kernel start at
-    once, with 2 when it exits."""
+def _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
+                  s_chunk_stride, K_POW2: gl.constexpr, BN: gl.constexpr, PDL: gl.constexpr,
+                  L2PF: gl.constexpr):
+    """A token GEMM2 program ``(t, nb)``'s start: with ``PDL`` 1 let the next kernel start; with
+    ``L2PF`` or ``PDL`` ask L2 for row tile ``nb`` of each of token ``t``'s experts; with ``PDL``
+    then wait for GEMM1."""
     if PDL == 1:
         _gdc_launch_dependents()
     if (PDL != 0) or L2PF:
@@ -610,6 +609,22 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
                           KC, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, BN, PF)
     if PDL != 0:
         _gdc_wait()
+
+
+@gluon.jit
+def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
+               stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
+               K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
+               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
+               PDL: gl.constexpr = 0, L2PF: gl.constexpr = False):
+    """``_decode_dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
+    and walks the token's valid experts in slot order (the pair in MMA column 0), one after the
+    other. With ``L2PF`` it first asks L2 for the weights of its row tile of every expert of the
+    token, so that walk waits on L2 rather than DRAM after its first expert. With ``PDL`` it
+    does so while GEMM1 runs, then waits for GEMM1; with 1 it lets the next kernel start at
+    once, with 2 when it exits."""
+    _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
+                  s_chunk_stride, K_POW2, BN, PDL, L2PF)
     _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ids_ptr, 0,
                     gl.program_id(0), gl.program_id(1), E, H, I, NP, stride_out, q_e_stride,
                     q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K, False, DEPTH, K_POW2,
@@ -665,9 +680,82 @@ def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, re
             part = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, KC, I, s_chunk_stride,
                               DEPTH, BN, BT, ML)
         coef = gl.load(a_ptr + e64 * NP + wrow) * (_TWO_P26 * gl.load(tw_ptr + p).to(gl.float32))
-        o += part * gl.expand_dims(coef, 1)
+        o = gl.fma(part, gl.expand_dims(coef, 1), o)  # spelled out: _gemm2_tok_slots matches it
     res = gl.sum(gl.where(gl.expand_dims(cols == 0, 0), o, 0.0), 1)
     gl.store(out_ptr + t.to(gl.int64) * stride_out + wrow, res.to(gl.bfloat16), mask=wrow < H)
+
+
+@gluon.jit
+def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
+                     stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
+                     K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
+                     WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
+                     PDL: gl.constexpr = 0, L2PF: gl.constexpr = False):
+    """``_gemm2_tok`` with the token's top-k slots side by side instead of one after the other
+    (``KernelConfig.slots2``): program ``(t, nb)`` stacks ``SP = min(K_POW2, 8)`` copies of row
+    tile ``nb``, copy ``g`` in MMA rows ``g*BN ..`` on warps of its own, reading expert
+    ``ids[t, s]``'s weights for slot ``s = r*SP + g`` in round ``r`` (``K_POW2 / SP`` rounds: 2
+    at top_k 9; nothing is read for an invalid slot), with slot ``s``'s activations in MMA column
+    ``g``: one MMA tile serves ``SP`` slots, each row keeps its own column. Each slot's product
+    and coefficient go through shared memory and are summed in slot order with the same fused
+    multiply-adds as ``_gemm2_tok_tile``: the same bits. A token's experts are then decoded in 1-2
+    rounds of ``SP`` times the warps instead of a chain of ``top_k`` weight round trips (decode
+    step 7)."""
+    SP: gl.constexpr = K_POW2 if K_POW2 < BT else BT
+    SB: gl.constexpr = SP * BN
+    t = gl.program_id(0)
+    nb = gl.program_id(1)
+    _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
+                  s_chunk_stride, K_POW2, BN, PDL, L2PF)
+    SL: gl.constexpr = gl.SliceLayout(2, WL)
+    r1 = gl.arange(0, SB, layout=gl.SliceLayout(1, SL))
+    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
+    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
+    prow = nb * BN + _phys_row(r1 % BN)
+    _q, _s, koff, goff, n1, rows, cols, _w = _offsets(nb, q_row_stride, SB, BT, WL, XL, ML)
+    wrow = nb * BN + _phys_row(rows % BN)
+    own = gl.expand_dims(cols, 0) == gl.expand_dims(rows // BN, 1)
+    parts = gl.allocate_shared_memory(gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    coefs = gl.allocate_shared_memory(gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    for rnd in gl.static_range(K_POW2 // SP):
+        # Weight rows: MMA row r reads slot rnd*SP + r // BN, row tile row r % BN.
+        s1 = rnd * SP + r1 // BN
+        e1 = gl.load(ids_ptr + t * TOP_K + s1, mask=s1 < TOP_K, other=-1).to(gl.int32)
+        ok1 = (e1 >= 0) & (e1 < E)
+        e64 = gl.where(ok1, e1, 0).to(gl.int64)
+        qrow = e64 * (q_e_stride // 4) + prow * (q_row_stride // 4)
+        qoff = gl.expand_dims(gl.expand_dims(qrow, 1) + gl.expand_dims(g1 * 4, 0), 2)
+        qoff = qoff + gl.expand_dims(gl.expand_dims(i1, 0), 0)  # int32 words
+        soff = gl.expand_dims(e64 * s_e_stride + prow * 16, 1) + gl.expand_dims(g1, 0)
+        ws = gl.expand_dims(ok1, 1)
+        # Activations: column n is slot rnd*SP + n's pair.
+        sn = rnd * SP + n1
+        en = gl.load(ids_ptr + t * TOP_K + sn, mask=(n1 < SP) & (sn < TOP_K), other=-1)
+        okn = (en >= 0) & (en < E)
+        pn = (t * TOP_K + gl.where(okn, sn, 0)).to(gl.int64)
+        xp = inter_ptr.to(gl.pointer_type(gl.int32)) + koff
+        xp = xp + gl.expand_dims(gl.expand_dims(pn * (I // 2), 1), 2)
+        xmask = gl.expand_dims(gl.expand_dims(okn, 1), 2)
+        acc = _w4a16_acc(q_ptr.to(gl.pointer_type(gl.int32)), s_ptr, qoff, soff, xp, xmask,
+                         goff, 0, KC, I, s_chunk_stride, DEPTH, SB, BT, ML, gl.expand_dims(ws, 2),
+                         ws)
+        # Each row's own column and coefficient (routing weight x alpha, as _gemm2_tok_tile).
+        sr = rnd * SP + rows // BN
+        er = gl.load(ids_ptr + t * TOP_K + sr, mask=sr < TOP_K, other=-1).to(gl.int32)
+        okr = (er >= 0) & (er < E)
+        a = gl.load(a_ptr + gl.where(okr, er, 0).to(gl.int64) * NP + wrow, mask=okr, other=0.0)
+        tw = gl.load(tw_ptr + t * TOP_K + sr, mask=okr, other=0).to(gl.float32)
+        parts.slice(rnd * SB, SB).store(gl.sum(gl.where(own, acc, 0.0), 1))
+        coefs.slice(rnd * SB, SB).store(a * (_TWO_P26 * tw))
+    barrier()
+    OL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    lr = nb * BN + _phys_row(gl.arange(0, BN, layout=OL))
+    o = gl.zeros([BN], gl.float32, OL)
+    for s in gl.static_range(K_POW2):
+        es = gl.load(ids_ptr + t * TOP_K + s, mask=s < TOP_K, other=-1).to(gl.int32)
+        term = gl.fma(parts.slice(s * BN, BN).load(OL), coefs.slice(s * BN, BN).load(OL), o)
+        o = gl.where((es >= 0) & (es < E), term, o)
+    gl.store(out_ptr + t.to(gl.int64) * stride_out + lr, o.to(gl.bfloat16), mask=lr < H)
 
 
 @gluon.jit

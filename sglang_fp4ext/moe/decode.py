@@ -152,7 +152,7 @@ def fused_moe_nvfp4(
                             config.stages1, pdl)
     role2 = "gemm2_tok" if config.gemm2 == "tokens" else "gemm2"
     gemm2, extra2 = _kernel(family, role2, config.block_n2, config, config.warps2,
-                            config.stages2, pdl)
+                            config.stages2, pdl, top_k)
     gemm1[g1](
         hidden_states,
         topk_ids,
@@ -180,7 +180,6 @@ def fused_moe_nvfp4(
         config.split_k1,
         SLOT_MODE=config.grid == "slots",
         BN=config.block_n1,
-        BT=config.block_t,
         BLOCK_P=config.block_p,
         **extra1,
     )
@@ -207,7 +206,6 @@ def fused_moe_nvfp4(
             top_k,
             K_POW2=triton_next_pow2(top_k),
             BN=config.block_n2,
-            BT=config.block_t,
             **extra2,
         )
         corrupt_if_asked("decode", family, out)
@@ -244,7 +242,6 @@ def fused_moe_nvfp4(
         K_POW2=triton_next_pow2(top_k),
         SLOT_MODE=config.grid == "slots",
         BN=config.block_n2,
-        BT=config.block_t,
         **extra2,
     )
     if family == "gluon" and config.combine == "kernel":  # (the token GEMM2 returned above)
@@ -328,14 +325,29 @@ _KERNELS = {
 
 
 def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int, stages: int,
-            pdl: int = 0):
+            pdl: int = 0, top_k: int = 1):
     """The kernel of ``role`` in ``family`` and its launch-only arguments (Triton is imported
-    only when launching); ``pdl``: Gluon with programmatic dependent launch (``_pdl``)."""
+    only when launching; ``BT`` included where the launch decides it); ``pdl``: Gluon with
+    programmatic dependent launch (``_pdl``); ``top_k``: the call's, for the slot-parallel token
+    GEMM2 (``cfg.slots2``)."""
     if family == "gluon":
         from sglang_fp4ext.moe import _decode_gluon_kernels as G
 
+        if role == "gemm2_tok" and cfg.slots2:
+            # Up to 8 slots side by side, one MMA column each (BT = 8), in 1-2 rounds.
+            sp = min(triton_next_pow2(top_k), 8)
+            if sp * warps > 32:
+                raise ValueError(
+                    f"KernelConfig.slots2=1 with warps2={warps} runs {sp * warps} warps per "
+                    f"program at top_k={top_k}: more than 32"
+                )
+            lay = G.layouts(sp * block_n, 8, sp * warps)
+            extra = dict(num_warps=sp * warps, DEPTH=cfg.depth, BT=8, **lay, **_pdl_args(pdl))
+            if cfg.l2_prefetch:
+                extra["L2PF"] = True
+            return G._gemm2_tok_slots, extra
         lay = G.layouts(block_n, cfg.block_t, warps)
-        extra = dict(num_warps=warps, DEPTH=cfg.depth, **lay, **_pdl_args(pdl))
+        extra = dict(num_warps=warps, DEPTH=cfg.depth, BT=cfg.block_t, **lay, **_pdl_args(pdl))
         if role != "gemm2_tok":
             extra["SPLIT_T"] = cfg.split_t
         if role == "gemm1" and cfg.ring1:
@@ -348,7 +360,7 @@ def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int,
     from sglang_fp4ext.moe import _decode_dot_kernels as K
 
     interp = target_info.is_interpreter()
-    extra = dict(COMPUTE_F32=interp, num_warps=warps, num_stages=stages)
+    extra = dict(COMPUTE_F32=interp, num_warps=warps, num_stages=stages, BT=cfg.block_t)
     return getattr(K, _KERNELS[family][role]), extra
 
 

@@ -85,6 +85,11 @@ class KernelConfig(ConfigDict):
     grid or token GEMM2) and waits for GEMM1 in-kernel; the combine and the next GEMM1 start
     early the same way and wait before touching memory. With 1 each kernel lets the next start
     at once; with 2 GEMM1 does so after its K loops and the others at their exit.
+    ``slots2``: 1 has the Gluon token GEMM2 decode up to 8 of a token's top-k slots side by
+    side (1-2 rounds), each on ``warps2`` warps of its own, and sum them in slot order through
+    shared memory (the same bits as 0, which walks them one after the other);
+    ``min(next_pow2(top_k), 8) * warps2`` warps per program (at most 32). Gluon,
+    ``gemm2="tokens"``, two launches.
     ``l2_prefetch``: 1 has the Gluon token GEMM2 ask L2 for all its experts' row tiles when it
     starts (its walk over the token's experts then waits on L2, not DRAM; PDL implies it).
     """
@@ -111,6 +116,7 @@ class KernelConfig(ConfigDict):
     split_t: int = 1
     pdl: int = 0
     l2_prefetch: int = 0
+    slots2: int = 0
 
     def __post_init__(self):
         if self.kernels not in KERNEL_FAMILIES:
@@ -134,6 +140,13 @@ class KernelConfig(ConfigDict):
             raise ValueError(f"KernelConfig.pdl must be 0, 1 or 2, got {self.pdl!r}")
         if self.l2_prefetch not in (0, 1):
             raise ValueError(f"KernelConfig.l2_prefetch must be 0 or 1, got {self.l2_prefetch!r}")
+        if self.slots2 not in (0, 1):
+            raise ValueError(f"KernelConfig.slots2 must be 0 or 1, got {self.slots2!r}")
+        if self.slots2 and (self.gemm2, self.launches) != ("tokens", 2):
+            raise ValueError(
+                "KernelConfig.slots2=1 is a form of the two-launch token GEMM2: gemm2 must be "
+                f"'tokens' and launches 2, got {self.gemm2!r} and {self.launches}"
+            )
         if self.depth not in (1, 2, 3):
             raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
         if self.ring1 not in (0, 2, 3, 4, 5, 6, 7, 8):
