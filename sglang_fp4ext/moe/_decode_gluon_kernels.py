@@ -6,7 +6,8 @@ split-K through the fp32 workspace and arrival counters, the routing lists for G
 ``_gemm2_tok`` = ``_moe_gemm2_tok`` (token-centric GEMM2 with the routing weight and top-k sum) and
 ``_gemm2`` = ``_moe_gemm2`` (pairs GEMM2; with ``COMBINE`` off it only writes partials and
 ``_combine`` sums them in a third launch). Beyond v1: ``SPLIT_T`` spreads an expert's pair chunks
-over programs, and ``_fused`` runs GEMM1 and the token GEMM2 in one persistent launch.
+over programs, ``_fused`` runs GEMM1 and the token GEMM2 in one persistent launch, and
+``_gemm2_tok_slots`` is the token GEMM2 with a token's slots side by side (``slots2``).
 What Gluon changes is where the bytes go:
 
 * **No shared memory.** Each thread loads its MMA A-fragment bytes straight from global memory
