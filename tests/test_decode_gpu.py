@@ -4,8 +4,9 @@ Every test runs both kernel families, ``dot`` (``tl.dot``, v1) and ``gluon`` (v2
 the one-launch Gluon kernel (``gluon1``: ``launches=1``) and the Gluon pairs GEMM2 whose partials a
 third launch sums, each expert's pair chunks over 4 programs (``gluon3``: ``combine="kernel"``,
 ``split_t=4``), the Gluon launches with programmatic dependent launch (``gluonp``: ``pdl=1``) and
-GEMM1's weight chunks through its shared-memory ring (``gluonr``: ``ring1=4``) and the token GEMM2
-with a token's top-k slots side by side (``gluons``: ``slots2=1``);
+GEMM1's weight chunks through its shared-memory ring (``gluonr``: ``ring1=4``), the token GEMM2
+with a token's top-k slots side by side (``gluons``: ``slots2=1``) and GEMM1 with its K splits
+stacked in one program (``gluonk``: ``kstack1=1``);
 Gluon runs only on a GPU (the CPU
 tier compiles it ahead of time, ``tests/test_gluon_aot.py``).
 
@@ -32,14 +33,21 @@ from tests import glm5_cases
 pytestmark = pytest.mark.gpu
 MAX_REL, RMS_REL = 1e-2, 5e-3
 
-FAMILIES = ["dot", "gluon", "gluon1", "gluon3", "gluonp", "gluonr", "gluons"]
+FAMILIES = ["dot", "gluon", "gluon1", "gluon3", "gluonp", "gluonr", "gluons", "gluonk"]
 
 
 def _as(cfg, kernels):
     """``cfg`` on family ``kernels``; ``gluon1`` = its one-launch form (slot grid, token GEMM2);
     ``gluonp``: programmatic dependent launch, the pairs GEMM2 with the third-launch combine;
     ``gluonr``: GEMM1 through a 4-stage shared-memory ring; ``gluons``: the token GEMM2 with the
-    slots side by side (``slots2``, at most 2 warps a slot: 32 warps at top_k 9)."""
+    slots side by side (``slots2``, at most 2 warps a slot: 32 warps at top_k 9); ``gluonk``:
+    GEMM1's K splits stacked in one program (``kstack1``; 4 splits, or 2 where the config has
+    fewer: every tested H's K chunks divide by 4)."""
+    if kernels == "gluonk":
+        sk = 4 if cfg.split_k1 >= 4 else 2
+        w = min(cfg.warps1, 32 // sk)
+        return dataclasses.replace(_as(cfg, "gluon"), kstack1=1, split_k1=sk, warps1=w,
+                                   block_n1=max(cfg.block_n1, 16 * w), ring1=0, split_t=1)
     if kernels == "gluons":
         w = min(cfg.warps2, 2)
         return dataclasses.replace(
@@ -271,6 +279,43 @@ def test_slots2_changes_no_bit(name, T, warps2, block_n2, depth, pdl, seed):
     assert torch.equal(a.view(torch.int16), out.view(torch.int16))
     ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
     assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} slots2")
+
+
+@pytest.mark.parametrize("split_k1,block_n1,warps1,depth,pdl", [
+    (8, 32, 1, 1, 2), (8, 64, 2, 1, 0), (4, 32, 1, 2, 0), (2, 64, 4, 3, 1), (4, 128, 4, 1, 0)])
+@pytest.mark.parametrize("name,T", [("tp8_shared", 1), ("tp8_shared", 2), ("ep8", 2), ("ep8", 9),
+                                    ("tp8_shared", 40)])
+def test_kstack1_changes_no_bit(name, T, split_k1, block_n1, warps1, depth, pdl, seed):
+    """GEMM1 with its K splits on one program's warps (``kstack1``) sums the same split
+    partials in the same order as the splits across programs through the workspace: the same
+    bits, with a dropped slot and an id >= E, at top_k 9 (the shared expert's pairs: 40 tokens
+    take 5-20 passes of 8 / split_k1 pairs) and 8, I = 256 and 2048, 1-3 chunks per split
+    prefetched ``depth`` ahead, with and without PDL; and the fp32 twin within tolerance."""
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    ids[0, 1] = -1  # a dropped slot
+    ids[-1, 2] = pw.num_experts  # an id >= E: no expert
+    cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
+                              split_k1=split_k1, block_n1=block_n1, warps1=warps1, depth=depth,
+                              split_t=1, ring1=0)
+    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
+    out = torch.full_like(a, float("nan"))
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, kstack1=1))
+    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
+    assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} kstack1")
+    _counters_zero()
+
+
+def test_kstack1_needs_k_chunks_that_divide(seed):
+    """DeepSeek-R1's H = 7,168 is 28 K chunks: 8 splits on one program's warps would be ragged;
+    the launcher says so instead of reading past a split."""
+    _, pw, x, ids, tw = glm5_cases.other_shape_case("dsr1_tp8", 1, seed)
+    cfg = dataclasses.replace(_as(config_for(1, pw.shape(8)), "gluon"), kstack1=1, split_k1=8,
+                              warps1=1, ring1=0, split_t=1)
+    with pytest.raises(ValueError, match="28 K chunks of 256 .* split_k1=8"):
+        fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
 
 
 @pytest.mark.parametrize("name,T", [("tp8_shared", 4), ("ep8", 16), ("tp8_shared", 1)])

@@ -54,8 +54,11 @@ DIV |= {"s1_chunk_stride", "s2_chunk_stride"}
 out = []
 for v in variants:
     fn, ptrs = {1: (G._gemm1, P1), 2: (G._gemm2_tok, P2), 3: (G._gemm2, P3),
-                4: (G._fused, P4), 5: (G._combine, P5), 6: (G._gemm2_tok_slots, P2)}[v["kernel"]]
-    kp = min(v["constexprs"]["K_POW2"], 8) if v["kernel"] == 6 else 1  # slots along the rows
+                4: (G._fused, P4), 5: (G._combine, P5), 6: (G._gemm2_tok_slots, P2),
+                7: (G._gemm1_kstack, P1)}[v["kernel"]]
+    # Copies of the row tile along the MMA rows: slots (6), K splits (7).
+    c = v["constexprs"]
+    kp = {6: min(c.get("K_POW2", 1), 8), 7: c.get("KS")}.get(v["kernel"], 1)
     lay = dict(G.layouts(kp * v["BN"], v["BT"], v["num_warps"])) if v["kernel"] != 5 else {}
     if v["kernel"] == 1:  # the ring's layouts, or unused zeros (AOT names every constexpr)
         ring = v["constexprs"]["RING"]
@@ -119,6 +122,11 @@ def _gluon_configs():
                                     block_n2=max(c.block_n2, 16 * w), warps2=w, slots2=1, pdl=pdl,
                                     combine="counter")
             cfgs.add((s.top_k, c))
+        for T, sk, bn, w, pdl in ((1, 8, 32, 1, 2), (1, 8, 64, 2, 0), (2, 4, 32, 1, 0),
+                                  (2, 2, 64, 4, 1)):  # GEMM1's K splits stacked in a program
+            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", kstack1=1, split_k1=sk,
+                                                   block_n1=bn, warps1=w, pdl=pdl)))
         for T in (2, 8):  # the token GEMM2 asking L2 for its experts' weights first
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1,
@@ -142,6 +150,10 @@ def _variants():
                    constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
                                    BLOCK_P=c.block_p, DEPTH=c.depth, SPLIT_T=c.split_t, **pdl,
                                    RING=c.ring1))]
+        if c.kstack1:
+            vs = [dict(kernel=7, BN=c.block_n1, BT=8, num_warps=c.split_k1 * c.warps1,
+                       constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=8,
+                                       BLOCK_P=c.block_p, DEPTH=c.depth, KS=c.split_k1, **pdl))]
         k_pow2 = 1 << (k - 1).bit_length()
         if c.launches == 1:
             vs = [dict(kernel=4, BN=c.block_n1, BN2=c.block_n2, BT=c.block_t,
@@ -177,10 +189,11 @@ def _variants():
 def compiled():
     variants = _variants()
     some = [next(v for v in variants if v["kernel"] == i and not v["constexprs"].get("PDL"))
-            for i in (1, 2, 3, 4, 5, 6)]
+            for i in (1, 2, 3, 4, 5, 6, 7)]
     pdl = [next(v for v in variants if v["kernel"] == i and v["constexprs"].get("PDL") == p)
            for i in (1, 2, 3, 5) for p in (1, 2)]  # griddepcontrol: sm_90+ (none on sm_80)
-    pdl.append(next(v for v in variants if v["kernel"] == 6 and v["constexprs"]["PDL"] == 2))
+    pdl += [next(v for v in variants if v["kernel"] == i and v["constexprs"]["PDL"] == 2)
+            for i in (6, 7)]
     todo = {80: some, 90: variants, 100: some + pdl, 120: variants}
     res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
     site = triton36_site()
@@ -191,12 +204,13 @@ def compiled():
 
 def test_there_are_gluon_configs_to_compile():
     kinds = {v["kernel"] for v in _variants()}
-    assert kinds == {1, 2, 3, 4, 5, 6}, kinds
+    assert kinds == {1, 2, 3, 4, 5, 6, 7}, kinds
+    assert {v["constexprs"]["KS"] for v in _variants() if v["kernel"] == 7} == {2, 4, 8}
     assert {v["constexprs"]["K_POW2"] for v in _variants() if v["kernel"] == 6} == {8, 16}
     assert {v["constexprs"]["RING"] for v in _variants() if v["constexprs"].get("RING")} >= {2, 4, 8}
     assert any(v["constexprs"].get("L2PF") and not v["constexprs"]["PDL"] for v in _variants())
     pdl = {(v["kernel"], v["constexprs"]["PDL"]) for v in _variants() if v["constexprs"].get("PDL")}
-    assert pdl == {(k, p) for k in (1, 2, 3, 5) for p in (1, 2)} | {(6, 2)}, pdl
+    assert pdl == {(k, p) for k in (1, 2, 3, 5) for p in (1, 2)} | {(6, 2), (7, 1), (7, 2)}, pdl
 
 
 @pytest.mark.parametrize("cc", [80, 90, 100, 120])
@@ -213,6 +227,8 @@ def test_every_gluon_config_compiles_to_the_design(compiled, cc):
             _check_ring(r, cc)
         elif r["kernel"] == 6:
             _check_slots(r, cc)
+        elif r["kernel"] == 7:
+            _check_kstack(r, cc)
         else:
             assert r["wide_loads"] >= 4 and not r["cp_async"], f"sm_{cc}: loads not direct: {r}"
             assert r["shared"] <= 64, f"sm_{cc}: unexpected shared memory: {r}"
@@ -240,6 +256,16 @@ def _check_slots(r, cc):
     assert sums <= r["shared"] <= sums + 64 and r["bar_sync"] >= 1, f"sm_{cc}: {r}"
 
 
+def _check_kstack(r, cc):
+    """GEMM1 with its K splits stacked in one program: direct 16-byte loads as the others, no
+    arrival counter; its shared memory is the splits' gate and up partials, fp32 2 x [KS * BN /
+    2] per pair of a pass x 8 / KS pairs = 8 * BN * 4 bytes, summed after a CTA barrier."""
+    sums = 8 * r["BN"] * 4
+    assert r["wide_loads"] >= 4 and not r["cp_async"], f"sm_{cc}: loads not direct: {r}"
+    assert not r["acquire"] and not r["release"], f"sm_{cc}: split-K counter left in: {r}"
+    assert sums <= r["shared"] <= sums + 64 and r["bar_sync"] >= 2, f"sm_{cc}: {r}"
+
+
 def _check_pdl(r, cc):
     """A PDL variant waits for the previous grid and lets the next start (1: every kernel, at
     once; 2: GEMM1 after its K loops, the others implicitly at exit); a GEMM2 that knows its
@@ -250,7 +276,7 @@ def _check_pdl(r, cc):
         assert not (r["gdc_wait"] or r["gdc_launch"]), f"sm_{cc}: {r}"
         assert (r["l2_prefetch"] > 0) == bool(c.get("L2PF")), f"sm_{cc}: L2 prefetch: {r}"
         return
-    launches = c["PDL"] == 1 or r["kernel"] == 1
+    launches = c["PDL"] == 1 or r["kernel"] in (1, 7)
     assert cc >= 90 and r["gdc_wait"] and r["gdc_launch"] == launches, f"sm_{cc}: {r}"
     prefetches = r["kernel"] in (2, 6) or (r["kernel"] == 3 and c["SLOT_MODE"])
     assert (r["l2_prefetch"] > 0) == prefetches, f"sm_{cc}: L2 prefetch: {r}"
@@ -309,3 +335,28 @@ def test_slot_parallel_token_gemm2_takes_the_same_arguments():
     with pytest.raises(ValueError, match="more than 32"):
         decode._kernel("gluon", "gemm2_tok", 128, dataclasses.replace(cfg, warps2=8, block_n2=128),
                        8, 3, top_k=9)
+
+
+def test_split_stacked_gemm1_takes_the_same_arguments():
+    """``kstack1=1`` swaps GEMM1 for ``_gemm1_kstack`` under the same launch: the same arguments,
+    ``split_k1`` times the warps and rows in one program, 8 MMA columns, and no K splits left
+    on the grid (``launch_grids``)."""
+    from sglang_fp4ext.moe import decode
+    from sglang_fp4ext.moe import _decode_gluon_kernels as G
+    from sglang_fp4ext.moe.decode_config import KernelConfig
+    from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+    from sglang_fp4ext.moe.weights import random_moe_weights
+
+    cfg = KernelConfig(kernels="gluon", split_k1=8, kstack1=1, block_n1=32, warps1=1)
+    g, extra = decode._kernel("gluon", "gemm1", 32, cfg, 1, 3)
+    assert g is G._gemm1_kstack
+    assert [a for a in g.arg_names if a != "KS"] == [
+        a for a in G._gemm1.arg_names if a not in ("SPLIT_T", "RING", "CP", "SP", "CW")]
+    assert extra["num_warps"] == 8 and extra["BT"] == 8 and extra["KS"] == 8
+    assert extra["WL"] == G.weight_layout(8 * 32, 8)
+    shape = MoEShape(8, 512, 64, 2)
+    pw = PreparedMoEWeights.from_moe_weights(random_moe_weights(8, 512, 64))
+    g1, _ = decode.launch_grids(3, shape, cfg, pw, "gluon")
+    assert g1 == (6, pw.w13.n_pad // 32, 1)
+    g1, _ = decode.launch_grids(3, shape, cfg, pw, "dot")  # the dot family splits across programs
+    assert g1 == (6, pw.w13.n_pad // 32, 8)

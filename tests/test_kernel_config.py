@@ -59,6 +59,13 @@ def test_frozen_hashable_repr_round_trip():
         ({"slots2": 2, "gemm2": "tokens"}, "slots2 must be 0 or 1"),
         ({"slots2": 1}, "gemm2 must be 'tokens' and launches 2"),
         ({"slots2": 1, "gemm2": "tokens", "launches": 1}, "gemm2 must be 'tokens' and launches 2"),
+        ({"kstack1": 2, "split_k1": 8}, "kstack1 must be 0 or 1"),
+        ({"kstack1": 1}, "split_k1 must be 2, 4 or 8, got 1"),
+        ({"kstack1": 1, "split_k1": 16}, "split_k1 must be 2, 4 or 8, got 16"),
+        ({"kstack1": 1, "split_k1": 8, "ring1": 4}, "launches must be 2, ring1 0 and split_t 1"),
+        ({"kstack1": 1, "split_k1": 8, "split_t": 2}, "launches must be 2, ring1 0 and split_t 1"),
+        ({"kstack1": 1, "split_k1": 4, "launches": 1, "gemm2": "tokens"}, "launches must be 2"),
+        ({"kstack1": 1, "split_k1": 8, "warps1": 8, "block_n1": 128}, "64 warps per program"),
     ],
 )
 def test_invalid_configs_rejected(kwargs, msg):

@@ -14,6 +14,7 @@ SM, GEMM1 split-K, GEMM2 row tile, warps). ``--sweep split_t`` spreads each expe
 ``--sweep depth`` tries 2 and 3 weight chunks in flight (``depth``). ``--sweep ring`` stages GEMM1's
 weight chunks through a shared-memory ``cp.async`` ring (``ring1`` stages) around its split-K.
 ``--sweep slots`` runs the token GEMM2 with the token's top-k slots side by side (``slots2``).
+``--sweep kstack`` runs GEMM1 with its K splits on one program's warps (``kstack1``).
 ``--sweep pdl`` times the
 shipped and the heuristic's config at each ``--pdl`` level of programmatic dependent launch;
 ``--repeat N`` times every candidate N times, interleaved (median); with ``--separate`` every layer
@@ -173,6 +174,20 @@ def slots_candidates(base: KernelConfig, top_k: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
+def kstack_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
+    """GEMM1 with its K splits stacked in one program (``kstack1=1``): 8 and 4 splits (2 at
+    wider tiles) that divide the K chunks, 1-4 warps and 32-128 rows a split, at the base's
+    GEMM2 and PDL (Gluon, two launches)."""
+    r = dataclasses.replace
+    b = r(base, kernels="gluon", launches=2, ring1=0, split_t=1)
+    out = []
+    for sk, shapes in ((8, ((1, 32), (1, 64), (2, 32), (2, 64))),
+                       (4, ((1, 32), (1, 64), (2, 32), (2, 64))), (2, ((2, 64), (4, 128)))):
+        if kc1 % sk == 0:
+            out += [r(b, kstack1=1, split_k1=sk, warps1=w, block_n1=bn) for w, bn in shapes]
+    return _unique(out, drop=base)
+
+
 def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     """The pairs GEMM2 with its top-k sum in a third launch (``combine="kernel"``): row tile,
     warps, row tiles per program and GEMM2 split-K around ``base``."""
@@ -229,7 +244,8 @@ def main(argv=None) -> int:
     ap.add_argument("--v1-table", default="benchmarks/results/NVIDIA_H200_v1_table.json",
                     help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
     ap.add_argument("--sweep", choices=("families", "one_launch", "depth", "combine", "split_t",
-                                        "pdl", "ring", "slots", "none"), default="families")
+                                        "pdl", "ring", "slots", "kstack", "none"),
+                    default="families")
     ap.add_argument("--pdl", default="0,1", help="--sweep pdl: the pdl levels to time")
     ap.add_argument("--l2-prefetch", action="store_true",
                     help="--sweep pdl: also each token GEMM2 with l2_prefetch=1, without PDL")
@@ -313,6 +329,8 @@ def main(argv=None) -> int:
                 cands = [v1] + ring_candidates(v1, kc1)
             elif args.sweep == "slots":
                 cands = [v1] + slots_candidates(v1, shape.top_k)
+            elif args.sweep == "kstack":
+                cands = [v1] + kstack_candidates(v1, kc1)
             elif args.sweep == "split_t":
                 cands = [v1] + split_t_candidates(v1)
             elif args.sweep == "combine":
@@ -387,7 +405,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     name = {"families": "gluon_decode_ab.json", "one_launch": "one_launch_ab.json",
             "depth": "depth_ab.json", "combine": "combine_ab.json", "split_t": "split_t_ab.json",
-            "ring": "ring_ab.json", "slots": "slots_ab.json",
+            "ring": "ring_ab.json", "slots": "slots_ab.json", "kstack": "kstack_ab.json",
             "pdl": "pdl_ab_separate.json" if args.separate else "pdl_ab.json",
             "none": "decode_split.json"}[args.sweep]
     (out_dir / name).write_text(json.dumps(res, indent=1))

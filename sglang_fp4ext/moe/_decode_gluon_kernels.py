@@ -439,7 +439,7 @@ def _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE: gl.constexpr,
 def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I,
                     BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
     """acc [BN, BT] (MMA rows, gate/up pairs in rows ``r``, ``r + 8``) -> bf16 inter[pair, j]."""
-    alpha = gl.load(a_ptr + _phys_row(rows)) * _TWO_P26
+    alpha = gl.load(a_ptr + nb * BN + _phys_row(rows)) * _TWO_P26  # per weight row (layout.py)
     y = acc * gl.expand_dims(alpha, 1)
     j = nb * (BN // 2) + (rows // 16) * 8 + rows % 8  # intermediate column of each MMA row
     ptr = inter_ptr + gl.expand_dims(pairs.to(gl.int64) * I, 0) + gl.expand_dims(j, 1)
@@ -590,6 +590,96 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
     elif SIGNAL:
         barrier()
         gl.atomic_add(ready_ptr + e, 1, sem="release")
+
+
+@gluon.jit
+def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plist_ptr,
+                  pcnt_ptr, P, E, H, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride,
+                  s_chunk_stride, KC, CPS, TOP_K, SPLIT_K,
+                  SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
+                  BLOCK_P: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
+                  DEPTH: gl.constexpr, KS: gl.constexpr, PDL: gl.constexpr = 0):
+    """``_gemm1`` with its ``KS`` K splits on the warps of one program instead of ``KS`` programs
+    (``KernelConfig.kstack1``): program ``(slot or expert, nb)`` stacks ``KS`` copies of row tile
+    ``nb`` along the MMA rows, copy ``s`` on warps of its own over K chunks ``s*CPS ..
+    (s+1)*CPS`` (``KC % KS == 0``), and puts split ``s``'s activations of the pass's ``BT / KS``
+    pairs in MMA columns ``s*BT/KS ..``: one MMA tile serves every split, each row keeps its own
+    columns. The splits' partials go through shared memory and are summed in split order from
+    zero, as ``_gemm1_tile`` sums its workspace, then SiLU·mul: the same bits as ``split_k1 = KS``
+    across programs, without the workspace round trip and its arrival counter (decode step 8).
+    ``ws_ptr`` / ``cnt_ptr`` / ``SPLIT_K`` are unused (one argument list for every GEMM1)."""
+    PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    SB: gl.constexpr = KS * BN
+    TPC: gl.constexpr = BT // KS  # pairs per pass
+    if PDL != 0:
+        _gdc_wait()
+    if PDL == 1:
+        _gdc_launch_dependents()
+    e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, gl.program_id(0), P, E, SLOT_MODE,
+                         BLOCK_P, PL)
+    if m == 0:
+        return
+    nb = gl.program_id(1)
+    e64 = e.to(gl.int64)
+    qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
+    se = s_ptr + e64 * s_e_stride
+    ae = a_ptr + e64 * NP
+    # Weight rows: MMA row r reads row tile row r % BN from split r // BN's first chunk on.
+    SL: gl.constexpr = gl.SliceLayout(2, WL)
+    r1 = gl.arange(0, SB, layout=gl.SliceLayout(1, SL))
+    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
+    i1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
+    prow = nb * BN + _phys_row(r1 % BN)
+    kb = (r1 // BN) * CPS
+    qoff = gl.expand_dims(prow * (q_row_stride // 4) + kb * 32, 1) + gl.expand_dims(g1 * 4, 0)
+    qoff = gl.expand_dims(qoff, 2) + gl.expand_dims(gl.expand_dims(i1, 0), 0)  # int32 words
+    soff = gl.expand_dims(prow * 16 + kb * s_chunk_stride, 1) + gl.expand_dims(g1, 0)
+    _q, _s, koff, goff, n1, rows, cols, _w = _offsets(nb, q_row_stride, SB, BT, WL, XL, ML)
+    # Activations: column n is split n // TPC's chunks of the pass's pair n % TPC.
+    xb = gl.expand_dims(gl.expand_dims((n1 // TPC) * CPS, 1), 2)
+    goff = goff + xb * 256
+    xw = x_ptr.to(gl.pointer_type(gl.int32)) + koff + xb * 128  # bf16 pairs
+    # Each pass's partials, gate and up rows apart: [TPC pairs][KS splits][BN / 2 columns] fp32.
+    HB: gl.constexpr = SB // 2
+    pg = gl.allocate_shared_memory(gl.float32, [TPC * HB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    pu = gl.allocate_shared_memory(gl.float32, [TPC * HB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    OL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    jl = gl.arange(0, BN // 2, layout=OL)  # the tile's intermediate columns
+    ag = gl.load(ae + nb * BN + 2 * jl) * _TWO_P26
+    au = gl.load(ae + nb * BN + 2 * jl + 1) * _TWO_P26
+    j = nb * (BN // 2) + jl
+    for c in range(0, gl.cdiv(m, TPC)):
+        slot = c * TPC + n1 % TPC
+        pm = slot < m
+        pairs = gl.load(lbase + slot, mask=pm, other=0)
+        tok = (pairs // TOP_K).to(gl.int64)
+        xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2)
+        xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
+        acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, CPS, H, s_chunk_stride,
+                         DEPTH, SB, BT, ML)
+        if PDL == 2:
+            _gdc_launch_dependents()
+        for p in gl.static_range(TPC):
+            own = gl.expand_dims(cols, 0) == gl.expand_dims((rows // BN) * TPC + p, 1)
+            v = gl.sum(gl.where(own, acc, 0.0), 1)
+            # MMA rows 16a + 8h + g (gate h = 0, up h = 1; _phys_row) -> [a, g] per half.
+            vg, vu = gl.split(gl.permute(gl.reshape(v, [SB // 16, 2, 8]), [0, 2, 1]))
+            pg.slice(p * HB, HB).store(gl.reshape(vg, [HB]))
+            pu.slice(p * HB, HB).store(gl.reshape(vu, [HB]))
+        barrier()
+        for p in gl.static_range(TPC):
+            g = gl.zeros([BN // 2], gl.float32, OL)
+            u = gl.zeros([BN // 2], gl.float32, OL)
+            for s in gl.static_range(KS):  # fixed order, from zero (as _gemm1_tile)
+                g += pg.slice(p * HB + s * (BN // 2), BN // 2).load(OL)
+                u += pu.slice(p * HB + s * (BN // 2), BN // 2).load(OL)
+            pslot = c * TPC + p
+            pair = gl.load(lbase + pslot, mask=pslot < m, other=0)
+            g = g * ag
+            h = g / (1.0 + gl.exp(-g)) * (u * au)
+            gl.store(inter_ptr + pair.to(gl.int64) * I + j, h.to(gl.bfloat16),
+                     mask=(j < I) & (pslot < m))
+        barrier()  # the partials are read before the next pass writes them
 
 
 @gluon.jit

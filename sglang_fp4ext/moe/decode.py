@@ -75,7 +75,8 @@ def launch_grids(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeigh
     slots = cfg.grid == "slots"
     st = cfg.split_t if family == "gluon" else 1
     nb2 = w.w2.n_pad // cfg.block_n2
-    g1 = (P if slots else shape.E, w.w13.n_pad // cfg.block_n1, cfg.split_k1 * st)
+    sk1 = 1 if family == "gluon" and cfg.kstack1 else cfg.split_k1  # its splits on one's warps
+    g1 = (P if slots else shape.E, w.w13.n_pad // cfg.block_n1, sk1 * st)
     if cfg.gemm2 == "tokens":
         g2 = (T, nb2, 1)
     else:
@@ -122,12 +123,18 @@ def fused_moe_nvfp4(
     (g1, g2) = launch_grids(T, shape, config, weights, family)
     kc1, kc2 = w13.k_pad // K_CHUNK, w2.k_pad // K_CHUNK
     cps1, cps2 = -(-kc1 // config.split_k1), -(-kc2 // config.split_k2)
+    kstack1 = family == "gluon" and config.kstack1
+    if kstack1 and kc1 % config.split_k1:
+        raise ValueError(
+            f"fused_moe_nvfp4: KernelConfig.kstack1=1 needs GEMM1's {kc1} K chunks of "
+            f"{K_CHUNK} (H={H}) to divide into split_k1={config.split_k1} equal splits"
+        )
 
     inter = _workspace(dev, "inter", P * I, torch.bfloat16, zero=False)
     ws1 = _workspace(
         dev,
         "ws1",
-        config.split_k1 * P * w13.n_pad if config.split_k1 > 1 else 1,
+        config.split_k1 * P * w13.n_pad if config.split_k1 > 1 and not kstack1 else 1,
         torch.float32,
         zero=False,
     )
@@ -329,7 +336,7 @@ def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int,
     """The kernel of ``role`` in ``family`` and its launch-only arguments (Triton is imported
     only when launching; ``BT`` included where the launch decides it); ``pdl``: Gluon with
     programmatic dependent launch (``_pdl``); ``top_k``: the call's, for the slot-parallel token
-    GEMM2 (``cfg.slots2``)."""
+    GEMM2 (``cfg.slots2``). ``cfg.kstack1`` swaps GEMM1 for its split-stacked form."""
     if family == "gluon":
         from sglang_fp4ext.moe import _decode_gluon_kernels as G
 
@@ -346,6 +353,13 @@ def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int,
             if cfg.l2_prefetch:
                 extra["L2PF"] = True
             return G._gemm2_tok_slots, extra
+        if role == "gemm1" and cfg.kstack1:
+            # The K splits stacked along the MMA rows, 8 columns shared by their pairs.
+            ks = cfg.split_k1
+            lay = G.layouts(ks * block_n, 8, ks * warps)
+            extra = dict(num_warps=ks * warps, DEPTH=cfg.depth, BT=8, KS=ks, **lay,
+                         **_pdl_args(pdl))
+            return G._gemm1_kstack, extra
         lay = G.layouts(block_n, cfg.block_t, warps)
         extra = dict(num_warps=warps, DEPTH=cfg.depth, BT=cfg.block_t, **lay, **_pdl_args(pdl))
         if role != "gemm2_tok":

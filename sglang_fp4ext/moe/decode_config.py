@@ -90,6 +90,13 @@ class KernelConfig(ConfigDict):
     shared memory (the same bits as 0, which walks them one after the other);
     ``min(next_pow2(top_k), 8) * warps2`` warps per program (at most 32). Gluon,
     ``gemm2="tokens"``, two launches.
+    ``kstack1``: 1 has the Gluon GEMM1 run its ``split_k1`` K splits (2, 4 or 8) on the warps of
+    one program instead of one program each (``_gemm1_kstack``): the row tile stacked once per
+    split along the MMA rows, each split's activations in MMA columns of their own, the partials
+    summed in split order through shared memory (the same bits as 0, without the fp32
+    workspace's round trip); ``split_k1 * warps1`` warps per program (at most 32), ``block_t``
+    pairs a pass as 8 MMA columns (``8 / split_k1`` pairs). Two launches, no ring, ``split_t``
+    1; the K chunks must divide evenly (the launcher checks).
     ``l2_prefetch``: 1 has the Gluon token GEMM2 ask L2 for all its experts' row tiles when it
     starts (its walk over the token's experts then waits on L2, not DRAM; PDL implies it).
     """
@@ -117,6 +124,7 @@ class KernelConfig(ConfigDict):
     pdl: int = 0
     l2_prefetch: int = 0
     slots2: int = 0
+    kstack1: int = 0
 
     def __post_init__(self):
         if self.kernels not in KERNEL_FAMILIES:
@@ -147,6 +155,25 @@ class KernelConfig(ConfigDict):
                 "KernelConfig.slots2=1 is a form of the two-launch token GEMM2: gemm2 must be "
                 f"'tokens' and launches 2, got {self.gemm2!r} and {self.launches}"
             )
+        if self.kstack1 not in (0, 1):
+            raise ValueError(f"KernelConfig.kstack1 must be 0 or 1, got {self.kstack1!r}")
+        if self.kstack1:
+            if self.split_k1 not in (2, 4, 8):
+                raise ValueError(
+                    "KernelConfig.kstack1=1 stacks GEMM1's K splits in one program's 8 MMA "
+                    f"columns: split_k1 must be 2, 4 or 8, got {self.split_k1}"
+                )
+            if (self.launches, self.ring1, self.split_t) != (2, 0, 1):
+                raise ValueError(
+                    "KernelConfig.kstack1=1 is a form of the two-launch register-queue GEMM1: "
+                    f"launches must be 2, ring1 0 and split_t 1, got {self.launches}, "
+                    f"{self.ring1} and {self.split_t}"
+                )
+            if self.split_k1 * self.warps1 > 32:
+                raise ValueError(
+                    f"KernelConfig.kstack1=1 runs split_k1 * warps1 = "
+                    f"{self.split_k1 * self.warps1} warps per program: more than 32"
+                )
         if self.depth not in (1, 2, 3):
             raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
         if self.ring1 not in (0, 2, 3, 4, 5, 6, 7, 8):
