@@ -214,6 +214,23 @@ def test_decode_search_space_tries_the_slot_parallel_token_gemm2_at_one_or_two_t
             assert got[0].gemm2 == "tokens" and got[0].warps2 == 1 and got[0].kernels == "gluon"
 
 
+def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four_tokens(
+        monkeypatch):
+    """Where the heuristic runs the Gluon two-launch decode, buckets 1-4 also time GEMM1 with its
+    K splits on one program's warps (``kstack1``): 8 splits where the K chunks divide by 8
+    (GLM-5: 24), else 4 or 2 (DeepSeek-R1 TP8: 28 -> 4); larger buckets do not."""
+    from sglang_fp4ext import target_info
+
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
+    for shape, sk in ((TP8, 8), (MoEShape(256, 7168, 256, 8), 4)):
+        for b in (1, 2, 4, 8):
+            got = [c for c in TS.search_space(b, shape, H200)["decode"] if c.kstack1]
+            assert (len(got) == 1) == (b <= 4), (b, got)
+            if got:
+                assert (got[0].split_k1, got[0].warps1, got[0].block_n1) == (sk, 1, 32)
+                assert got[0].kernels == "gluon" and got[0].launches == 2
+
+
 def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
     """Outside the interpreter the H200's prefill heuristic is the wgmma family: the tuner times
     it, the tl.dot family's heuristic and the wgmma knobs (all valid configs)."""
