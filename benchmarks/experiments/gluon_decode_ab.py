@@ -15,6 +15,8 @@ SM, GEMM1 split-K, GEMM2 row tile, warps). ``--sweep split_t`` spreads each expe
 weight chunks through a shared-memory ``cp.async`` ring (``ring1`` stages) around its split-K.
 ``--sweep slots`` runs the token GEMM2 with the token's top-k slots side by side (``slots2``).
 ``--sweep kstack`` runs GEMM1 with its K splits on one program's warps (``kstack1``).
+``--sweep table`` times the shipped config against ``--v2-table``'s (a table file) where they
+differ.
 ``--sweep pdl`` times the
 shipped and the heuristic's config at each ``--pdl`` level of programmatic dependent launch;
 ``--repeat N`` times every candidate N times, interleaved (median); with ``--separate`` every layer
@@ -244,8 +246,9 @@ def main(argv=None) -> int:
     ap.add_argument("--v1-table", default="benchmarks/results/NVIDIA_H200_v1_table.json",
                     help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
     ap.add_argument("--sweep", choices=("families", "one_launch", "depth", "combine", "split_t",
-                                        "pdl", "ring", "slots", "kstack", "none"),
+                                        "pdl", "ring", "slots", "kstack", "table", "none"),
                     default="families")
+    ap.add_argument("--v2-table", default="", help="--sweep table: the table file to time")
     ap.add_argument("--pdl", default="0,1", help="--sweep pdl: the pdl levels to time")
     ap.add_argument("--l2-prefetch", action="store_true",
                     help="--sweep pdl: also each token GEMM2 with l2_prefetch=1, without PDL")
@@ -286,6 +289,8 @@ def main(argv=None) -> int:
     if args.v1_table and not shipped:
         _, v1_table = read_table_file(Path(args.v1_table))
     res["v1_table"] = args.v1_table
+    v2_table = read_table_file(Path(args.v2_table))[1] if args.v2_table else {}
+    res["v2_table"] = args.v2_table
     for sname in args.shapes.split(","):
         s = SHAPES[sname]
         shared = sname.endswith("_shared")
@@ -331,6 +336,11 @@ def main(argv=None) -> int:
                 cands = [v1] + slots_candidates(v1, shape.top_k)
             elif args.sweep == "kstack":
                 cands = [v1] + kstack_candidates(v1, kc1)
+            elif args.sweep == "table":
+                e2 = v2_table.get(shape.key(), {}).get(token_bucket(T))
+                if e2 is None or e2.path != "decode" or e2.config == v1:
+                    continue  # nothing to compare in this bucket
+                cands = [v1, e2.config]
             elif args.sweep == "split_t":
                 cands = [v1] + split_t_candidates(v1)
             elif args.sweep == "combine":
@@ -340,7 +350,7 @@ def main(argv=None) -> int:
                                               args.l2_prefetch)
             else:
                 cands = [v1] + (candidates(v1, kc1)[:1] if args.quick else candidates(v1, kc1))
-            cands += [heur] if heur not in cands and args.sweep != "none" else []
+            cands += [heur] if heur not in cands and args.sweep not in ("none", "table") else []
             row = dict(shape=sname, T=T, distinct=distinct, floor_us=floor_us, configs=[])
             for rep in range(args.repeat):  # interleaved: drifts hit every candidate alike
                 for ci, cfg in enumerate(cands):
@@ -405,7 +415,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     name = {"families": "gluon_decode_ab.json", "one_launch": "one_launch_ab.json",
             "depth": "depth_ab.json", "combine": "combine_ab.json", "split_t": "split_t_ab.json",
-            "ring": "ring_ab.json", "slots": "slots_ab.json", "kstack": "kstack_ab.json",
+            "ring": "ring_ab.json", "slots": "slots_ab.json", "kstack": "kstack_ab.json", "table": "table_ab.json",
             "pdl": "pdl_ab_separate.json" if args.separate else "pdl_ab.json",
             "none": "decode_split.json"}[args.sweep]
     (out_dir / name).write_text(json.dumps(res, indent=1))
