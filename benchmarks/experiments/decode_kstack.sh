@@ -15,36 +15,14 @@ pack() { tar czf $OUT/results.tar.gz -C $R . ; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
 # On another Hopper card (an H100 when no H200 is lent) the H200's table is the baseline: copied
 # under that card's name into a user table directory (the tables are read by device name).
-python - >> $OUT/run.log 2>&1 <<'PY'
-import json, os, torch
-from sglang_fp4ext.moe.config import _file_name, table_path
-name = torch.cuda.get_device_name()
-if name != "NVIDIA H200":
-    t = json.load(open(table_path("NVIDIA H200")))
-    t["device_name"] = name
-    os.makedirs("/tmp/h200cfg", exist_ok=True)
-    json.dump(t, open("/tmp/h200cfg/" + _file_name(name), "w"))
-    print("baseline: the H200 table as", name)
-PY
+python benchmarks/experiments/table_as_card.py /tmp/h200cfg --unless-h200 >> $OUT/run.log 2>&1
 [ -d /tmp/h200cfg ] && export SGLANG_FP4EXT_CONFIG_DIR=/tmp/h200cfg
-marlin_rows() {
-  python - $1 >> $OUT/run.log 2>&1 <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["rows"]:
-    print(r["shape"], r["T"], "fp4ext", round(r["fp4ext_us"], 1), "(%.0f%% BW)" % r["fp4ext_pct_bw"],
-          "marlin", round(r["marlin_us"], 1), "marlin/fp4ext", round(r["marlin_over_fp4ext"], 2),
-          "rms", "%.2e" % r["fp4ext_rms_rel"], "ok", r["fp4ext_ok"])
-for e in d.get("errors", []):
-    print("error", str(e)[:300])
-PY
-}
 if [ "${SKIP_MARLIN:-0}" != 1 ]; then
   echo "== marlin shipped $(date +%T)" >> $OUT/run.log
   timeout 120 bash .peers/marlin/device_run.sh --out $R/marlin_shipped --shapes glm5_tp8 \
     --ts ${MARLIN_TS:-1,2,4} --profile-ts '' > $R/marlin_shipped.log 2>&1
   echo rc=$? >> $R/marlin_shipped.log; pack
-  marlin_rows $R/marlin_shipped/marlin_peer.json
+  python benchmarks/experiments/marlin_rows.py $R/marlin_shipped/marlin_peer.json >> $OUT/run.log 2>&1
 fi
 echo "== tier_kstack $(date +%T)" >> $OUT/run.log
 timeout 180 python -m pytest -p no:cacheprovider -q -m gpu tests/test_decode_gpu.py \

@@ -12,31 +12,15 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 R=/tmp/r; mkdir -p $R
 pack() { tar czf $OUT/results.tar.gz -C $R . ; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
-python - >> $OUT/run.log 2>&1 <<'PY'
-import json, os, torch
-from sglang_fp4ext.moe.config import _file_name, table_path
-name = torch.cuda.get_device_name()
-for d, src in (("/tmp/cfg_shipped", table_path("NVIDIA H200")),
-               ("/tmp/cfg_step8", "benchmarks/results/decode_v2_step8/NVIDIA_H200.json")):
-    t = json.load(open(src))
-    t["device_name"] = name
-    os.makedirs(d, exist_ok=True)
-    json.dump(t, open(os.path.join(d, _file_name(name)), "w"))
-print("tables as", name)
-PY
+python benchmarks/experiments/table_as_card.py /tmp/cfg_shipped >> $OUT/run.log 2>&1
+python benchmarks/experiments/table_as_card.py /tmp/cfg_step8 \
+  --src benchmarks/results/decode_v2_step8/NVIDIA_H200.json >> $OUT/run.log 2>&1
 for mode in shipped step8; do
   echo "== marlin $mode $(date +%T)" >> $OUT/run.log
   SGLANG_FP4EXT_CONFIG_DIR=/tmp/cfg_$mode timeout 110 bash .peers/marlin/device_run.sh \
     --out $R/marlin_$mode --shapes glm5_tp8 --ts 1,2,4 --profile-ts '' > $R/marlin_$mode.log 2>&1
   echo rc=$? >> $R/marlin_$mode.log; pack
-  python - $R/marlin_$mode/marlin_peer.json >> $OUT/run.log 2>&1 <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["rows"]:
-    print(r["shape"], r["T"], "fp4ext", round(r["fp4ext_us"], 1), "(%.0f%% BW)" % r["fp4ext_pct_bw"],
-          "marlin", round(r["marlin_us"], 1), "marlin/fp4ext", round(r["marlin_over_fp4ext"], 2),
-          "rms", "%.2e" % r["fp4ext_rms_rel"], "ok", r["fp4ext_ok"])
-PY
+  python benchmarks/experiments/marlin_rows.py $R/marlin_$mode/marlin_peer.json >> $OUT/run.log 2>&1
 done
 echo "== sweep_table $(date +%T)" >> $OUT/run.log
 SGLANG_FP4EXT_CONFIG_DIR=/tmp/cfg_shipped OUT=$R timeout 250 python \

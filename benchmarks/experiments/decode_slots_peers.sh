@@ -26,15 +26,6 @@ for mode in before shipped; do
   if [ $mode = before ]; then export SGLANG_FP4EXT_CONFIG_DIR=/tmp/before; else unset SGLANG_FP4EXT_CONFIG_DIR; fi
   timeout 150 bash .peers/marlin/device_run.sh --out $R/marlin_$mode --shapes glm5_tp8 \
     --ts ${TS:-1,2,4} --profile-ts '' > $R/marlin_$mode.log 2>&1; echo rc=$? >> $R/marlin_$mode.log; pack
-  python - $R/marlin_$mode/marlin_peer.json >> $OUT/run.log 2>&1 <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["rows"]:
-    print(r["shape"], r["T"], "fp4ext", round(r["fp4ext_us"], 1), "(%.0f%% BW)" % r["fp4ext_pct_bw"],
-          "marlin", round(r["marlin_us"], 1), "marlin/fp4ext", round(r["marlin_over_fp4ext"], 2),
-          "rms", "%.2e" % r["fp4ext_rms_rel"], "ok", r["fp4ext_ok"])
-for e in d.get("errors", []):
-    print("error", str(e)[:300])
-PY
+  python benchmarks/experiments/marlin_rows.py $R/marlin_$mode/marlin_peer.json >> $OUT/run.log 2>&1
 done
 cat $OUT/run.log
