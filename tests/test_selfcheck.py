@@ -6,9 +6,11 @@ caught by the check; the dispatcher then serves the torch twin and says so. The 
 on disk next to the tuned tables and a later process (here: the in-process cache cleared) does
 not check again. GPU tier: every config the shipped H200 table names passes its check on this
 GPU, and a broken Gluon decode family or wgmma prefill family falls back to the ``tl.dot``
-kernels of the same tiles.
+kernels of the same tiles; configs with GEMM1's K splits stacked (``kstack1``) are checked on
+K chunks their splits divide.
 """
 
+import dataclasses
 import logging
 
 import pytest
@@ -103,10 +105,13 @@ def test_warn_mode_logs_but_serves_what_was_chosen(fresh, monkeypatch, caplog, s
 
 @pytest.mark.gpu
 def test_every_shipped_h200_config_passes_its_check(fresh):
-    """Each config of the shipped table for this GPU, checked on this GPU (time per family)."""
+    """Each config of the shipped table for this GPU, checked on this GPU (time per family). On
+    another sm_90 card (an H100) the H200's table: the configs such a card is closest to."""
     from sglang_fp4ext.moe import config as C
 
     name = torch.cuda.get_device_name()
+    if not C.table_path(name).exists() and torch.cuda.get_device_capability() == (9, 0):
+        name = "NVIDIA H200"
     try:
         entries = C.load_entries(name)
     except Exception:  # noqa: BLE001
@@ -131,7 +136,6 @@ def test_every_shipped_h200_config_passes_its_check(fresh):
 
 @pytest.mark.gpu
 def test_broken_gluon_falls_back_to_dot(fresh, monkeypatch, seed):
-    import dataclasses
 
     from sglang_fp4ext.moe.config import TableEntry
     from sglang_fp4ext.moe.decode_config import heuristic_config
@@ -144,6 +148,39 @@ def test_broken_gluon_falls_back_to_dot(fresh, monkeypatch, seed):
     got = selfcheck.usable_entry(TableEntry("decode", cfg), 8, dev)
     assert got is not None and got.config.kernels == "dot", got
     assert dataclasses.replace(got.config, kernels="gluon") == cfg
+
+
+def test_stacked_gemm1_is_checked_on_k_chunks_its_splits_divide():
+    """A decode config with GEMM1's K splits stacked on one program (``kstack1``) needs K chunks
+    that ``split_k1`` divides; the check widens H for it (6 chunks do not divide into 4 or 8: the
+    H100 Marlin harness saw such configs fail their check and fall back to tl.dot, 2026-12-05)."""
+    from sglang_fp4ext.moe.config import TableEntry
+    from sglang_fp4ext.moe.decode_config import KernelConfig
+
+    base = KernelConfig(kernels="gluon", split_k1=2, warps1=1, block_n1=32)
+    assert selfcheck.check_hidden(TableEntry("decode", base)) == selfcheck.CHECK_SHAPE["H"]
+    for sk, want in ((2, 1536), (4, 3072), (8, 6144)):
+        e = TableEntry("decode", dataclasses.replace(base, kstack1=1, split_k1=sk))
+        h = selfcheck.check_hidden(e)
+        # equal splits, and the static rings' depths (2, 3) still divide the chunks
+        assert h == want and (h // 256) % sk == 0 and (h // 256) % 6 == 0, (sk, h)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_k1", [2, 4, 8])
+def test_stacked_gemm1_passes_its_check(fresh, split_k1):
+    """A kstack1 config passes its check and serves as it is (no tl.dot fallback)."""
+    from sglang_fp4ext.moe.config import TableEntry
+    from sglang_fp4ext.moe.decode_config import KernelConfig
+
+    dev = torch.device("cuda")
+    if not target_info.supports_gluon_decode(target_info.device_capability(dev)):
+        pytest.skip("the Gluon decode family does not run on this GPU")
+    cfg = KernelConfig(grid="slots", kernels="gluon", launches=2, kstack1=1, split_k1=split_k1,
+                       warps1=1, block_n1=32)
+    e = TableEntry("decode", cfg)
+    assert selfcheck.usable_entry(e, 8, dev) == e, selfcheck._verdict(e, 8, dev)
+    assert fresh == [e]
 
 
 @pytest.mark.gpu

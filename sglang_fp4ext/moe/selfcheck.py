@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 import weakref
@@ -41,6 +42,7 @@ from sglang_fp4ext.moe.prefill_config import w4a16_twin_config
 
 __all__ = [
     "CHECK_SHAPE",
+    "check_hidden",
     "RMS_REL",
     "MAX_REL",
     "Verdict",
@@ -55,7 +57,8 @@ __all__ = [
 logger = logging.getLogger("sglang_fp4ext")
 
 #: (E, H, I, T) of the check: 6 K chunks for GEMM1 (every ring depth, 2 or 3, divides them: a
-#: static ring unrolls by it), one for GEMM2; a handful of tokens.
+#: static ring unrolls by it), one for GEMM2; a handful of tokens. :func:`check_hidden` widens H
+#: for configs that need more K chunks.
 CHECK_SHAPE = dict(E=16, H=1536, I=256, T_decode=5, T_prefill=64)
 #: A kernel that is right runs at rms_rel ~2.4e-3 (bf16 rounding of the intermediate and the
 #: output); a wrong expert, slot, scale or tile gives errors of order 1.
@@ -156,6 +159,18 @@ def _launch(entry: TableEntry, x, pw, ids, tw, out):
     return fused_moe_nvfp4(x, pw, ids, tw, out=out, config=entry.config)
 
 
+def check_hidden(entry: TableEntry) -> int:
+    """H of ``entry``'s check: :data:`CHECK_SHAPE`'s, or, for a decode config with GEMM1's K
+    splits stacked on one program (``kstack1``: the splits must be equal), the smallest multiple of
+    it whose K chunks (of 256) ``split_k1`` also divides (8 splits: 24 chunks, H = 6144)."""
+    h = CHECK_SHAPE["H"]
+    cfg = entry.config
+    if entry.path == "decode" and getattr(cfg, "kstack1", 0):
+        kc = h // 256
+        h = 256 * kc * cfg.split_k1 // math.gcd(kc, cfg.split_k1)
+    return h
+
+
 def _run_check(entry: TableEntry, top_k: int, device: torch.device) -> Verdict:
     from sglang_fp4ext.bench import random_packed_weights
     from sglang_fp4ext.moe.prepared import PreparedMoEWeights
@@ -164,7 +179,7 @@ def _run_check(entry: TableEntry, top_k: int, device: torch.device) -> Verdict:
 
     t0 = time.perf_counter()
     s = CHECK_SHAPE
-    E, H, I = max(s["E"], top_k), s["H"], s["I"]
+    E, H, I = max(s["E"], top_k), check_hidden(entry), s["I"]
     T = s["T_prefill"] if entry.path == "prefill" else s["T_decode"]
     g = torch.Generator(device=device).manual_seed(20261201)
     try:
