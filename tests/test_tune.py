@@ -320,6 +320,35 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     assert f"tiny {slog['switch_point']}" in out2.getvalue()
 
 
+def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir, seed):
+    """The incumbent (the entry the tables give a bucket) always runs, budget or not, and wins
+    when it is the fastest: a re-tune never writes a slower config than the one it replaces."""
+    tiny = model_shapes.ModelShape("tiny", 8, 2, 256, 128, 1)
+    tgt = Target("sm_90", "Test GPU", 132)
+    shape = MoEShape(8, 256, 128, 2)
+    space = TS.search_space(1, shape, tgt, limit=TS.QUICK_CANDIDATES, decode_max=1, prefill_min=2)
+    mine = space["decode"][1]  # not the heuristic: the budget alone would never reach it
+    assert mine != space["decode"][0]
+    TU.write_table(user_dir / "Test_GPU.json", "Test GPU", {shape.key(): {1: TableEntry(
+        "decode", mine)}})
+    times = iter([30.0, 20.0])  # heuristic, then the incumbent: the incumbent is faster
+
+    def timer(step, n):
+        step(0)  # the kernels run (interpreter); the times are scripted
+        return next(times)
+
+    out = io.StringIO()
+    log = TU.tune([tiny], [1], budget_s=0.0, quick=True, copies=1, seed=seed, device="cpu",
+                  timer=timer, target=tgt, decode_max=1, prefill_min=2, stream=out)
+    blog = log["shapes"][shape.key()]["buckets"]["1"]
+    assert [(t.get("heuristic"), t.get("incumbent")) for t in blog["timings"]] == [
+        (True, None), (False, True)]
+    assert blog["timings"][1]["config"] == mine.to_dict() and blog["incumbent_us"] == 20.0
+    assert blog["winner"] == "decode" and blog["config"] == mine.to_dict()
+    assert "the table's entry 20.0 us" in out.getvalue()
+    assert C.load_entries("Test GPU")[shape.key()][1] == TableEntry("decode", mine)
+
+
 def test_heuristic_over_best_compares_within_each_path():
     def rec(p, c, us, h=False):
         return {"path": p, "config": c.to_dict(), "heuristic": h,

@@ -10,8 +10,11 @@ explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
    (``bench.timing.time_graph_replay``): the decode path's candidates while the bucket is
    ``<= decode_max`` (default ``tune_space.DECODE_MAX_BUCKET``), the prefill path's from
    ``prefill_min`` (default ``tune_space.PREFILL_MIN_BUCKET``); the first candidate of each path
-   (its heuristic) always runs, the others in a fixed priority order until the bucket's share of
-   ``--budget-s`` is spent;
+   (its heuristic) always runs, and so does the **incumbent**, the entry the tables already give
+   this bucket on this GPU (shipped or user table, when its path is in range): a re-tune never
+   writes a config slower than the one it replaces (the tables hold configs from hand sweeps that
+   the search space may not reach); the others run in a fixed priority order until the bucket's
+   share of ``--budget-s`` is spent;
 3. the fastest candidate is checked against the fp32 torch twin (``fused_moe_nvfp4_torch``,
    output NaN-poisoned first): ``rms_rel <= 5e-3`` and ``max_rel <= 1e-2`` (normalised by
    ``max|ref|``), the bounds the GPU tests hold both paths to (three bf16 roundings, fp32
@@ -38,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +52,7 @@ import torch
 from sglang_fp4ext.moe.config import (
     TableEntry,
     clear_table_cache,
+    load_entries,
     read_table_file,
     table_document,
     user_table_path,
@@ -70,6 +75,8 @@ __all__ = [
     "bar_postfix",
     "heuristic_over_best",
 ]
+
+logger = logging.getLogger("sglang_fp4ext")
 
 DEFAULT_BUCKETS = tuple(1 << i for i in range(14))  # 1 .. 8192
 MAX_CHECKS = 3
@@ -144,9 +151,19 @@ def heuristic_over_best(timings: Sequence[dict]) -> dict[str, float]:
     return out
 
 
-def _tune_bucket(layer, T, space, deadline, timer, log, progress=None):
+def _incumbent(device_name: str, key: str, bucket: int) -> TableEntry | None:
+    """The entry the tables (shipped, then user) give ``bucket`` of shape ``key`` on this GPU."""
+    try:
+        return load_entries(device_name).get(key, {}).get(bucket)
+    except Exception as exc:  # noqa: BLE001 - a broken user table is reported when written
+        logger.warning("fp4ext tune: no incumbent for %s bucket %d: %s", key, bucket, exc)
+        return None
+
+
+def _tune_bucket(layer, T, space, deadline, timer, log, progress=None, incumbent=None):
     """Time ``space``'s candidates for ``T`` until ``deadline``; check the fastest.
-    ``progress``: a :class:`~sglang_fp4ext.progress.Progress` whose postfix follows the timing."""
+    ``progress``: a :class:`~sglang_fp4ext.progress.Progress` whose postfix follows the timing.
+    ``incumbent``: the tables' entry for this bucket, timed right after the heuristics, always."""
     xs, routes, outs = layer.inputs(T)
     copies = layer.copies
 
@@ -161,16 +178,26 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None):
 
     # Heuristics first (always), then the paths' candidates alternately while time remains.
     order = [(p, space[p][0]) for p in ("decode", "prefill") if space[p]]
-    rest = [space["decode"][1:], space["prefill"][1:]]
+    inc = None
+    if incumbent is not None and space[incumbent.path]:
+        inc = incumbent.config
+        if inc != space[incumbent.path][0]:  # else the heuristic's record is the incumbent's
+            order.append((incumbent.path, inc))
+    rest = [[c for c in space[p][1:] if not (inc is not None and p == incumbent.path and c == inc)]
+            for p in ("decode", "prefill")]  # fmt: skip
     for i in range(max(len(x) for x in rest)):
         order += [(p, x[i]) for p, x in zip(("decode", "prefill"), rest) if i < len(x)]
     timings = []
     for n, (path, cfg) in enumerate(order):
         heuristic = cfg is space[path][0]
-        if not heuristic and time.monotonic() > deadline:
+        always = heuristic or cfg is inc
+        is_inc = inc is not None and path == incumbent.path and cfg == inc
+        if not always and time.monotonic() > deadline:
             log["skipped_for_budget"] = len(order) - n
             break
         rec = {"path": path, "config": cfg.to_dict(), "heuristic": heuristic}
+        if is_inc:
+            rec["incumbent"] = True
         try:
             rec["us"] = timer(step_for(path, cfg), len(xs))
         except Exception as exc:  # a config that fails to compile or launch is recorded, skipped
@@ -180,6 +207,9 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None):
             progress.postfix(bar_postfix(T, n + 1, len(order), timings))
     log["timings"] = timings
     log["heuristic_over_best"] = heuristic_over_best(timings)
+    inc_us = [t["us"] for t in timings if t.get("incumbent") and "us" in t]
+    if inc_us:
+        log["incumbent_us"] = inc_us[0]
     ranked = sorted((t for t in timings if "us" in t), key=lambda t: t["us"])
     for t in ranked[:MAX_CHECKS]:
         cls = type(space[t["path"]][0])
@@ -279,7 +309,8 @@ def tune(
                                  prefill_min=prefill_min)  # fmt: skip
             blog = {"candidates": {p: len(c) for p, c in space.items()}}
             slog["buckets"][str(b)] = blog
-            entry = _tune_bucket(layer, b, space, deadline, timer, blog, bar)
+            incumbent = _incumbent(device_name, mshape.key(), b)
+            entry = _tune_bucket(layer, b, space, deadline, timer, blog, bar, incumbent)
             blog["seconds"] = round(time.monotonic() - t0, 2)
             done += 1
             if entry is None:
@@ -293,7 +324,9 @@ def tune(
                 hob = blog["heuristic_over_best"].get(entry.path)
                 msg = (f"{', '.join(parts)} -> {entry.path}; check rms_rel {c['rms_rel']:.1e} "
                        f"max_rel {c['max_rel']:.1e} ok"
-                       + (f"; heuristic {hob:.2f}x the best" if hob else ""))  # fmt: skip
+                       + (f"; heuristic {hob:.2f}x the best" if hob else "")
+                       + (f"; the table's entry {blog['incumbent_us']:.1f} us"
+                          if "incumbent_us" in blog else ""))  # fmt: skip
             n_t = len(blog["timings"])
             bar.write(f"[tune {done}/{total}] {ms.name} T={b}: {msg} ({n_t} timed, "
                       f"{blog['seconds']:.1f} s)", stream)  # fmt: skip
