@@ -347,6 +347,14 @@ def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir,
     assert blog["winner"] == "decode" and blog["config"] == mine.to_dict()
     assert "the table's entry 20.0 us" in out.getvalue()
     assert C.load_entries("Test GPU")[shape.key()][1] == TableEntry("decode", mine)
+    # A candidate less than 1% faster than the incumbent does not replace it (noise, no churn);
+    # one 2% faster does.
+    for heur_us, want in ((19.9, mine), (19.6, space["decode"][0])):
+        times = iter([heur_us, 20.0])
+        log = TU.tune([tiny], [1], budget_s=0.0, quick=True, copies=1, seed=seed, device="cpu",
+                      timer=timer, target=tgt, decode_max=1, prefill_min=2, stream=io.StringIO())
+        assert log["shapes"][shape.key()]["buckets"]["1"]["incumbent_us"] == 20.0
+        assert C.load_entries("Test GPU")[shape.key()][1] == TableEntry("decode", want), heur_us
 
 
 def test_heuristic_over_best_compares_within_each_path():
