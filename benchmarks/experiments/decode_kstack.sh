@@ -6,9 +6,11 @@
 #   2. the GPU tests (bit-equal to the splits across programs, the decode tier's family "gluonk");
 #   3. `gluon_decode_ab.py --sweep kstack` at GLM-5 TP8, TP8 + fused shared expert and EP8,
 #      T = 1, 2, 4 (shipped config vs 8 / 4 / 2 stacked splits at 1-4 warps and 32-128 rows;
-#      REPEAT interleaved timings each, per-kernel times of every candidate).
-# Usage (device, repository root): bash benchmarks/experiments/decode_kstack.sh  (~9 min)
-# SKIP_MARLIN=1 skips step 1; SHAPES, TOKENS, REPEAT override step 3's.
+#      REPEAT interleaved timings each, per-kernel times of every candidate);
+#   4. the picks (pick_table.py: each bucket where a stacked config beat the table's by 3%) as a
+#      user table, and Marlin next to fp4ext again with that table (same seeds as step 1).
+# Usage (device, repository root): bash benchmarks/experiments/decode_kstack.sh  (~6 min)
+# SKIP_MARLIN=1 skips steps 1 and 4's Marlin run; SHAPES, TOKENS, REPEAT override step 3's.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 R=/tmp/r; mkdir -p $R
 pack() { tar czf $OUT/results.tar.gz -C $R . ; }
@@ -31,7 +33,7 @@ echo rc=$? >> $R/tier_kstack.log; tail -3 $R/tier_kstack.log >> $OUT/run.log; pa
 echo "== sweep_kstack $(date +%T)" >> $OUT/run.log
 OUT=$R timeout 280 python benchmarks/experiments/gluon_decode_ab.py --sweep kstack --v1-table shipped \
   --shapes ${SHAPES:-glm5_tp8,glm5_tp8_shared,glm5_ep8} --tokens ${TOKENS:-1,2,4} \
-  --repeat ${REPEAT:-3} --split-all --deadline-s 230 > $R/sweep_kstack.log 2>&1
+  --repeat ${REPEAT:-5} --split-all --deadline-s 230 > $R/sweep_kstack.log 2>&1
 echo rc=$? >> $R/sweep_kstack.log; pack
 python - >> $OUT/run.log 2>&1 <<'PY'
 import json
@@ -49,4 +51,16 @@ for r in d["rows"]:
 for e in d["errors"]:
     print("error", e)
 PY
+echo "== pick $(date +%T)" >> $OUT/run.log
+python benchmarks/experiments/pick_table.py $R/kstack_ab.json /tmp/pickcfg --knob kstack1 \
+  --picks $R/picks.json >> $OUT/run.log 2>&1
+cp /tmp/pickcfg/*.json $R/; pack
+if [ "${SKIP_MARLIN:-0}" != 1 ]; then
+  echo "== marlin picked $(date +%T)" >> $OUT/run.log
+  SGLANG_FP4EXT_CONFIG_DIR=/tmp/pickcfg timeout 120 bash .peers/marlin/device_run.sh \
+    --out $R/marlin_picked --shapes glm5_tp8 --ts ${MARLIN_TS:-1,2,4} --profile-ts '' \
+    > $R/marlin_picked.log 2>&1
+  echo rc=$? >> $R/marlin_picked.log; pack
+  python benchmarks/experiments/marlin_rows.py $R/marlin_picked/marlin_peer.json >> $OUT/run.log 2>&1
+fi
 cat $OUT/run.log
