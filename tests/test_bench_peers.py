@@ -314,3 +314,17 @@ def test_readme_suite_table_lists_each_peer(tmp_path):
     )
     assert "Not in this file" in text and "sglang-flashinfer_cutlass" in text
     assert "commit abcdef0" in text and "NVIDIA B200" in text
+
+
+def test_readme_card_table_matches_the_committed_results():
+    """The README's other-card table is ``card_peers_table()`` of one committed run: each ratio
+    is the one its harness process measured."""
+    rt = _readme_table()
+    text = (ROOT / "README.md").read_text()
+    block = text.split(rt.CARD_MARKER)[1].split(rt.CARD_END)[0].strip()
+    assert block == rt.card_peers_table().strip(), "run: python benchmarks/readme_table.py --write"
+    m = json.loads((rt.CARD_PEERS_DIR / "marlin_peer.json").read_text())
+    assert m["env"]["gpu"] in block
+    for r in (m["rows"][0], m["rows"][-1]):
+        assert f"| {r['T']} | {r['fp4ext_us']:.1f} ({r['fp4ext_pct_bw']:.0f}%) | " \
+            f"{r['marlin_us']:.1f} | {r['marlin_over_fp4ext']:.2f} |" in block
