@@ -9,8 +9,8 @@
 #   2. SGLang 0.5.23's Marlin NVFP4 MoE and OpenAI triton_kernels next to fp4ext on the result,
 #      GLM-5 TP8 and EP8, T = 1..256 (every fp4ext config passes the first-use self-check there).
 # TIER=1 first runs the self-check's GPU tier (every config of this card's shipped table checked
-# on it); PRESETS, BUCKETS, PREFILL_MIN (prefill candidates from that bucket), BUDGET override the
-# tuner's.
+# on it); TUNE=0 skips step 1's tuning (the peers on TABLE as it is); PRESETS, BUCKETS,
+# PREFILL_MIN (prefill candidates from that bucket), BUDGET override the tuner's.
 # Usage (device, repository root; .peers carried): bash benchmarks/experiments/decode_card_table.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 R=/tmp/r; mkdir -p $R
@@ -26,11 +26,13 @@ fi
 python benchmarks/experiments/table_as_card.py /tmp/cfg \
   --src ${TABLE:-benchmarks/results/decode_v2_step8/run2_h100/picks_table.json} >> $OUT/run.log 2>&1
 export SGLANG_FP4EXT_CONFIG_DIR=/tmp/cfg
+if [ "${TUNE:-1}" = 1 ]; then
 step tune
 timeout ${TUNE_LIMIT:-400} python -m sglang_fp4ext tune --preset ${PRESETS:-glm5-tp8,glm5-ep8} \
   --buckets ${BUCKETS:-8,16,32,64,128,256} --decode-max 256 --prefill-min ${PREFILL_MIN:-512} \
   --budget-s ${BUDGET:-300} --out /tmp/cfg --log $R/tune_log.json > $R/tune.log 2>&1
 echo rc=$? >> $R/tune.log; grep "tune \|rc=" $R/tune.log | cut -c1-230 >> $OUT/run.log
+fi
 cp /tmp/cfg/*.json $R/; pack
 step marlin
 timeout 150 bash .peers/marlin/device_run.sh --out $R/marlin --profile-ts '' > $R/marlin.log 2>&1
