@@ -217,17 +217,20 @@ def test_decode_search_space_tries_the_slot_parallel_token_gemm2_at_one_or_two_t
 def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four_tokens(
         monkeypatch):
     """Where the heuristic runs the Gluon two-launch decode, buckets 1-4 also time GEMM1 with its
-    K splits on one program's warps (``kstack1``): 8 splits where the K chunks divide by 8
-    (GLM-5: 24), else 4 or 2 (DeepSeek-R1 TP8: 28 -> 4); larger buckets do not."""
+    K splits on one program's warps (``kstack1``), as the H100 sweeps found best: 8 / 4 / 2 splits
+    at 1 / 2 / 4 tokens (32 rows on a warp; 64 on two at 4), fewer where the K chunks do not
+    divide (DeepSeek-R1 TP8: 28 chunks -> 4 at 1 token); larger buckets do not."""
     from sglang_fp4ext import target_info
 
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
-    for shape, sk in ((TP8, 8), (MoEShape(256, 7168, 256, 8), 4)):
+    want = {TP8: {1: (8, 1, 32), 2: (4, 1, 32), 4: (2, 2, 64)},
+            MoEShape(256, 7168, 256, 8): {1: (4, 1, 32), 2: (4, 1, 32), 4: (2, 2, 64)}}
+    for shape, by_b in want.items():
         for b in (1, 2, 4, 8):
             got = [c for c in TS.search_space(b, shape, H200)["decode"] if c.kstack1]
             assert (len(got) == 1) == (b <= 4), (b, got)
             if got:
-                assert (got[0].split_k1, got[0].warps1, got[0].block_n1) == (sk, 1, 32)
+                assert (got[0].split_k1, got[0].warps1, got[0].block_n1) == by_b[b], (shape, b)
                 assert got[0].kernels == "gluon" and got[0].launches == 2
 
 

@@ -10,8 +10,8 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   the pairs GEMM2 with the other top-k combine and (from 2 pairs per expert) with ``split_t=4``;
   one launch vs two; programmatic dependent launch flipped (sm_90+); the token GEMM2's L2
   prefetch flipped; at 1-2 tokens the token GEMM2 with the slots side by side (``slots2``); at 1-4 tokens GEMM1
-  with its K splits (8, 4 or 2, whichever divides its K chunks first) on one program's warps,
-  32 rows a warp (``kstack1``); GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
+  with its K splits on one program's warps (``kstack1``: 8 / 4 / 2 splits at 1 / 2 / 4 tokens, fewer
+  where the K chunks do not divide; 32 rows on one warp a split, 64 on two at 4 tokens); GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
   with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
   GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (the first
   :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
@@ -135,9 +135,12 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         lambda: r(base, slots2=1, warps2=1, block_n2=64 if b == 1 else 32)
         if base.kernels == "gluon" and base.gemm2 == "tokens" and base.launches == 2 and b <= 2
         else None,
-        # GEMM1's K splits on one program's warps, 32-row tiles on one warp a split (step 8)
-        lambda: r(base, kstack1=1, split_k1=next(s for s in (8, 4, 2) if kc1 % s == 0),
-                  warps1=1, block_n1=32)
+        # GEMM1's K splits on one program's warps (step 8): the H100 sweeps' winners, 8 splits of
+        # 32 rows on one warp at 1 token, 4 at 2, 2 splits of 64 rows on two warps at 4 (fewer
+        # where the K chunks do not divide)
+        lambda: r(base, kstack1=1, split_k1=next(s for s in (8, 4, 2) if s <= 8 // b
+                                                 and kc1 % s == 0),
+                  warps1=2 if b == 4 else 1, block_n1=64 if b == 4 else 32)
         if base.kernels == "gluon" and base.launches == 2 and b <= 4 and kc1 % 2 == 0 else None,
         lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
         lambda: r(base, split_k1=split1(2 * sk1)),
