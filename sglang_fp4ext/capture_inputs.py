@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_fp4ext.moe.shape import MoEShape
+from sglang_fp4ext.moe.shape import FUSED_SHARED_ROUTED_EXPERTS, MoEShape
 
 __all__ = ["GLM5", "PRESETS", "MoEModel", "PolicyInputs"]
 
@@ -111,10 +111,10 @@ class PolicyInputs:
     @property
     def fused_shared_expert(self) -> bool:
         """Whether SGLang is expected to fuse the shared expert into the MoE (one shared expert,
-        256 or 384 routed, EP 1: ``DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason``)."""
+        ``FUSED_SHARED_ROUTED_EXPERTS`` routed, EP 1)."""
         return (
             self.model.n_shared_experts == 1
-            and self.model.n_routed_experts in (256, 384)
+            and self.model.n_routed_experts in FUSED_SHARED_ROUTED_EXPERTS
             and self.ep == 1
         )
 

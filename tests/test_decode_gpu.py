@@ -42,7 +42,11 @@ def _as(cfg, kernels):
     ``gluonr``: GEMM1 through a 4-stage shared-memory ring; ``gluons``: the token GEMM2 with the
     slots side by side (``slots2``, at most 2 warps a slot: 32 warps at top_k 9); ``gluonk``:
     GEMM1's K splits stacked in one program (``kstack1``; 4 splits, or 2 where the config has
-    fewer: every tested H's K chunks divide by 4)."""
+    fewer: every tested H's K chunks divide by 4). The forms that exclude the family's own
+    (the table's or heuristic's stacked GEMM1 and side-by-side slots: one launch, a ring, pair
+    chunks over programs, the pairs GEMM2) are dropped first."""
+    if kernels in ("gluon1", "gluon3", "gluonr"):
+        cfg = dataclasses.replace(cfg, kstack1=0, slots2=0)
     if kernels == "gluonk":
         sk = 4 if cfg.split_k1 >= 4 else 2
         w = min(cfg.warps1, 32 // sk)
@@ -83,6 +87,7 @@ def _config(pw, ids, gemm2, kernels="dot"):
             gemm2=gemm2,
             tiles2=1 if gemm2 == "tokens" else cfg.tiles2,
             split_k2=1 if gemm2 == "tokens" else cfg.split_k2,
+            slots2=cfg.slots2 if gemm2 == "tokens" else 0,
         ),
         kernels,
     )

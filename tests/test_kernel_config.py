@@ -179,3 +179,72 @@ def test_tables_parse_and_are_used(tmp_path, monkeypatch):
         assert config_for(1, EP8, tgt) == heuristic_config(1, EP8, tgt)  # bucket 1 not tuned
     finally:
         C.clear_table_cache()
+
+
+def test_fused_shared_expert_is_sglangs_rule():
+    """``MoEShape.fused_shared``: SGLang fuses the one shared expert of a 256- or 384-routed
+    model at EP 1 (one more local expert and id per token); nothing else counts."""
+    assert MoEShape(257, 6144, 256, 9).fused_shared
+    assert MoEShape(385, 7168, 256, 9).fused_shared
+    assert not MoEShape(256, 6144, 256, 8).fused_shared
+    assert not MoEShape(257, 6144, 256, 9, ep=8).fused_shared
+    assert not MoEShape(33, 6144, 2048, 9).fused_shared
+    assert not MoEShape(10, 272, 80, 9).fused_shared
+
+
+def test_heuristic_takes_the_measured_forms_on_the_gluon_two_launch_path(monkeypatch):
+    """Decode step 9 (``decode_config._measured_forms``): GEMM1's K splits stacked on one
+    program at 1-4 tokens (8 / 4 / 2 splits; 4 at one token with a 9th id; not at one token for
+    EP8's 4096-row experts nor at 2 tokens with a 9th id), a token's slots side by side at 1-2
+    tokens without expert parallelism and with top-k <= 8, 32-row token GEMM2 tiles at small T,
+    a fused shared expert's pair chunks over programs from 64 tokens; never on the dot family
+    (the interpreter) and ``forms=False`` is the heuristic without them."""
+    from sglang_fp4ext import target_info
+
+    tp8, fused = MoEShape(256, 6144, 256, 8), MoEShape(257, 6144, 256, 9)
+    ep8 = MoEShape(32, 6144, 2048, 8, ep=8)
+    dsr1 = MoEShape(256, 7168, 256, 8)
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
+
+    def form(T, s, tgt=H200):
+        c = heuristic_config(T, s, tgt)
+        return (c.kstack1 and c.split_k1, c.kstack1 and c.warps1, c.slots2, c.block_n2, c.split_t)
+
+    # (stacked splits, warps a split, slots2, GEMM2 rows, split_t)
+    assert form(1, tp8) == (8, 1, 1, 64, 1)
+    assert form(2, tp8) == (4, 1, 1, 32, 1)
+    assert form(4, tp8) == (2, 2, 0, 32, 1)
+    assert form(8, tp8) == (0, 0, 0, 32, 1)
+    assert form(1, fused) == (4, 1, 0, 32, 1)
+    assert form(2, fused)[:3] == (0, 0, 0)
+    assert form(4, fused)[:3] == (2, 2, 0)
+    assert form(1, ep8)[:3] == (0, 0, 0)
+    assert form(2, ep8)[:3] == (4, 1, 0)
+    assert form(1, dsr1)[:3] == (4, 1, 1)  # 28 K chunks: 8 splits do not divide them
+    c = heuristic_config(64, fused, H200)
+    assert c.gemm2 == "pairs" and c.split_t == 4
+    assert heuristic_config(64, tp8, H200).split_t == 1  # no hot expert
+    # The same forms wherever the Gluon decode runs (the users' sm_120 runs the heuristic).
+    assert form(1, tp8, PRO6000)[:3] == (8, 1, 1)
+    for T in (1, 2, 4, 8, 64, 256):
+        for s in (tp8, fused, ep8, dsr1):
+            plain = heuristic_config(T, s, H200, forms=False)
+            assert (plain.kstack1, plain.slots2, plain.split_t) == (0, 0, 1), (T, s)
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: True)
+    c = heuristic_config(1, tp8, H200)
+    assert c.kernels == "dot" and c == heuristic_config(1, tp8, H200, forms=False)
+
+
+def test_heuristic_path_moves_a_fused_shared_expert_to_prefill_from_128_on_wgmma(monkeypatch):
+    """Without a table, the wgmma targets switch to prefill at 512 tokens, and at 128 where a
+    fused shared expert sees every token (H100: 352.9 vs 473.7 us at 128); other targets keep
+    their switch point (their prefill kernels were never timed against decode there)."""
+    from sglang_fp4ext import target_info
+
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
+    tp8, fused = MoEShape(256, 6144, 256, 8), MoEShape(257, 6144, 256, 9)
+    got = {T: C.heuristic_path(T, fused, H200) for T in (64, 65, 128, 256, 4096)}
+    assert got == {64: "decode", 65: "prefill", 128: "prefill", 256: "prefill", 4096: "prefill"}
+    assert C.heuristic_path(256, tp8, H200) == "decode"
+    assert C.heuristic_path(512, tp8, H200) == "prefill"
+    assert C.heuristic_path(128, fused, PRO6000) == "decode"

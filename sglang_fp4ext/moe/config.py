@@ -40,7 +40,9 @@ shapes still come from the shipped table. Tables are read once per process (``lo
 cached; :func:`clear_table_cache` after writing one).
 
 **Path heuristic** (no table entry): decode below :data:`PREFILL_MIN_TOKENS` tokens, prefill
-from there (see its comment for the measurement behind it).
+from there; on the wgmma prefill family from :data:`WGMMA_PREFILL_MIN_TOKENS`, and from
+:data:`WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS` with a fused shared expert (see their comments
+for the measurements behind them).
 """
 
 from __future__ import annotations
@@ -105,6 +107,11 @@ PREFILL_MIN_TOKENS = 1024
 #: with the heuristic's config vs 601), same run, H200
 #: (``benchmarks/results/prefill_v2_step1/wgmma_ab_final_h200.json``).
 WGMMA_PREFILL_MIN_TOKENS = 512
+#: ... and from this bucket where one expert is a fused shared expert (``MoEShape.fused_shared``:
+#: it sees every token, so the decode path's pairs GEMMs run it on a few programs): GLM-5 TP8 +
+#: shared T = 128 / 256 prefill 352.9 / 368.0 us vs the best decode config 473.7 / 591.5 (H100,
+#: ``benchmarks/results/decode_v2_step9/``; without a hot expert the two paths tie there).
+WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS = 128
 
 _SHAPE_KEY_FIELDS = ("E", "H", "I", "top_k")
 
@@ -329,14 +336,18 @@ def override_config(cfg):
 
 def heuristic_path(T: int, shape: MoEShape, target: Target) -> str:
     """``"prefill"`` from bucket :data:`PREFILL_MIN_TOKENS` up (:data:`WGMMA_PREFILL_MIN_TOKENS`
-    where the heuristic picks the wgmma prefill family), else ``"decode"``."""
+    where the heuristic picks the wgmma prefill family, :data:`WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS`
+    there with a fused shared expert), else ``"decode"``."""
     wgmma = (
         shape is not None
         and target is not None
         and target_info.supports_wgmma_prefill(target_info.arch_capability(target.arch))
         and wgmma_supports_shape(shape.H, shape.I)
     )
-    start = WGMMA_PREFILL_MIN_TOKENS if wgmma else PREFILL_MIN_TOKENS
+    start = PREFILL_MIN_TOKENS
+    if wgmma:
+        start = WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS if shape.fused_shared else \
+            WGMMA_PREFILL_MIN_TOKENS
     return "prefill" if token_bucket(T) >= start else "decode"
 
 

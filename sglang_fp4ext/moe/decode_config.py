@@ -16,11 +16,15 @@ per-program setup and the combine bookkeeping are amortised. While experts see f
 (``T * top_k / D <= 2``; H200 tuning picked it for GLM-5 TP8 up to T = 32) GEMM2 is
 token-centric instead (``gemm2="tokens"``), unless that gives fewer 32-row programs than SMs. On the Gluon family the pairs GEMM2 leaves its top-k
 sum to a third launch (``combine="kernel"``). At one token with the pairs GEMM2 the Gluon launches
-use programmatic dependent launch where the GPU has it (``pdl``).
+use programmatic dependent launch where the GPU has it (``pdl``). On the Gluon two-launch path
+it then takes the forms ``fp4ext tune`` found faster on both Hopper cards (``_measured_forms``):
+a fused shared expert's pair chunks spread over programs, 32-row token GEMM2 tiles at small T,
+GEMM1's K splits on one program's warps at 1-4 tokens and a token's slots side by side at 1-2.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sglang_fp4ext import target_info
@@ -234,8 +238,9 @@ class KernelConfig(ConfigDict):
                 )
 
 
-def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
-    """Deterministic default for any shape (see module docstring)."""
+def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True) -> KernelConfig:
+    """Deterministic default for any shape (see module docstring). ``forms=False``: without the
+    small-T and hot-expert forms of :func:`_measured_forms` (the tuner times both)."""
     b = token_bucket(max(T, 1))
     P = b * shape.top_k
     grid = "slots" if P <= shape.E else "experts"
@@ -281,7 +286,7 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
     # GLM-5 TP8 T = 64 (2.3 pairs per expert; decode_v2_step2/split_t_ab_h200.json).
     gemm2 = "tokens" if rows_per_expert <= 2.0 and not few else "pairs"
     bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
-    return KernelConfig(
+    cfg = KernelConfig(
         grid=grid,
         block_t=block_t,
         block_p=block_p,
@@ -310,3 +315,46 @@ def heuristic_config(T: int, shape: MoEShape, target: Target) -> KernelConfig:
         pdl=(1 if gemm2 == "pairs" else 2) if gluon and b == 1 and target_info.supports_pdl(
             target_info.arch_capability(target.arch)) else 0,
     )
+    return _measured_forms(cfg, b, shape, target, wide) if forms else cfg
+
+
+def _measured_forms(cfg: KernelConfig, b: int, shape: MoEShape, target: Target,
+                    wide: bool) -> KernelConfig:
+    """The Gluon two-launch forms of decode steps 5-8 where ``fp4ext tune`` found them faster on
+    both Hopper cards (H200 table, and the H100 run of 2026-12-06:
+    ``benchmarks/results/decode_v2_step9/``), for shapes and GPUs without a table of their own.
+
+    * **Hot expert** (``MoEShape.fused_shared``: every token hits one expert): from 64 tokens
+      the pairs GEMM2 and GEMM1 spread its pair chunks over ``split_t = b / (2 block_t)``
+      programs (at most 8), two chunks each (GLM-5 TP8 + shared T = 64: 465 -> 349 µs).
+    * **32-row token GEMM2 tiles** while they are at most ~12 programs per SM (GLM-5 TP8
+      T = 4 / 8 and EP8 T = 4: 32 rows in both cards' tables and tuner runs).
+    * **GEMM1's K splits on one program's warps** (``kstack1``) at 1-4 tokens: 8 / 4 / 2 splits
+      at 1 / 2 / 4 tokens (4 at one token with a 9th id per token: 8 lost there, 29.2 vs
+      25.0 µs), fewer where the K chunks do not divide; 32 rows on one warp a split, 64 on two
+      at 4 tokens (GLM-5 TP8 T = 1 / 2 / 4: 23.9 / 36.2 / 54.9 -> 18.8 / 27.0 / 43.0 µs with
+      the next form). Not at one token for experts of >= 1024 GEMM1 rows (EP8: 30.2 vs 27.2),
+      nor at 2 tokens with a 9th id (a tie).
+    * **A token's slots side by side** in the token GEMM2 (``slots2``, one warp a slot) at 1-2
+      tokens where every slot is a local expert (top-k <= 8, no expert parallelism: under EP
+      most slots are another rank's and lost 1.5x).
+    """
+    if cfg.kernels != "gluon" or cfg.launches != 2:
+        return cfg
+    r = dataclasses.replace
+    if shape.fused_shared and cfg.gemm2 == "pairs" and b >= 64:
+        cfg = r(cfg, split_t=min(8, b // (2 * cfg.block_t)))
+    if cfg.gemm2 != "tokens":
+        return cfg
+    nb2_32 = -(-shape.H // ROW_ALIGN) * ROW_ALIGN // 32
+    if b * nb2_32 <= 12 * target.num_sms:
+        cfg = r(cfg, block_n2=32)
+    kc1 = -(-shape.H // K_CHUNK)
+    splits = [s for s in (8, 4, 2) if s <= min(8 // b, 4 if shape.top_k > 8 else 8)
+              and kc1 % s == 0]
+    if b <= 4 and splits and not (b == 1 and wide) and not (b == 2 and shape.top_k > 8):
+        cfg = r(cfg, kstack1=1, split_k1=splits[0], warps1=2 if b == 4 else 1,
+                block_n1=64 if b == 4 else 32)
+    if b <= 2 and shape.top_k <= 8 and shape.ep == 1:
+        cfg = r(cfg, slots2=1, warps2=1, block_n2=64 if b == 1 else 32)
+    return cfg

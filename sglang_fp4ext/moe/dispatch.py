@@ -3,7 +3,8 @@
 ``fused_moe(hidden_states, weights, topk_ids, topk_weights)`` picks the path and config with
 ``config.select(T, shape, target)`` -- the device table's entry for ``token_bucket(T)``, else
 the path heuristic (decode below ``config.PREFILL_MIN_TOKENS`` tokens, ``WGMMA_PREFILL_MIN_TOKENS``
-where the wgmma prefill family runs, prefill from there) with
+where the wgmma prefill family runs, ``WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS`` there with a fused
+shared expert, prefill from there) with
 that path's config heuristic -- and runs ``decode.fused_moe_nvfp4`` (decode) or
 ``prefill.fused_moe_nvfp4_prefill`` (prefill). Both read the same ``PreparedMoEWeights`` and
 return the same ``(T, H)`` bf16 sum. The choice depends only on (T, shape, target), never on

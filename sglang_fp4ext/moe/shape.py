@@ -16,12 +16,19 @@ from sglang_fp4ext.roofline import expected_distinct_experts
 
 __all__ = [
     "ConfigDict",
+    "FUSED_SHARED_ROUTED_EXPERTS",
     "DEFAULT_TARGET",
     "MoEShape",
     "Target",
     "current_target",
     "token_bucket",
 ]
+
+
+#: Routed-expert counts whose one shared expert SGLang 0.5.23 fuses into the MoE at EP 1, as the
+#: last local expert with one more id per token that every token carries
+#: (``DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason``).
+FUSED_SHARED_ROUTED_EXPERTS = (256, 384)
 
 
 class ConfigDict:
@@ -60,6 +67,13 @@ class MoEShape:
 
     def key(self) -> str:
         return f"E={self.E},H={self.H},I={self.I},top_k={self.top_k}"
+
+    @property
+    def fused_shared(self) -> bool:
+        """Whether one local expert is a fused shared expert that every token hits (SGLang's
+        rule, :data:`FUSED_SHARED_ROUTED_EXPERTS`: E = 257 or 385 at EP 1, one more id per
+        token): uniform routing then says nothing about that expert, which sees all T tokens."""
+        return self.ep == 1 and self.E - 1 in FUSED_SHARED_ROUTED_EXPERTS and self.top_k >= 2
 
     def rows_per_expert(self, T: int) -> float:
         """Expected sorted rows per local expert that any token hits, for ``T`` tokens under

@@ -6,12 +6,14 @@ its config's ``__post_init__``; at most :data:`MAX_CANDIDATES` per path, ``--qui
 first :data:`QUICK_CANDIDATES`), in priority order:
 
 * decode (:func:`decode_candidates`), around ``decode_config.heuristic_config``: the heuristic; the
-  other kernel family (Gluon <-> ``tl.dot``); the other GEMM2 form (``tokens`` <-> ``pairs``);
+  heuristic without its small-T and hot-expert forms (``forms=False``); the other kernel family
+  (Gluon <-> ``tl.dot``) of that; the other GEMM2 form (``tokens`` <-> ``pairs``);
   the pairs GEMM2 with the other top-k combine and (from 2 pairs per expert) with ``split_t=4``;
   one launch vs two; programmatic dependent launch flipped (sm_90+); the token GEMM2's L2
-  prefetch flipped; at 1-2 tokens the token GEMM2 with the slots side by side (``slots2``); at 1-4 tokens GEMM1
-  with its K splits on one program's warps (``kstack1``: 8 / 4 / 2 splits at 1 / 2 / 4 tokens, fewer
-  where the K chunks do not divide; 32 rows on one warp a split, 64 on two at 4 tokens); GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
+  prefetch flipped; at 1-2 tokens the token GEMM2's slots side by side (``slots2``) flipped; at
+  1-4 tokens GEMM1's K splits on one program's warps (``kstack1``: 8 / 4 / 2 splits at 1 / 2 / 4
+  tokens, fewer where the K chunks do not divide; 32 rows on one warp a split, 64 on two at 4
+  tokens) flipped (off: the plain heuristic's splits across programs); GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
   with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
   GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (the first
   :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
@@ -86,6 +88,7 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
     """Decode-path :class:`KernelConfig` candidates for ``token_bucket(T)`` (module docstring)."""
     b = token_bucket(T)
     base = heuristic_config(b, shape, target)
+    plain = heuristic_config(b, shape, target, forms=False)
     kc1, kc2 = -(-shape.H // K_CHUNK), -(-shape.I // K_CHUNK)
     r = dataclasses.replace
     sk1 = base.split_k1
@@ -118,7 +121,8 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
     other = "dot" if base.kernels == "gluon" else "gluon"
     make = [
         lambda: base,
-        lambda: r(base, kernels=other),  # both families are timed
+        lambda: plain,  # the heuristic without its small-T / hot-expert forms
+        lambda: r(plain, kernels=other),  # both families are timed
         flip,
         # the pairs GEMM2's other top-k combine; its pair chunks over 4 programs (hot experts)
         lambda: r(base if base.gemm2 == "pairs" else flip(),
@@ -131,16 +135,21 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         # the Gluon token GEMM2 asking L2 for its experts' weights first
         lambda: r(base, l2_prefetch=1 - base.l2_prefetch)
         if base.kernels == "gluon" and base.gemm2 == "tokens" else None,
-        # ... and with a token's slots side by side, one warp each (GLM-5 TP8 T <= 2, step 7)
-        lambda: r(base, slots2=1, warps2=1, block_n2=64 if b == 1 else 32)
+        # ... and with a token's slots side by side, one warp each (GLM-5 TP8 T <= 2, step 7),
+        # or one after the other where the heuristic has them side by side
+        lambda: (r(base, slots2=0, warps2=plain.warps2, block_n2=plain.block_n2) if base.slots2
+                 else r(base, slots2=1, warps2=1, block_n2=64 if b == 1 else 32))
         if base.kernels == "gluon" and base.gemm2 == "tokens" and base.launches == 2 and b <= 2
         else None,
         # GEMM1's K splits on one program's warps (step 8): the H100 sweeps' winners, 8 splits of
         # 32 rows on one warp at 1 token, 4 at 2, 2 splits of 64 rows on two warps at 4 (fewer
         # where the K chunks do not divide)
-        lambda: r(base, kstack1=1, split_k1=next(s for s in (8, 4, 2) if s <= 8 // b
-                                                 and kc1 % s == 0),
-                  warps1=2 if b == 4 else 1, block_n1=64 if b == 4 else 32)
+        # (or across programs where the heuristic stacks them)
+        lambda: (r(base, kstack1=0, split_k1=plain.split_k1, warps1=plain.warps1,
+                   block_n1=plain.block_n1) if base.kstack1 else
+                 r(base, kstack1=1, split_k1=next(s for s in (8, 4, 2) if s <= 8 // b
+                                                  and kc1 % s == 0),
+                   warps1=2 if b == 4 else 1, block_n1=64 if b == 4 else 32))
         if base.kernels == "gluon" and base.launches == 2 and b <= 4 and kc1 % 2 == 0 else None,
         lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
         lambda: r(base, split_k1=split1(2 * sk1)),
