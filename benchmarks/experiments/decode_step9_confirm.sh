@@ -45,6 +45,12 @@ timeout $(cap 280) python -m sglang_fp4ext tune --preset glm5-tp8,glm5-tp8-fused
 echo rc=$? >> $R/tune_glm5.log
 grep "tune \|heuristic vs\|rc=" $R/tune_glm5.log | sed 's/check rms_rel.*ok; //' | cut -c1-200 \
   >> $OUT/run.log
+if [ $h200 = 0 ]; then  # the fused shared expert's GEMM1 split_t beside the token GEMM2 (new)
+  timeout $(cap 90) python -m sglang_fp4ext tune --preset glm5-tp8-fused-shared --buckets 32,64 \
+    --decode-max 256 --prefill-min 512 --budget-s 40 --out /tmp/cfg_hot \
+    --log $R/tune_hot.json > $R/tune_hot.log 2>&1
+  echo rc=$? >> $R/tune_hot.log; grep "tune \|rc=" $R/tune_hot.log | cut -c1-200 >> $OUT/run.log
+fi
 cp /tmp/cfg/*.json $R/ 2>/dev/null; pack
 fi
 
