@@ -12,8 +12,8 @@
 #   3. On an H200, time permitting: SGLang's Marlin and triton_kernels next to fp4ext on the
 #      re-tuned table (.peers carried; TABLE= a table from an earlier call instead).
 #   4. The heuristic where no table is shipped: DeepSeek-R1 TP8 and Qwen3-30B-A3B, full lists.
-# PARTS (default "tier glm5 peers heur") picks steps; a step whose share of LIMIT (560 s) is
-# gone is cut by its timeout, and what it wrote still comes back in $OUT/results.tar.gz.
+# PARTS (default "tier glm5 peers heur") picks the steps and their order; a step past LIMIT
+# (560 s) is cut by its timeout, and what it wrote still comes back in $OUT/results.tar.gz.
 # Usage (device, repository root): bash benchmarks/experiments/decode_step9_confirm.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 R=/tmp/r; mkdir -p $R /tmp/cfg /tmp/scratch
@@ -25,18 +25,17 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
 h200=0; case "$card" in *H200*) h200=1;; esac
 
-want() { case " ${PARTS:-tier glm5 peers heur} " in *" $1 "*) return 0;; esac; return 1; }
 cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 5 ? l : 5 )) || echo "$1"; }
 
-if want tier; then
+part_tier() {
 step gpu_tier
 timeout $(cap 170) python -m pytest -p no:cacheprovider -q -m gpu tests/test_decode_gpu.py \
   -k "other_shapes or kstack1" > $R/gpu_tier.log 2>&1
 echo rc=$? >> $R/gpu_tier.log; grep "passed\|failed\|rc=" $R/gpu_tier.log | tail -3 >> $OUT/run.log
 pack
-fi
+}
 
-if want glm5; then
+part_glm5() {
 step tune_glm5
 if [ $h200 = 1 ]; then q=""; b=${BUDGET:-200}; else q="--quick"; b=90; fi
 timeout $(cap 280) python -m sglang_fp4ext tune --preset glm5-tp8,glm5-tp8-fused-shared,glm5-ep8 $q \
@@ -52,9 +51,10 @@ if [ $h200 = 0 ]; then  # the fused shared expert's GEMM1 split_t beside the tok
   echo rc=$? >> $R/tune_hot.log; grep "tune \|rc=" $R/tune_hot.log | cut -c1-200 >> $OUT/run.log
 fi
 cp /tmp/cfg/*.json $R/ 2>/dev/null; pack
-fi
+}
 
-if want peers && [ $h200 = 1 ] && [ -d .peers ] && [ "$(left)" -gt 150 ]; then
+part_peers() {
+if [ $h200 = 1 ] && [ -d .peers ] && [ "$(left)" -gt 150 ]; then
   [ -n "${TABLE:-}" ] && cp "$TABLE" /tmp/cfg/  # a re-tuned table from an earlier call
   export SGLANG_FP4EXT_CONFIG_DIR=/tmp/cfg
   step marlin
@@ -67,18 +67,21 @@ if want peers && [ $h200 = 1 ] && [ -d .peers ] && [ "$(left)" -gt 150 ]; then
   echo rc=$? >> $R/tk.log; pack
   grep -h TIME $R/tk/tk_glm5_*.log | cut -c1-150 >> $OUT/run.log
 fi
-if want heur; then
+}
+
+part_heur() {
 step heuristic
 for s in "dsr1_tp8:--preset deepseek-r1-nvfp4-tp8" "qwen3_30b:--E 128 --H 2048 --I 768 --top-k 8"; do
   timeout $(cap 200) python -m sglang_fp4ext tune ${s#*:} --buckets 1,2,4,8,16,32,64,128,256 \
-    --decode-max 256 --prefill-min 512 --budget-s 90 --out /tmp/scratch \
+    --decode-max 256 --prefill-min 512 --budget-s ${HBUDGET:-110} --out /tmp/scratch \
     --log $R/tune_${s%%:*}.json > $R/tune_${s%%:*}.log 2>&1
   echo rc=$? >> $R/tune_${s%%:*}.log
   grep "tune \|heuristic vs\|rc=" $R/tune_${s%%:*}.log | sed 's/check rms_rel.*ok; //' \
     | cut -c1-160 >> $OUT/run.log
   pack
 done
-fi
+}
 
+for p in ${PARTS:-tier glm5 peers heur}; do part_$p; done
 step done
 cat $OUT/run.log
