@@ -194,11 +194,11 @@ def test_fused_shared_expert_is_sglangs_rule():
 
 def test_heuristic_takes_the_measured_forms_on_the_gluon_two_launch_path(monkeypatch):
     """Decode step 9 (``decode_config._measured_forms``): GEMM1's K splits stacked on one
-    program at 1-4 tokens (8 / 4 / 2 splits; 4 at one token with a 9th id; not at one token for
-    EP8's 4096-row experts nor at 2 tokens with a 9th id), a token's slots side by side at 1-2
-    tokens without expert parallelism and with top-k <= 8, 32-row token GEMM2 tiles at small T,
-    a fused shared expert's pair chunks over programs from 64 tokens; never on the dot family
-    (the interpreter) and ``forms=False`` is the heuristic without them."""
+    program at 1-4 tokens (8 / 4 / 2 splits; 4 at one token with a 9th id; at 2 tokens only
+    for EP8's 4096-row experts, and not at 2 tokens with a 9th id), a token's slots side by side
+    at 1-2 tokens without expert parallelism and with top-k <= 8, 32-row token GEMM2 tiles at
+    small T, a fused shared expert's pair chunks over programs from 64 tokens; never on the dot
+    family (the interpreter) and ``forms=False`` is the heuristic without them."""
     from sglang_fp4ext import target_info
 
     tp8, fused = MoEShape(256, 6144, 256, 8), MoEShape(257, 6144, 256, 9)
@@ -220,6 +220,7 @@ def test_heuristic_takes_the_measured_forms_on_the_gluon_two_launch_path(monkeyp
     assert form(4, fused)[:3] == (2, 2, 0)
     assert form(1, ep8)[:3] == (0, 0, 0)
     assert form(2, ep8)[:3] == (4, 1, 0)
+    assert form(4, ep8)[:3] == (0, 0, 0)  # 4096-row experts: stacked at 2 tokens only
     assert form(1, dsr1)[:3] == (4, 1, 1)  # 28 K chunks: 8 splits do not divide them
     c = heuristic_config(64, fused, H200)
     assert c.gemm2 == "pairs" and c.split_t == 4

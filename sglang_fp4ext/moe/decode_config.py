@@ -333,8 +333,9 @@ def _measured_forms(cfg: KernelConfig, b: int, shape: MoEShape, target: Target,
       at 1 / 2 / 4 tokens (4 at one token with a 9th id per token: 8 lost there, 29.2 vs
       25.0 µs), fewer where the K chunks do not divide; 32 rows on one warp a split, 64 on two
       at 4 tokens (GLM-5 TP8 T = 1 / 2 / 4: 23.9 / 36.2 / 54.9 -> 18.8 / 27.0 / 43.0 µs with
-      the next form). Not at one token for experts of >= 1024 GEMM1 rows (EP8: 30.2 vs 27.2),
-      nor at 2 tokens with a 9th id (a tie).
+      the next form). For experts of >= 1024 GEMM1 rows only at 2 tokens (EP8 T = 2: 24.8 ->
+      21.3 µs; T = 1: 30.2 vs 27.2, T = 4: 63.0 vs 59.9, H100), nor at 2 tokens with a 9th id
+      (a tie).
     * **A token's slots side by side** in the token GEMM2 (``slots2``, one warp a slot) at 1-2
       tokens where every slot is a local expert (top-k <= 8, no expert parallelism: under EP
       most slots are another rank's and lost 1.5x).
@@ -352,7 +353,7 @@ def _measured_forms(cfg: KernelConfig, b: int, shape: MoEShape, target: Target,
     kc1 = -(-shape.H // K_CHUNK)
     splits = [s for s in (8, 4, 2) if s <= min(8 // b, 4 if shape.top_k > 8 else 8)
               and kc1 % s == 0]
-    if b <= 4 and splits and not (b == 1 and wide) and not (b == 2 and shape.top_k > 8):
+    if b <= 4 and splits and not (wide and b != 2) and not (b == 2 and shape.top_k > 8):
         cfg = r(cfg, kstack1=1, split_k1=splits[0], warps1=2 if b == 4 else 1,
                 block_n1=64 if b == 4 else 32)
     if b <= 2 and shape.top_k <= 8 and shape.ep == 1:
