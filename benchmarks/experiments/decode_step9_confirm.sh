@@ -12,6 +12,8 @@
 #   3. On an H200, time permitting: SGLang's Marlin and triton_kernels next to fp4ext on the
 #      re-tuned table (.peers carried; TABLE= a table from an earlier call instead).
 #   4. The heuristic where no table is shipped: DeepSeek-R1 TP8 and Qwen3-30B-A3B, full lists.
+#   hot (not in the default): GLM-5 TP8 + shared T = 32 / 64, the full candidate list (GEMM1's
+#      split_t beside the token GEMM2 among them) against the card's table.
 # PARTS (default "tier glm5 peers heur") picks the steps and their order; a step past LIMIT
 # (560 s) is cut by its timeout, and what it wrote still comes back in $OUT/results.tar.gz.
 # Usage (device, repository root): bash benchmarks/experiments/decode_step9_confirm.sh
@@ -44,13 +46,16 @@ timeout $(cap 280) python -m sglang_fp4ext tune --preset glm5-tp8,glm5-tp8-fused
 echo rc=$? >> $R/tune_glm5.log
 grep "tune \|heuristic vs\|rc=" $R/tune_glm5.log | sed 's/check rms_rel.*ok; //' | cut -c1-200 \
   >> $OUT/run.log
-if [ $h200 = 0 ]; then  # the fused shared expert's GEMM1 split_t beside the token GEMM2 (new)
-  timeout $(cap 90) python -m sglang_fp4ext tune --preset glm5-tp8-fused-shared --buckets 32,64 \
-    --decode-max 256 --prefill-min 512 --budget-s 40 --out /tmp/cfg_hot \
-    --log $R/tune_hot.json > $R/tune_hot.log 2>&1
-  echo rc=$? >> $R/tune_hot.log; grep "tune \|rc=" $R/tune_hot.log | cut -c1-200 >> $OUT/run.log
-fi
 cp /tmp/cfg/*.json $R/ 2>/dev/null; pack
+}
+
+part_hot() {  # the fused shared expert's GEMM1 split_t beside the token GEMM2 (new candidate)
+step tune_hot
+timeout $(cap 90) python -m sglang_fp4ext tune --preset glm5-tp8-fused-shared --buckets 32,64 \
+  --decode-max 256 --prefill-min 512 --budget-s 40 --out /tmp/cfg_hot \
+  --log $R/tune_hot.json > $R/tune_hot.log 2>&1
+echo rc=$? >> $R/tune_hot.log; grep "tune \|rc=" $R/tune_hot.log | cut -c1-200 >> $OUT/run.log
+pack
 }
 
 part_peers() {
