@@ -197,8 +197,8 @@ def test_heuristic_takes_the_measured_forms_on_the_gluon_two_launch_path(monkeyp
     program at 1-4 tokens (8 / 4 / 2 splits; 4 at one token with a 9th id; at 2 tokens only
     for EP8's 4096-row experts, and not at 2 tokens with a 9th id), a token's slots side by side
     at 1-2 tokens without expert parallelism and with top-k <= 8, 32-row token GEMM2 tiles at
-    small T, a fused shared expert's pair chunks over programs from 64 tokens; never on the dot
-    family (the interpreter) and ``forms=False`` is the heuristic without them."""
+    small T, a fused shared expert's pair chunks over programs on the expert grid; never on the
+    dot family (the interpreter) and ``forms=False`` is the heuristic without them."""
     from sglang_fp4ext import target_info
 
     tp8, fused = MoEShape(256, 6144, 256, 8), MoEShape(257, 6144, 256, 9)
@@ -224,6 +224,9 @@ def test_heuristic_takes_the_measured_forms_on_the_gluon_two_launch_path(monkeyp
     assert form(1, dsr1)[:3] == (4, 1, 1)  # 28 K chunks: 8 splits do not divide them
     c = heuristic_config(64, fused, H200)
     assert c.gemm2 == "pairs" and c.split_t == 4
+    c = heuristic_config(32, fused, H200)  # GEMM1 beside the token GEMM2: a program a chunk
+    assert (c.gemm2, c.grid, c.block_t, c.split_t) == ("tokens", "experts", 8, 4)
+    assert heuristic_config(16, fused, H200).split_t == 1  # slot grid: chunks apart already
     assert heuristic_config(64, tp8, H200).split_t == 1  # no hot expert
     # The same forms wherever the Gluon decode runs (the users' sm_120 runs the heuristic).
     assert form(1, tp8, PRO6000)[:3] == (8, 1, 1)

@@ -320,13 +320,16 @@ def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True
 
 def _measured_forms(cfg: KernelConfig, b: int, shape: MoEShape, target: Target,
                     wide: bool) -> KernelConfig:
-    """The Gluon two-launch forms of decode steps 5-8 where ``fp4ext tune`` found them faster on
-    both Hopper cards (H200 table, and the H100 run of 2026-12-06:
-    ``benchmarks/results/decode_v2_step9/``), for shapes and GPUs without a table of their own.
+    """The Gluon two-launch forms of decode steps 5-9 where ``fp4ext tune`` found them faster
+    (on both Hopper cards unless a rule says otherwise: H200 table, and the H100 runs of
+    2026-12-06, ``benchmarks/results/decode_v2_step9/``), for shapes and GPUs without a table
+    of their own.
 
     * **Hot expert** (``MoEShape.fused_shared``: every token hits one expert): from 64 tokens
       the pairs GEMM2 and GEMM1 spread its pair chunks over ``split_t = b / (2 block_t)``
-      programs (at most 8), two chunks each (GLM-5 TP8 + shared T = 64: 465 -> 349 µs).
+      programs (at most 8), two chunks each (GLM-5 TP8 + shared T = 64: 465 -> 349 µs); beside
+      the token GEMM2 on the expert grid GEMM1 gives each of its ``b / block_t`` chunks a
+      program (at most 8; TP8 + shared T = 32: 302.1 -> 265.7 µs, H100 only).
     * **32-row token GEMM2 tiles** while they are at most ~12 programs per SM (GLM-5 TP8
       T = 4 / 8 and EP8 T = 4: 32 rows in both cards' tables and tuner runs).
     * **GEMM1's K splits on one program's warps** (``kstack1``) at 1-4 tokens: 8 / 4 / 2 splits
@@ -345,6 +348,8 @@ def _measured_forms(cfg: KernelConfig, b: int, shape: MoEShape, target: Target,
     r = dataclasses.replace
     if shape.fused_shared and cfg.gemm2 == "pairs" and b >= 64:
         cfg = r(cfg, split_t=min(8, b // (2 * cfg.block_t)))
+    elif shape.fused_shared and cfg.grid == "experts" and b >= 2 * cfg.block_t:
+        cfg = r(cfg, split_t=min(8, b // cfg.block_t))
     if cfg.gemm2 != "tokens":
         return cfg
     nb2_32 = -(-shape.H // ROW_ALIGN) * ROW_ALIGN // 32

@@ -9,7 +9,6 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   heuristic without its small-T and hot-expert forms (``forms=False``); the other kernel family
   (Gluon <-> ``tl.dot``) of that; the other GEMM2 form (``tokens`` <-> ``pairs``);
   the pairs GEMM2 with the other top-k combine and (from 2 pairs per expert) with ``split_t=4``;
-  with a fused shared expert on the expert grid, GEMM1's ``split_t`` beside the token GEMM2;
   one launch vs two; programmatic dependent launch flipped (sm_90+); the token GEMM2's L2
   prefetch flipped; at 1-2 tokens the token GEMM2's slots side by side (``slots2``) flipped; at
   1-4 tokens GEMM1's K splits on one program's warps (``kstack1``: 8 / 4 / 2 splits at 1 / 2 / 4
@@ -129,13 +128,6 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         lambda: r(base if base.gemm2 == "pairs" else flip(),
                   combine="counter" if base.combine == "kernel" else "kernel"),
         lambda: r(base if base.gemm2 == "pairs" else flip(), split_t=hot(4)),
-        # a fused shared expert's GEMM1 pair chunks over programs beside the token GEMM2: on the
-        # expert grid its b / block_t chunks otherwise loop in one program (GLM-5 TP8 + shared
-        # T = 32: 266 us against 197 without the shared expert, H100)
-        lambda: r(base, split_t=min(8, b // base.block_t))
-        if shape.fused_shared and base.kernels == "gluon" and base.launches == 2
-        and base.gemm2 == "tokens" and base.grid == "experts" and not base.kstack1
-        and b >= 2 * base.block_t else None,
         lambda: r(base, launches=3 - base.launches),  # one launch vs two (slot grid, tokens)
         # programmatic dependent launch flipped, where the GPU has it (two or three launches)
         lambda: r(base, pdl=0 if base.pdl else 1) if base.kernels == "gluon" and base.launches == 2
