@@ -196,9 +196,9 @@ def test_heuristic_takes_the_measured_forms_on_the_gluon_two_launch_path(monkeyp
     """Decode step 9 (``decode_config._measured_forms``): GEMM1's K splits stacked on one
     program at 1-4 tokens (8 / 4 / 2 splits; 4 at one token with a 9th id; at 2 tokens only
     for EP8's 4096-row experts, and not at 2 tokens with a 9th id), a token's slots side by side
-    at 1-2 tokens without expert parallelism and with top-k <= 8, 32-row token GEMM2 tiles at
-    small T, a fused shared expert's pair chunks over programs on the expert grid; never on the
-    dot family (the interpreter) and ``forms=False`` is the heuristic without them."""
+    at 1-2 tokens without expert parallelism and with top-k <= 8, 32-row token GEMM2 tiles for
+    short chains, a fused shared expert's pair chunks over programs on the expert grid; never on
+    the dot family (the interpreter) and ``forms=False`` is the heuristic without them."""
     from sglang_fp4ext import target_info
 
     tp8, fused = MoEShape(256, 6144, 256, 8), MoEShape(257, 6144, 256, 9)
@@ -215,6 +215,12 @@ def test_heuristic_takes_the_measured_forms_on_the_gluon_two_launch_path(monkeyp
     assert form(2, tp8) == (4, 1, 1, 32, 1)
     assert form(4, tp8) == (2, 2, 0, 32, 1)
     assert form(8, tp8) == (0, 0, 0, 32, 1)
+    # 32-row token GEMM2 tiles at every T for chains of <= 1 K chunk a slot; Qwen3-30B-A3B's 3
+    # chunks a slot only while they are <= 4 programs per SM
+    assert [form(T, s)[3] for T in (16, 32) for s in (tp8, dsr1)] == [32] * 4
+    qwen3 = MoEShape(128, 2048, 768, 8)
+    assert heuristic_config(8, qwen3, H200).block_n2 == 32
+    assert (heuristic_config(16, qwen3, H200).gemm2, form(16, qwen3)[3]) == ("tokens", 64)
     assert form(1, fused) == (4, 1, 0, 32, 1)
     assert form(2, fused)[:3] == (0, 0, 0)
     assert form(4, fused)[:3] == (2, 2, 0)
