@@ -286,6 +286,29 @@ def test_slots2_changes_no_bit(name, T, warps2, block_n2, depth, pdl, seed):
     assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} slots2")
 
 
+@pytest.mark.parametrize("split_t", [2, 4, 8])
+@pytest.mark.parametrize("split_k1", [1, 2])
+@pytest.mark.parametrize("T", [32, 40])
+def test_split_t_beside_the_token_gemm2_changes_no_bit(T, split_k1, split_t, seed):
+    """GEMM1 with the fused shared expert's pair chunks over ``split_t`` programs beside the
+    token GEMM2 (the heuristic's form on the expert grid, decode step 9): each chunk computed as
+    in one program, split-K partials reduced in split order, so the same bits as ``split_t=1``;
+    40 tokens leave a partial last chunk; and the fp32 twin within tolerance."""
+    w, pw = glm5_cases.weights("tp8_shared")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs("tp8_shared", T, g)
+    ids[0, 1] = -1  # a dropped slot
+    cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), grid="experts",
+                              kstack1=0, slots2=0, split_k1=split_k1, split_t=1, pdl=0)
+    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
+    out = torch.full_like(a, float("nan"))
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, split_t=split_t))
+    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
+                 what=f"tp8_shared T={T} split_t={split_t} split_k1={split_k1}")
+    _counters_zero()
+
+
 @pytest.mark.parametrize("split_k1,block_n1,warps1,depth,pdl", [
     (8, 32, 1, 1, 2), (8, 64, 2, 1, 0), (4, 32, 1, 2, 0), (2, 64, 4, 3, 1), (4, 128, 4, 1, 0)])
 @pytest.mark.parametrize("name,T", [("tp8_shared", 1), ("tp8_shared", 2), ("ep8", 2), ("ep8", 9),
