@@ -93,6 +93,15 @@ def _config(pw, ids, gemm2, kernels="dot"):
     )
 
 
+def _same_bits(x, pw, ids, tw, cfg, **variant):
+    """``cfg`` with ``variant`` into a poisoned output, bit-equal to ``cfg`` itself; returns it."""
+    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
+    out = torch.full_like(a, float("nan"))
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, **variant))
+    assert torch.equal(a.view(torch.int16), out.view(torch.int16)), variant
+    return out
+
+
 def _counters_zero():
     """Graph safety: the arrival, readiness and ticket counters are back at zero."""
     for buf in ("cnt1", "cnt2", "ready", "ctl"):
@@ -253,10 +262,7 @@ def test_ring1_changes_no_bit(name, T, ring1, split_k1, seed):
     ids[0, 1] = -1  # a dropped slot
     cfg = dataclasses.replace(_config(pw, ids, "tokens", "gluon"), pdl=0, split_k1=split_k1)
     ring1 = min(ring1, RING_SMEM_BYTES // (cfg.block_n1 * RING_STAGE_BYTES_PER_ROW))  # what fits
-    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
-    out = torch.full_like(a, float("nan"))
-    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, ring1=ring1))
-    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    out = _same_bits(x, pw, ids, tw, cfg, ring1=ring1)
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
                  what=f"{name} T={T} ring1={ring1} split_k1={split_k1}")
 
@@ -278,10 +284,7 @@ def test_slots2_changes_no_bit(name, T, warps2, block_n2, depth, pdl, seed):
     ids[-1, 2] = pw.num_experts  # an id >= E: no expert
     cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
                               warps2=warps2, block_n2=block_n2, depth=depth)
-    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
-    out = torch.full_like(a, float("nan"))
-    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, slots2=1))
-    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    out = _same_bits(x, pw, ids, tw, cfg, slots2=1)
     ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
     assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} slots2")
 
@@ -300,10 +303,7 @@ def test_split_t_beside_the_token_gemm2_changes_no_bit(T, split_k1, split_t, see
     ids[0, 1] = -1  # a dropped slot
     cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), grid="experts",
                               kstack1=0, slots2=0, split_k1=split_k1, split_t=1, pdl=0)
-    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
-    out = torch.full_like(a, float("nan"))
-    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, split_t=split_t))
-    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    out = _same_bits(x, pw, ids, tw, cfg, split_t=split_t)
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
                  what=f"tp8_shared T={T} split_t={split_t} split_k1={split_k1}")
     _counters_zero()
@@ -327,10 +327,7 @@ def test_kstack1_changes_no_bit(name, T, split_k1, block_n1, warps1, depth, pdl,
     cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
                               split_k1=split_k1, block_n1=block_n1, warps1=warps1, depth=depth,
                               split_t=1, ring1=0)
-    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
-    out = torch.full_like(a, float("nan"))
-    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, kstack1=1))
-    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    out = _same_bits(x, pw, ids, tw, cfg, kstack1=1)
     ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
     assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} kstack1")
     _counters_zero()
@@ -355,10 +352,7 @@ def test_l2_prefetch_changes_no_bit(name, T, seed):
     x, ids, tw = glm5_cases.inputs(name, T, g)
     ids[0, 1] = -1  # a dropped slot
     cfg = dataclasses.replace(_config(pw, ids, "tokens", "gluon"), pdl=0)
-    a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
-    out = torch.full_like(a, float("nan"))
-    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, l2_prefetch=1))
-    assert torch.equal(a.view(torch.int16), out.view(torch.int16))
+    out = _same_bits(x, pw, ids, tw, cfg, l2_prefetch=1)
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
                  what=f"{name} T={T} l2_prefetch")
 

@@ -105,9 +105,11 @@ def _gluon_configs():
             k = int(key.split("top_k=")[1])
             cfgs |= {(k, c) for c in buckets.values() if getattr(c, "kernels", "") == "gluon"}
     shapes = (MoEShape(257, 6144, 256, 9), MoEShape(32, 6144, 2048, 8))
-    # TP8, DeepSeek-R1 TP8, Qwen3-30B-A3B: top_k 8 and no EP, where the slots sit side by side
-    for s in (MoEShape(256, 6144, 256, 8), MoEShape(256, 7168, 256, 8),
-              MoEShape(128, 2048, 768, 8)):
+    # What the heuristic serves where Gluon runs (the interpreter's heuristic is the dot
+    # family): its stacked GEMM1, side-by-side slots (top_k 8, no EP: TP8, DeepSeek-R1 TP8,
+    # Qwen3-30B-A3B) and hot-expert pair chunks (the fused shared expert).
+    for s in shapes + (MoEShape(256, 6144, 256, 8), MoEShape(256, 7168, 256, 8),
+                       MoEShape(128, 2048, 768, 8)):
         cfgs |= {(s.top_k, c) for c in _served_heuristic(s)}
     for s in shapes:
         for tgt in (Target("sm_90", None, 132), Target("sm_120", None, 188)):
@@ -147,9 +149,6 @@ def _gluon_configs():
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1,
                                                    tiles2=1, l2_prefetch=1)))
-        # What the heuristic serves where Gluon runs (the interpreter's heuristic is the dot
-        # family): its stacked GEMM1, side-by-side slots and hot-expert pair chunks.
-        cfgs |= {(s.top_k, c) for c in _served_heuristic(s)}
         # The one-launch form of the small-T configs.
         for T in (1, 4):
             c = heuristic_config(T, s, Target("sm_90", None, 132))

@@ -344,10 +344,12 @@ def heuristic_path(T: int, shape: MoEShape, target: Target) -> str:
         and target_info.supports_wgmma_prefill(target_info.arch_capability(target.arch))
         and wgmma_supports_shape(shape.H, shape.I)
     )
-    start = PREFILL_MIN_TOKENS
-    if wgmma:
-        start = WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS if shape.fused_shared else \
-            WGMMA_PREFILL_MIN_TOKENS
+    if not wgmma:
+        start = PREFILL_MIN_TOKENS
+    elif shape.fused_shared:
+        start = WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS
+    else:
+        start = WGMMA_PREFILL_MIN_TOKENS
     return "prefill" if token_bucket(T) >= start else "decode"
 
 

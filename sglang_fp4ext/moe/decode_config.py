@@ -331,13 +331,13 @@ def _measured_forms(cfg: KernelConfig, b: int, shape: MoEShape, target: Target,
       programs (at most 8), two chunks each (GLM-5 TP8 + shared T = 64: 465 -> 349 µs); beside
       the token GEMM2 on the expert grid GEMM1 gives each of its ``b / block_t`` chunks a
       program (at most 8; TP8 + shared T = 32: 302.1 -> 265.7 µs, H100 only).
-    * **32-row token GEMM2 tiles** where a token program's chain is short -- at most one K
-      chunk per slot on average (``I / 256 <= ep``: GLM-5 TP8 and EP8, DeepSeek-R1 TP8) -- and
-      elsewhere while they are at most 4 programs per SM. With short chains more, smaller
-      programs win at every T the token GEMM2 runs (H100: GLM-5 TP8 T = 16 / 32 133.8 / 216.7
-      -> 127.5 / 197.9 µs, DeepSeek-R1 T = 8 / 16 / 32 96.3 / 157.7 / 264.3 -> 93.2 / 143.5 /
-      241.2; EP8 T = 4 32 rows in both cards' tables); with Qwen3-30B-A3B's 3 chunks a slot
-      64 rows won at T = 16 (121.6 vs 113.2).
+    * **32-row token GEMM2 tiles** at every T where a token program's chain is short -- at
+      most one K chunk per slot on average (``I / 256 <= ep``: GLM-5 TP8 and EP8, DeepSeek-R1
+      TP8) -- not only below the base rule's 2 programs per SM: more, smaller programs won there
+      (H100: GLM-5 TP8 T = 16 / 32 133.8 / 216.7 -> 127.5 / 197.9 µs, DeepSeek-R1 T = 8 / 16 /
+      32 96.3 / 157.7 / 264.3 -> 93.2 / 143.5 / 241.2; EP8 T = 4 32 rows in both cards'
+      tables); with Qwen3-30B-A3B's 3 chunks a slot the base rule's 64 rows won at T = 16
+      (121.6 vs 113.2).
     * **GEMM1's K splits on one program's warps** (``kstack1``) at 1-4 tokens: 8 / 4 / 2 splits
       at 1 / 2 / 4 tokens (4 at one token with a 9th id per token: 8 lost there, 29.2 vs
       25.0 µs), fewer where the K chunks do not divide; 32 rows on one warp a split, 64 on two
@@ -358,8 +358,7 @@ def _measured_forms(cfg: KernelConfig, b: int, shape: MoEShape, target: Target,
         cfg = r(cfg, split_t=min(8, b // cfg.block_t))
     if cfg.gemm2 != "tokens":
         return cfg
-    nb2_32 = -(-shape.H // ROW_ALIGN) * ROW_ALIGN // 32
-    if -(-shape.I // K_CHUNK) <= shape.ep or b * nb2_32 <= 4 * target.num_sms:
+    if -(-shape.I // K_CHUNK) <= shape.ep:
         cfg = r(cfg, block_n2=32)
     kc1 = -(-shape.H // K_CHUNK)
     splits = [s for s in (8, 4, 2) if s <= min(8 // b, 4 if shape.top_k > 8 else 8)
