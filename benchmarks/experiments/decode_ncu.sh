@@ -3,12 +3,14 @@
 # SASS source counters, of GLM-5 TP8 T = 1 and 8 and EP8 T = 2 (the Marlin tie), the shipped
 # table's configs, two eager calls' kernels each (ncu_target.py). $OUT gets run.log (speed of
 # light, occupancy, stall shares per kernel via ncu_stalls.py), the details pages and source CSVs.
+# CASES (default "1:tp8 2:ep8 8:tp8") names other T:shape pairs; the card's own table serves.
 # Usage (device, repository root): bash benchmarks/experiments/decode_ncu.sh   # ~4 min
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
-for case in "1 tp8" "2 ep8" "8 tp8"; do
-  set -- $case; name=t$1_$2
+CASES=${CASES:-"1:tp8 2:ep8 8:tp8"}  # T:shape pairs
+for case in $CASES; do
+  set -- ${case/:/ }; name=t$1_$2
   echo "== $name $(date +%T)" >> $OUT/run.log
   timeout 150 $NCU --clock-control none -k regex:'^_(gemm|combine)' --launch-skip 2 --launch-count 2 \
     --set full --import-source yes -o /tmp/ncu_$name python benchmarks/experiments/ncu_target.py $1 $2 \

@@ -94,7 +94,8 @@ def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
             return launch
 
     mods = {_decode_dot_kernels: ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok"),
-            _decode_gluon_kernels: ("_gemm1", "_gemm2", "_gemm2_tok", "_combine", "_fused")}
+            _decode_gluon_kernels: ("_gemm1", "_gemm2", "_gemm2_tok", "_combine", "_fused",
+                                   "_gemm2_tok_slots", "_gemm1_kstack")}
     saved = {(m, n): getattr(m, n) for m, names in mods.items() for n in names}
     saved_f = F._workspace, F.validate_moe_inputs, F._pdl, torch.cuda.current_device
     saved_sms = dict(F._SM_COUNT)
@@ -146,6 +147,9 @@ def _signature(fn, args, constexprs):
         if div:
             attrs[(i,)] = [["tt.divisibility", 16]]
     sig.update({n: "constexpr" for n in constexprs})
+    for prm in fn.params:  # constexprs the launcher left at their defaults: AOT names each
+        if prm.name not in sig and prm.is_constexpr:
+            sig[prm.name], consts[prm.name] = "constexpr", prm.default
     return sig, consts, attrs
 
 
@@ -155,7 +159,8 @@ def _mma_loop(lines: list[str]) -> list[str]:
     labels = {l.split(":")[0]: i for i, l in enumerate(lines) if re.match(r"\.L_x_\d+:", l)}
     best = None
     for i, l in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", l)
+        # Plain or predicated-uniform branches (sm_120's ptxas closes loops with BRA.U UPn).
+        m = re.search(r"BRA(?:\.\w+)*\s+(?:!?U?P\w+\s*,\s*)?`\((\.L_x_\d+)\)", l)
         if m and labels.get(m.group(1), i) < i:
             body = [lines[j] for j in ins if labels[m.group(1)] < j <= i]
             if any(re.search(r"\b(HMMA|HGMMA|UTCHMMA|OMMA|QMMA)", b) for b in body):
