@@ -13,7 +13,9 @@ instruction count is not the limit.
 
 GPUs: the H200 and H100 with the copy bandwidth measured on them (committed peer runs) and the SM
 clock nvidia-smi reported there; the RTX PRO 6000 (both editions) with the spec table's
-bandwidth and boost clock (``hardware_table.py``, labelled spec). Static counts, not times.
+bandwidth and boost clock (``hardware_table.py``, labelled spec); the B200, whose clock the table
+does not source, with the clock at which the loops would need every issue slot. Static counts,
+not times.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ GPUS = [
      "copy bandwidth measured in decode_v2_step8/run4_h100_tuned/marlin_peer.json; max SM clock "
      "(nvidia-smi)"),
 ]
-for _key in ("rtx-pro-6000-ws", "rtx-pro-6000-maxq"):
+for _key, _cc in (("rtx-pro-6000-ws", 120), ("rtx-pro-6000-maxq", 120), ("b200", 100)):
     _s = hardware.spec_by_key(_key)
-    GPUS.append((_s.name, 120, _s.mem_bandwidth_gbs * 1e9, _s.sms, _s.boost_clock_mhz * 1e6,
-                 f"spec table ({_key}): bandwidth and boost clock, not measured"))
+    _clk = _s.boost_clock_mhz * 1e6 if _s.boost_clock_mhz else None
+    GPUS.append((_s.name, _cc, _s.mem_bandwidth_gbs * 1e9, _s.sms, _clk,
+                 f"spec table ({_key}): bandwidth and boost clock, not measured"
+                 + ("" if _clk else "; no sourced clock: the clock at which the share is 1")))
 
 
 def loop_rates(doc: dict) -> list[dict]:
@@ -64,14 +68,18 @@ def main(argv=None) -> int:
     for name, cc, bw, sms, clock, src in GPUS:
         if cc not in docs:
             continue
-        issue = sms * 4 * clock
         for lr in loop_rates(docs[cc]):
             need = bw / BYTES_PER_WEIGHT * lr["per_weight"]
-            rows.append(dict(lr, gpu=name, cc=cc, bandwidth_Bps=bw, issue_per_s=issue,
-                             share=need / issue, source=src))
+            row = dict(lr, gpu=name, cc=cc, bandwidth_Bps=bw, source=src)
+            if clock:
+                row.update(issue_per_s=sms * 4 * clock, share=need / (sms * 4 * clock))
+                what = f"needs {row['share']:5.1%} of issue slots"
+            else:
+                row.update(clock_at_share_1_Hz=need / (sms * 4))
+                what = f"needs every issue slot below {row['clock_at_share_1_Hz'] / 1e9:.2f} GHz"
+            rows.append(row)
             print(f"{name:34} sm_{cc} {lr['case']:8} {lr['kernel']:10} {lr['loop']:5} instr / "
-                  f"{lr['weights']:5} weights = {lr['per_weight']:.4f}; needs {need / issue:5.1%} "
-                  f"of issue slots", file=sys.stderr)
+                  f"{lr['weights']:5} weights = {lr['per_weight']:.4f}; {what}", file=sys.stderr)
     doc = dict(what="issue share of the decode K loops at memory bandwidth "
                "(benchmarks/experiments/issue_share.py)",
                triton={cc: d["triton"] for cc, d in docs.items()}, rows=rows)
