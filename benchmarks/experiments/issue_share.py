@@ -84,10 +84,7 @@ def main(argv=None) -> int:
                "(benchmarks/experiments/issue_share.py)",
                triton={cc: d["triton"] for cc, d in docs.items()}, rows=rows)
     text = json.dumps(doc, indent=1)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-    else:
-        print(text)
+    Path(a.out).write_text(text + "\n") if a.out else print(text)
     return 0
 
 
