@@ -338,6 +338,34 @@ def test_both_families_take_the_launchers_arguments(role):
     assert g_extra["BT"] == d_extra["BT"] == cfg.block_t
 
 
+_LAUNCH_OPTIONS = {"num_warps", "num_stages", "launch_pdl"}  # Triton's, not the kernel's
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(gemm2="tokens", l2_prefetch=1),  # the token GEMM2's knob: GEMM1 must not get it
+    dict(gemm2="tokens", l2_prefetch=1, ring1=2),
+    dict(gemm2="tokens", l2_prefetch=1, pdl=2),
+    dict(gemm2="tokens", l2_prefetch=1, slots2=1, block_n2=32, warps2=1),
+    dict(gemm2="tokens", l2_prefetch=1, kstack1=1, split_k1=4, block_n1=32, warps1=1),
+    dict(gemm2="pairs", ring1=4, pdl=1, combine="kernel", split_t=2),
+    dict(gemm2="pairs", kstack1=1, split_k1=2),
+])
+def test_every_launch_keyword_is_a_kernel_parameter(knobs):
+    """Every keyword the launcher passes (``decode._kernel``) names a parameter of the kernel it
+    launches, for each role under each knob (a GPU run found GEMM1 handed the token GEMM2's
+    ``L2PF`` since decode step 6: Triton rejects the launch with a KeyError)."""
+    from sglang_fp4ext.moe import decode
+    from sglang_fp4ext.moe.decode_config import KernelConfig
+
+    cfg = KernelConfig(kernels="gluon", **knobs)
+    for role in ("gemm1", "gemm2_tok" if cfg.gemm2 == "tokens" else "gemm2"):
+        bn = cfg.block_n1 if role == "gemm1" else cfg.block_n2
+        w = cfg.warps1 if role == "gemm1" else cfg.warps2
+        fn, extra = decode._kernel("gluon", role, bn, cfg, w, 3, pdl=cfg.pdl, top_k=8)
+        assert set(extra) - _LAUNCH_OPTIONS <= set(fn.arg_names), (role, fn.__name__, extra.keys())
+    assert ("L2PF" in extra) == bool(cfg.l2_prefetch)
+
+
 def test_slot_parallel_token_gemm2_takes_the_same_arguments():
     """``slots2=1`` swaps the token GEMM2 for ``_gemm2_tok_slots`` under the same launch: the
     same arguments, up to 8 times the warps and rows, an MMA column per slot of a round."""

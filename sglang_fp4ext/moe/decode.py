@@ -364,10 +364,10 @@ def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int,
         extra = dict(num_warps=warps, DEPTH=cfg.depth, BT=cfg.block_t, **lay, **_pdl_args(pdl))
         if role != "gemm2_tok":
             extra["SPLIT_T"] = cfg.split_t
+        elif cfg.l2_prefetch:  # the token GEMM2's own knob: no other kernel takes it
+            extra["L2PF"] = True
         if role == "gemm1" and cfg.ring1:
             extra.update(RING=cfg.ring1, **G.ring_layouts(block_n, warps))
-        elif cfg.l2_prefetch:
-            extra["L2PF"] = True
         if role == "gemm2":
             extra["COMBINE"] = cfg.combine == "counter"
         return getattr(G, _KERNELS[family][role]), extra
