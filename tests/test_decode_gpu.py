@@ -359,6 +359,23 @@ def test_l2_prefetch_changes_no_bit(name, T, seed):
                  what=f"{name} T={T} l2_prefetch")
 
 
+@pytest.mark.parametrize("maxnreg1", [96, 128])
+@pytest.mark.parametrize("name,T", [("tp8_shared", 128), ("ep8", 64), ("tp8_shared", 3)])
+def test_maxnreg1_changes_no_bit(name, T, maxnreg1, seed):
+    """GEMM1 under a register cap (``maxnreg1``): the same instructions on fewer registers (maybe
+    spilled), so the same bits; and the fp32 twin within tolerance."""
+    w, pw = glm5_cases.weights(name)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, ids, tw = glm5_cases.inputs(name, T, g)
+    ids[0, 1] = -1  # a dropped slot
+    cfg = _config(pw, ids, "pairs", "gluon")
+    if cfg.kstack1:  # the cap is the two-launch GEMM1's: its K splits across programs
+        cfg = dataclasses.replace(cfg, kstack1=0, split_k1=1)
+    out = _same_bits(x, pw, ids, tw, cfg, maxnreg1=maxnreg1)
+    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
+                 what=f"{name} T={T} maxnreg1={maxnreg1}")
+
+
 @pytest.mark.parametrize("kernels", FAMILIES)
 @pytest.mark.parametrize("name,T", [("tp8_shared", 3), ("tp8_shared", 128), ("ep8", 64)])
 def test_deterministic_across_runs(name, T, kernels, seed):

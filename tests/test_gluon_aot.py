@@ -69,8 +69,11 @@ for v in variants:
     consts = dict(v["constexprs"], **lay)
     sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names if n in DIV}
+    opts = dict(num_warps=v["num_warps"])
+    if v.get("maxnreg_asked"):
+        opts["maxnreg"] = v["maxnreg_asked"]
     k = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
-                       options=dict(num_warps=v["num_warps"]))
+                       options=opts)
     ptx = k.asm["ptx"]
     out.append(dict(v, triton=triton.__version__, shared=k.metadata.shared,
                     mma="mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx,
@@ -80,7 +83,8 @@ for v in variants:
                     wait_group="cp.async.wait_group" in ptx, bar_sync=ptx.count("bar.sync"),
                     gdc_wait="griddepcontrol.wait" in ptx,
                     gdc_launch="griddepcontrol.launch_dependents" in ptx,
-                    l2_prefetch=ptx.count("prefetch.global.L2")))
+                    l2_prefetch=ptx.count("prefetch.global.L2"),
+                    maxnreg=int(ptx.split(".maxnreg")[1].split()[0]) if ".maxnreg" in ptx else 0))
 print(json.dumps(out))
 """
 
@@ -149,6 +153,10 @@ def _gluon_configs():
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1,
                                                    tiles2=1, l2_prefetch=1)))
+        for T in (128, 256):  # a register cap on GEMM1 (maxnreg1, opt-in)
+            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            if not c.kstack1:
+                cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", maxnreg1=128)))
         # The one-launch form of the small-T configs.
         for T in (1, 4):
             c = heuristic_config(T, s, Target("sm_90", None, 132))
@@ -168,6 +176,8 @@ def _variants():
                    constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
                                    BLOCK_P=c.block_p, DEPTH=c.depth, SPLIT_T=c.split_t, **pdl,
                                    RING=c.ring1))]
+        if c.maxnreg1:  # a launch option, not a constexpr
+            vs[0]["maxnreg_asked"] = c.maxnreg1
         if c.kstack1:
             vs = [dict(kernel=7, BN=c.block_n1, BT=8, num_warps=c.split_k1 * c.warps1,
                        constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=8,
@@ -227,6 +237,7 @@ def test_there_are_gluon_configs_to_compile():
     assert {v["constexprs"]["K_POW2"] for v in _variants() if v["kernel"] == 6} == {8, 16}
     assert {v["constexprs"]["RING"] for v in _variants() if v["constexprs"].get("RING")} >= {2, 4, 8}
     assert any(v["constexprs"].get("L2PF") and not v["constexprs"]["PDL"] for v in _variants())
+    assert {v.get("maxnreg_asked") for v in _variants() if v["kernel"] == 1} >= {None, 128}
     pdl = {(v["kernel"], v["constexprs"]["PDL"]) for v in _variants() if v["constexprs"].get("PDL")}
     assert pdl == {(k, p) for k in (1, 2, 3, 5) for p in (1, 2)} | {(6, 2), (7, 1), (7, 2)}, pdl
 
@@ -252,6 +263,8 @@ def test_every_gluon_config_compiles_to_the_design(compiled, cc):
             assert r["shared"] <= 64, f"sm_{cc}: unexpected shared memory: {r}"
         if r["kernel"] == 4:  # one launch: readiness released by GEMM1, acquired by GEMM2
             assert r["acquire"] and r["release"], f"sm_{cc}: no acquire/release: {r}"
+        # GEMM1's register cap (maxnreg1) reaches ptxas as the kernel's .maxnreg, and only there
+        assert r["maxnreg"] == r.get("maxnreg_asked", 0), f"sm_{cc}: {r}"
         _check_pdl(r, cc)
 
 
@@ -338,7 +351,7 @@ def test_both_families_take_the_launchers_arguments(role):
     assert g_extra["BT"] == d_extra["BT"] == cfg.block_t
 
 
-_LAUNCH_OPTIONS = {"num_warps", "num_stages", "launch_pdl"}  # Triton's, not the kernel's
+_LAUNCH_OPTIONS = {"num_warps", "num_stages", "launch_pdl", "maxnreg"}  # Triton's
 
 
 @pytest.mark.parametrize("knobs", [
@@ -349,6 +362,7 @@ _LAUNCH_OPTIONS = {"num_warps", "num_stages", "launch_pdl"}  # Triton's, not the
     dict(gemm2="tokens", l2_prefetch=1, kstack1=1, split_k1=4, block_n1=32, warps1=1),
     dict(gemm2="pairs", ring1=4, pdl=1, combine="kernel", split_t=2),
     dict(gemm2="pairs", kstack1=1, split_k1=2),
+    dict(gemm2="pairs", maxnreg1=128, split_t=2),
 ])
 def test_every_launch_keyword_is_a_kernel_parameter(knobs):
     """Every keyword the launcher passes (``decode._kernel``) names a parameter of the kernel it

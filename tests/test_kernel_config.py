@@ -66,6 +66,10 @@ def test_frozen_hashable_repr_round_trip():
         ({"kstack1": 1, "split_k1": 8, "split_t": 2}, "launches must be 2, ring1 0 and split_t 1"),
         ({"kstack1": 1, "split_k1": 4, "launches": 1, "gemm2": "tokens"}, "launches must be 2"),
         ({"kstack1": 1, "split_k1": 8, "warps1": 8, "block_n1": 128}, "64 warps per program"),
+        ({"maxnreg1": 32}, "maxnreg1 must be 0"),
+        ({"maxnreg1": 256}, "maxnreg1 must be 0"),
+        ({"maxnreg1": 128, "kstack1": 1, "split_k1": 4}, "caps the two-launch GEMM1"),
+        ({"maxnreg1": 128, "launches": 1, "gemm2": "tokens"}, "caps the two-launch GEMM1"),
     ],
 )
 def test_invalid_configs_rejected(kwargs, msg):

@@ -15,6 +15,7 @@ SM, GEMM1 split-K, GEMM2 row tile, warps). ``--sweep split_t`` spreads each expe
 weight chunks through a shared-memory ``cp.async`` ring (``ring1`` stages) around its split-K.
 ``--sweep slots`` runs the token GEMM2 with the token's top-k slots side by side (``slots2``).
 ``--sweep kstack`` runs GEMM1 with its K splits on one program's warps (``kstack1``).
+``--sweep maxnreg`` caps GEMM1's registers (``maxnreg1``) for more resident warps.
 ``--sweep table`` times the shipped config against ``--v2-table``'s (a table file) where they
 differ.
 ``--sweep pdl`` times the
@@ -190,6 +191,19 @@ def kstack_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
+def maxnreg_candidates(base: KernelConfig) -> list[KernelConfig]:
+    """GEMM1 under a register cap (``maxnreg1``: more resident warps, maybe spills) at 96-168
+    registers, with its tiles as they are and with 4 warps on 128 rows (Gluon, two launches,
+    the K splits across programs)."""
+    r = dataclasses.replace
+    b = r(base, kernels="gluon", launches=2, kstack1=0, ring1=0)
+    if base.kstack1:
+        b = r(b, split_k1=1)
+    out = [r(b, maxnreg1=n) for n in (96, 128, 168)]
+    out += [r(b, block_n1=128, warps1=4, maxnreg1=n) for n in (128, 168)]
+    return _unique(out, drop=base)
+
+
 def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     """The pairs GEMM2 with its top-k sum in a third launch (``combine="kernel"``): row tile,
     warps, row tiles per program and GEMM2 split-K around ``base``."""
@@ -246,7 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--v1-table", default="benchmarks/results/NVIDIA_H200_v1_table.json",
                     help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
     ap.add_argument("--sweep", choices=("families", "one_launch", "depth", "combine", "split_t",
-                                        "pdl", "ring", "slots", "kstack", "table", "none"),
+                                        "pdl", "ring", "slots", "kstack", "maxnreg", "table", "none"),
                     default="families")
     ap.add_argument("--v2-table", default="", help="--sweep table: the table file to time")
     ap.add_argument("--pdl", default="0,1", help="--sweep pdl: the pdl levels to time")
@@ -336,6 +350,8 @@ def main(argv=None) -> int:
                 cands = [v1] + slots_candidates(v1, shape.top_k)
             elif args.sweep == "kstack":
                 cands = [v1] + kstack_candidates(v1, kc1)
+            elif args.sweep == "maxnreg":
+                cands = [v1] + maxnreg_candidates(v1)
             elif args.sweep == "table":
                 e2 = v2_table.get(shape.key(), {}).get(token_bucket(T))
                 if e2 is None or e2.path != "decode" or e2.config == v1:
@@ -415,7 +431,8 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     name = {"families": "gluon_decode_ab.json", "one_launch": "one_launch_ab.json",
             "depth": "depth_ab.json", "combine": "combine_ab.json", "split_t": "split_t_ab.json",
-            "ring": "ring_ab.json", "slots": "slots_ab.json", "kstack": "kstack_ab.json", "table": "table_ab.json",
+            "ring": "ring_ab.json", "slots": "slots_ab.json", "kstack": "kstack_ab.json",
+            "maxnreg": "maxnreg_ab.json", "table": "table_ab.json",
             "pdl": "pdl_ab_separate.json" if args.separate else "pdl_ab.json",
             "none": "decode_split.json"}[args.sweep]
     (out_dir / name).write_text(json.dumps(res, indent=1))

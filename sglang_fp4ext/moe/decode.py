@@ -368,6 +368,8 @@ def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int,
             extra["L2PF"] = True
         if role == "gemm1" and cfg.ring1:
             extra.update(RING=cfg.ring1, **G.ring_layouts(block_n, warps))
+        if role == "gemm1" and cfg.maxnreg1:
+            extra["maxnreg"] = cfg.maxnreg1  # a launch option (Triton's), not a kernel argument
         if role == "gemm2":
             extra["COMBINE"] = cfg.combine == "counter"
         return getattr(G, _KERNELS[family][role]), extra

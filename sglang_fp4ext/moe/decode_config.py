@@ -104,6 +104,10 @@ class KernelConfig(ConfigDict):
     1; the K chunks must divide evenly (the launcher checks).
     ``l2_prefetch``: 1 has the Gluon token GEMM2 ask L2 for all its experts' row tiles when it
     starts (its walk over the token's experts then waits on L2, not DRAM; PDL implies it).
+    ``maxnreg1``: a register cap for the Gluon GEMM1 launch (Triton's ``maxnreg``; 0 leaves it to
+    the compiler): at 128-256 tokens GEMM1 holds 176-235 registers a thread, 4-5 two-warp CTAs
+    an SM, and waits on its loads (Nsight Compute on the H100, decode step 10); a cap buys
+    resident warps at the risk of spills. Opt-in, out of the heuristic until measured.
     """
 
     grid: str = "slots"
@@ -130,6 +134,7 @@ class KernelConfig(ConfigDict):
     l2_prefetch: int = 0
     slots2: int = 0
     kstack1: int = 0
+    maxnreg1: int = 0
 
     def __post_init__(self):
         if self.kernels not in KERNEL_FAMILIES:
@@ -179,6 +184,17 @@ class KernelConfig(ConfigDict):
                     f"KernelConfig.kstack1=1 runs split_k1 * warps1 = "
                     f"{self.split_k1 * self.warps1} warps per program: more than 32"
                 )
+        if self.maxnreg1 != 0 and not 64 <= self.maxnreg1 <= 255:
+            raise ValueError(
+                f"KernelConfig.maxnreg1 must be 0 (the compiler's choice) or 64..255 registers, "
+                f"got {self.maxnreg1!r}"
+            )
+        if self.maxnreg1 and (self.kstack1 or self.launches != 2):
+            raise ValueError(
+                "KernelConfig.maxnreg1 caps the two-launch GEMM1 (_gemm1): not the stacked "
+                f"splits (kstack1={self.kstack1}) or the one-launch kernel "
+                f"(launches={self.launches})"
+            )
         if self.depth not in (1, 2, 3):
             raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
         if self.ring1 not in (0, 2, 3, 4, 5, 6, 7, 8):
