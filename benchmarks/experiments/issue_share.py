@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -29,14 +30,26 @@ from sglang_fp4ext import hardware
 
 BYTES_PER_WEIGHT = 0.5 + 1 / 16  # FP4 code + one e4m3 block scale per 16
 
-#: (name, compute capability, bandwidth B/s, SMs, clock Hz, source)
-GPUS = [
-    ("H200", 90, 4.11e12, 132, 1.98e9,
-     "copy bandwidth measured in peers_2026-12-03_step7/marlin_peer.json; max SM clock (nvidia-smi)"),
-    ("H100 80GB HBM3", 90, 2.96e12, 132, 1.98e9,
-     "copy bandwidth measured in decode_v2_step8/run4_h100_tuned/marlin_peer.json; max SM clock "
-     "(nvidia-smi)"),
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+#: Measured cards: (name, cc, SMs, the peer run whose process measured copy bandwidth, a run log
+#: whose first nvidia-smi line gives the max SM clock).
+MEASURED = [
+    ("H200", 90, 132, "peers_2026-12-03_step7/marlin_peer.json", "prefill_v2_step10/run_h200.log"),
+    ("H100 80GB HBM3", 90, 132, "decode_v2_step8/run4_h100_tuned/marlin_peer.json",
+     "decode_v2_step10/run1_h100_diag/diag.log"),
 ]
+
+
+def _measured(name, cc, sms, bw_file, clock_log):
+    bw = json.loads((RESULTS / bw_file).read_text())["copy_bw_TBps"] * 1e12
+    # nvidia-smi's "name, current SM clock, max SM clock, power" row
+    clock = float(re.search(r", \d+ MHz, (\d+) MHz", (RESULTS / clock_log).read_text())[1]) * 1e6
+    return (name, cc, bw, sms, clock,
+            f"copy bandwidth measured in {bw_file}; max SM clock (nvidia-smi) in {clock_log}")
+
+
+#: (name, compute capability, bandwidth B/s, SMs, clock Hz, source)
+GPUS = [_measured(*m) for m in MEASURED]
 for _key, _cc in (("rtx-pro-6000-ws", 120), ("rtx-pro-6000-maxq", 120), ("b200", 100)):
     _s = hardware.spec_by_key(_key)
     _clk = _s.boost_clock_mhz * 1e6 if _s.boost_clock_mhz else None
