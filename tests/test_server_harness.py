@@ -124,8 +124,28 @@ def test_blocks_are_disjoint_locked_and_hold_the_derived_ports():
             b.release()
 
 
+def _two_free_blocks() -> int:
+    """Base of two adjacent blocks that are free on this machine now. The tests below narrow
+    PORT_RANGE to two blocks; a fixed pair fails wherever one of its ports is busy (CI,
+    2026-12-06: a port of block 18176 was taken, likely TIME_WAIT from an earlier test's server)."""
+    lo, hi = server_ports.PORT_RANGE
+    bases = range(lo, hi - server_ports.PORT_BLOCK, server_ports.PORT_BLOCK)
+    for base in random.Random(0).sample(list(bases), len(bases)):
+        pair = (base, base + server_ports.PORT_BLOCK)
+        locks = [server_ports._lock_block(b) for b in pair]
+        try:
+            if None not in locks and all(server_ports._port_free(b + off) for b in pair
+                                         for off in server_ports.PORT_OFFSETS):
+                return base
+        finally:
+            for lock in locks:
+                if lock:
+                    lock.close()
+    pytest.fail(f"no two adjacent free blocks of {server_ports.PORT_BLOCK} ports in {lo}-{hi}")
+
+
 def test_block_with_a_taken_derived_port_is_skipped(monkeypatch):
-    lo = server_ports.PORT_RANGE[0] + 20 * server_ports.PORT_BLOCK
+    lo = _two_free_blocks()
     monkeypatch.setattr(server_ports, "PORT_RANGE", (lo, lo + 2 * server_ports.PORT_BLOCK))
     with socket.socket() as s:
         s.bind(("127.0.0.1", lo + 233))  # the first block's DP-attention dist-init port
@@ -139,14 +159,25 @@ def test_avoided_block_is_never_picked(monkeypatch):
     """A retry asks for fresh ports: the block that failed is free again once its server is gone
     and, without ``avoid``, one pick in 45 handed it back (CI, 2026-12-03: the retry bound the
     port that had just failed)."""
-    lo = server_ports.PORT_RANGE[0] + 30 * server_ports.PORT_BLOCK
+    lo = _two_free_blocks()
     monkeypatch.setattr(server_ports, "PORT_RANGE", (lo, lo + 2 * server_ports.PORT_BLOCK))
     for seed in range(20):
         b = server_ports.reserve_ports(rng=random.Random(seed), avoid={lo})
         assert b.port == lo + server_ports.PORT_BLOCK
         b.release()
-    with pytest.raises(server_ports.PortInUse, match="no free block"):
+    with pytest.raises(server_ports.PortInUse, match="no free block") as err:
         server_ports.reserve_ports(avoid={lo, lo + server_ports.PORT_BLOCK})
+    assert f"{lo}: avoided" in str(err.value)  # the error says why each block was passed over
+
+
+def test_no_free_block_names_the_busy_port(monkeypatch):
+    lo = _two_free_blocks()
+    monkeypatch.setattr(server_ports, "PORT_RANGE", (lo, lo + server_ports.PORT_BLOCK))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", lo + 1))  # the block's --nccl-port
+        with pytest.raises(server_ports.PortInUse, match=f"{lo}: port {lo + 1} in use") as err:
+            server_ports.reserve_ports()
+    assert err.value.port == lo + 1
 
 
 def test_explicit_port_taken_fails_at_once(tmp_path):

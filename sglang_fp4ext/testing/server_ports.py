@@ -129,15 +129,21 @@ def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = No
     hi = min(hi, _ephemeral_low() - PORT_BLOCK)
     bases = [b for b in range(lo, hi, PORT_BLOCK) if b not in avoid]
     (rng or random).shuffle(bases)
+    why = {b: "avoided" for b in avoid if lo <= b < hi}  # base -> why it was passed over
     for base in bases:
         lock = _lock_block(base)
         if lock is None:
+            why[base] = "locked by another harness server"
             continue
-        if all(_port_free(base + off) for off in PORT_OFFSETS):
+        busy = next((base + off for off in PORT_OFFSETS if not _port_free(base + off)), None)
+        if busy is None:
             return PortBlock(base, base + 1, lock or None)
+        why[base] = f"port {busy} in use"
         if lock:
             lock.close()
-    raise PortInUse(lo, f"no free block of {PORT_BLOCK} ports in {lo}-{hi}, e.g. port")
+    first_busy = next((int(w.split()[1]) for w in why.values() if w.startswith("port ")), lo)
+    detail = "; ".join(f"{b}: {w}" for b, w in sorted(why.items()))
+    raise PortInUse(first_busy, f"no free block of {PORT_BLOCK} ports in {lo}-{hi} ({detail}), e.g. port")
 
 
 # ---- which processes hold a port (Linux /proc; elsewhere the log watch alone decides) ----
