@@ -126,8 +126,9 @@ def test_blocks_are_disjoint_locked_and_hold_the_derived_ports():
 
 def _two_free_blocks() -> int:
     """Base of two adjacent blocks that are free on this machine now. The tests below narrow
-    PORT_RANGE to two blocks; a fixed pair fails wherever one of its ports is busy (CI,
-    2026-12-06: a port of block 18176 was taken, likely TIME_WAIT from an earlier test's server)."""
+    PORT_RANGE to two blocks; a fixed pair fails wherever one of them is held or busy (CI,
+    2026-12-06: block 18176 was passed over; this process may hold a block itself, e.g.
+    ``sglang_cpu``'s gloo ports, and an earlier test's server leaves ports in TIME_WAIT)."""
     lo, hi = server_ports.PORT_RANGE
     bases = range(lo, hi - server_ports.PORT_BLOCK, server_ports.PORT_BLOCK)
     for base in random.Random(0).sample(list(bases), len(bases)):
