@@ -1,9 +1,12 @@
 """SASS instruction counts of the launches one MoE call makes, compiled here (no GPU needed).
 
-    python benchmarks/experiments/sass_counts.py [--cc 90] [--out FILE] SHAPE:T[:path] ...
+    python benchmarks/experiments/sass_counts.py [--cc 90 | --gpu KEY] [--out FILE] SHAPE:T[:path] ...
 
 SHAPE is ``tp8`` / ``ep8`` (GLM-5 per-GPU shapes); path ``decode`` (default) or ``prefill``; the
-config is the H200 table's (the heuristic's where the table has none). Each launch is compiled with
+config is the H200 table's (the heuristic's where the table has none), compiled for ``--cc``; with
+``--gpu KEY`` (a ``hardware_table`` key, e.g. ``rtx-pro-6000-ws``) it is what that GPU serves: its
+table or the heuristic for its arch and SM count, compiled for its arch (on sm_120 the prefill
+path is W4A4, where the H200's ``wgmma`` configs do not compile). Each launch is compiled with
 ``triton.compile`` for ``sm_<cc>`` exactly as the call would launch it (tensors on the ``meta``
 device, the JIT's 16-byte divisibility specialisation), disassembled with the ``nvdisasm`` that
 ships with Triton, and reported: registers, spill bytes, shared memory, total instructions, the
@@ -30,6 +33,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
+from sglang_fp4ext.hardware import spec_by_key
 from sglang_fp4ext.moe import (
     _decode_dot_kernels,
     _decode_gluon_kernels,
@@ -73,13 +77,16 @@ def _matrix(E: int, N: int, K: int) -> KernelMatrix:
 
 def _weights(shape: MoEShape) -> PreparedMoEWeights:
     E, H, I = shape.E, shape.H, shape.I
-    return PreparedMoEWeights(_matrix(E, 2 * I, H), _matrix(E, H, I))
+    # Static input scales ((1,), the max over the experts): the W4A4 prefill needs them.
+    return PreparedMoEWeights(_matrix(E, 2 * I, H), _matrix(E, H, I),
+                              w13_input_scale=_meta(torch.float32, 1),
+                              w2_input_scale=_meta(torch.float32, 1))
 
 
-def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
+def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> list[tuple]:
     """(kernel, grid, args, constexprs, warps, stages) of one ``fused_moe_nvfp4`` call, recorded
     by running the real launcher against recording stand-ins for the kernels (both families;
-    the Gluon ones as on an sm_90 GPU of 132 SMs: PDL as configured)."""
+    the Gluon ones as on a GPU of ``target``'s SM count: PDL as configured)."""
     w = _weights(shape)
     calls = []
 
@@ -106,7 +113,7 @@ def decode_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
         F.validate_moe_inputs = lambda *a, **k: None  # meta tensors are not on a CUDA device
         F._pdl = lambda family, c, dev: c.pdl if family == "gluon" else 0
         torch.cuda.current_device = lambda: 0  # the one-launch path's SM count
-        F._SM_COUNT.setdefault(0, _H200.num_sms)
+        F._SM_COUNT[0] = target.num_sms
         k = shape.top_k
         x = _meta(torch.bfloat16, T, shape.H)
         ids, tw = _meta(torch.int32, T, k), _meta(torch.float32, T, k)
@@ -221,10 +228,18 @@ def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="+", help="SHAPE:T[:decode|prefill], SHAPE tp8 or ep8")
-    ap.add_argument("--cc", type=int, default=90, help="compute capability to compile for")
+    ap.add_argument("--cc", type=int, help="compute capability to compile for (default 90, or --gpu's)")
+    ap.add_argument("--gpu", help="hardware_table key: compile what that GPU serves, for its arch")
     ap.add_argument("--out", help="write the JSON here (else stdout)")
     ap.add_argument("--config", help="a KernelConfig(...) / PrefillConfig(...) for every case")
     a = ap.parse_args(argv)
+    target = _H200
+    if a.gpu:
+        spec = spec_by_key(a.gpu)
+        major, minor = spec.capability
+        target = Target(f"sm_{major}{minor}", spec.name, spec.sms)
+        a.cc = a.cc or major * 10 + minor
+    a.cc = a.cc or 90
     rows = []
     for case in a.cases:
         name, T, *rest = case.split(":")
@@ -234,10 +249,10 @@ def main(argv=None) -> int:
         names = {"KernelConfig": KernelConfig, "PrefillConfig": PrefillConfig}
         forced = eval(a.config, names) if a.config else None
         if path == "decode":
-            cfg = forced or config_for(int(T), shape, _H200)
-            launches = decode_launches(int(T), shape, cfg)
+            cfg = forced or config_for(int(T), shape, target)
+            launches = decode_launches(int(T), shape, cfg, target)
         else:
-            cfg = forced or prefill_config_for(int(T), shape, _H200)
+            cfg = forced or prefill_config_for(int(T), shape, target)
             launches = prefill_launches(int(T), shape, cfg)
         for L in launches:
             r = dict(case=case, config=repr(cfg), **count(*L, cc=a.cc))
@@ -253,6 +268,8 @@ def main(argv=None) -> int:
         triton=triton.__version__,
         torch=torch.__version__,
         cc=a.cc,
+        gpu=target.device_name,
+        num_sms=target.num_sms,
         rows=rows,
     )
     text = json.dumps(doc, indent=1)
