@@ -9,6 +9,10 @@ twin on a NaN-poisoned output (rms 5e-3 / max 1e-2), then timed whole by CUDA-gr
 fraction of the bf16 matmul rate measured in the same run, and the ratio to v1. Table last;
 JSON to ``$OUT/prefill_wgmma_ab.json``.
 
+``AB_SHIPPED=1`` (#16's closing A/B): per shape and T, v1, v2 as shipped (the GPU's table or the
+heuristic, ``prefill_config_for``) and the torch bf16 grouped-GEMM peer (``bench/peers.py``, the
+regression suite's ``torch-bf16``), in one process; no knob variants, no decode row.
+
     PYTHONPATH=. python benchmarks/experiments/prefill_wgmma_ab.py
 """
 
@@ -31,6 +35,7 @@ from sglang_fp4ext.moe.shape import current_target
 from sglang_fp4ext.testing.compare import error_stats
 
 TS = [int(t) for t in os.environ.get("AB_T", "512,1024,2048,4096,8192").split(",")]
+SHIPPED = os.environ.get("AB_SHIPPED") == "1"
 PRESETS = os.environ.get(
     "AB_PRESETS", "glm5-tp8,glm5-tp8-fused-shared,glm5-ep8,deepseek-r1-nvfp4-tp8"
 ).split(",")
@@ -64,9 +69,14 @@ def step_for(layer, T, c):
 def check(layer, T, c):
     xs, rts, outs = layer.inputs(T)
     outs[0].fill_(float("nan"))
-    step_for(layer, T, c)(0)
-    st = error_stats(outs[0], fused_moe_nvfp4_torch(xs[0], layer.packs[0], rts[0][0], rts[0][1]))
-    return st, st.nonfinite == 0 and st.rms_rel <= 5e-3 and st.max_rel <= 1e-2
+    if c == "torch bf16":  # bf16 weights and intermediate: recorded, held to no fp32 bound
+        out = layer.peer(T)(0)
+    else:
+        step_for(layer, T, c)(0)
+        out = outs[0]
+    st = error_stats(out, fused_moe_nvfp4_torch(xs[0], layer.packs[0], rts[0][0], rts[0][1]))
+    ok = st.nonfinite == 0 and (c == "torch bf16" or (st.rms_rel <= 5e-3 and st.max_rel <= 1e-2))
+    return st, ok
 
 
 mm = bf16_matmul_tflops()
@@ -85,21 +95,26 @@ for preset in PRESETS:
         if v1.kernels != "dot":
             v1 = prefill_heuristic_config(T, ms, target, "dot")
         cands = [("v1", v1)]
-        if T <= 1024:  # where the decode path may still win: the switch point
+        if SHIPPED:
+            cands += [("v2 shipped", prefill_config_for(T, ms, target)), ("torch bf16", "torch bf16")]
+        elif T <= 1024:  # where the decode path may still win: the switch point
             dc = config_for(T, ms, target)
             cands.append(("decode", dc if isinstance(dc, KernelConfig) else heuristic_config(T, ms, target)))
-        cands += variants(T, ms, target)
+        if not SHIPPED:
+            cands += variants(T, ms, target)
         for name, c in cands:
-            rec = dict(preset=preset, T=T, pairs=pairs, name=name, config=repr(c))
+            rec = dict(preset=preset, T=T, pairs=pairs, name=name, config=repr(c),
+                       served_path=layer.served_path(T))  # what SGLang's runner takes at T
             try:
                 st, ok = check(layer, T, c)
                 rec.update(ok=ok, rms_rel=st.rms_rel, max_rel=st.max_rel, nonfinite=st.nonfinite)
                 if ok:
-                    rt = time_graph_replay(step_for(layer, T, c), n)
+                    step = layer.peer(T) if c == "torch bf16" else step_for(layer, T, c)
+                    rt = time_graph_replay(step, n)
                     rec.update(us=rt.us_per_call, us_min=rt.us_min, us_max=rt.us_max,
                                tflops=flops / rt.us_per_call / 1e6,
                                frac_mm=flops / rt.us_per_call / 1e6 / mm)
-                    kt = kernel_times_us(step_for(layer, T, c), n, calls=8)
+                    kt = kernel_times_us(step, n, calls=8)
                     rec["kernel_us"] = {k: v for k, v in kt.items() if k.startswith("_")}
             except Exception as exc:  # noqa: BLE001 - record what fails, keep measuring
                 rec.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
