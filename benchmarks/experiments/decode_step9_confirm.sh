@@ -18,16 +18,12 @@
 # (560 s) is cut by its timeout, and what it wrote still comes back in $OUT/results.tar.gz.
 # Usage (device, repository root): bash benchmarks/experiments/decode_step9_confirm.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-R=/tmp/r; mkdir -p $R /tmp/cfg /tmp/scratch
-t0=$(date +%s)
-left() { echo $(( ${LIMIT:-560} - ($(date +%s) - t0) )); }
-pack() { tar czf $OUT/results.tar.gz -C $R . ; }
-step() { echo "== $1 $(date +%T) (left $(left) s)" >> $OUT/run.log; }
+LIMIT=${LIMIT:-560}
+source benchmarks/experiments/device_steps.sh
+mkdir -p /tmp/cfg /tmp/scratch
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
 h200=0; case "$card" in *H200*) h200=1;; esac
-
-cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 5 ? l : 5 )) || echo "$1"; }
 
 part_tier() {
 step gpu_tier

@@ -11,12 +11,8 @@
 # PARTS (default "tier ab tk") picks the steps and their order; LIMIT (default 585 s).
 # Usage (device, repository root): bash benchmarks/experiments/prefill_close.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-R=/tmp/r; mkdir -p $R
-t0=$(date +%s)
-left() { echo $(( ${LIMIT:-585} - ($(date +%s) - t0) )); }
-cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 5 ? l : 5 )) || echo "$1"; }
-pack() { tar czf $OUT/prefill_close.tar.gz -C $R . ; }
-step() { echo "== $1 $(date +%T) (left $(left) s)" >> $OUT/run.log; }
+PACK=prefill_close
+source benchmarks/experiments/device_steps.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
 TS=${TS:-512,1024,2048,4096,8192}
 
