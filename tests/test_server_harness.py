@@ -130,6 +130,7 @@ def _two_free_blocks() -> int:
     2026-12-06: block 18176 was passed over; this process may hold a block itself, e.g.
     ``sglang_cpu``'s gloo ports, and an earlier test's server leaves ports in TIME_WAIT)."""
     lo, hi = server_ports.PORT_RANGE
+    hi = min(hi, server_ports._ephemeral_low() - server_ports.PORT_BLOCK)  # as reserve_ports
     bases = range(lo, hi - server_ports.PORT_BLOCK, server_ports.PORT_BLOCK)
     for base in random.Random(0).sample(list(bases), len(bases)):
         pair = (base, base + server_ports.PORT_BLOCK)

@@ -130,6 +130,7 @@ def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = No
     bases = [b for b in range(lo, hi, PORT_BLOCK) if b not in avoid]
     (rng or random).shuffle(bases)
     why = {b: "avoided" for b in avoid if lo <= b < hi}  # base -> why it was passed over
+    first_busy = None
     for base in bases:
         lock = _lock_block(base)
         if lock is None:
@@ -139,11 +140,14 @@ def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = No
         if busy is None:
             return PortBlock(base, base + 1, lock or None)
         why[base] = f"port {busy} in use"
+        first_busy = first_busy or busy
         if lock:
             lock.close()
-    first_busy = next((int(w.split()[1]) for w in why.values() if w.startswith("port ")), lo)
-    detail = "; ".join(f"{b}: {w}" for b, w in sorted(why.items()))
-    raise PortInUse(first_busy, f"no free block of {PORT_BLOCK} ports in {lo}-{hi} ({detail}), e.g. port")
+    items = sorted(why.items())
+    detail = "; ".join(f"{b}: {w}" for b, w in items[:6]) + (
+        f"; {len(items) - 6} more" if len(items) > 6 else "")
+    raise PortInUse(first_busy or lo,
+                    f"no free block of {PORT_BLOCK} ports in {lo}-{hi} ({detail}), e.g. port")
 
 
 # ---- which processes hold a port (Linux /proc; elsewhere the log watch alone decides) ----
