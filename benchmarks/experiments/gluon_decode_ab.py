@@ -191,16 +191,24 @@ def kstack_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
+#: GEMM1 register caps per warps a CTA: each buys one more resident CTA an SM (64K registers)
+#: than the cap above it: 2 warps 184 / 168 / 144 / 128 -> 5 / 6 / 7 / 8 CTAs, 4 warps 168 / 128
+#: -> 3 / 4. 184, not 200 (also 5 CTAs): at 16 pairs a tile ptxas spills at 200 and not at 184
+#: (static SASS, decode_v2_step11/).
+MAXNREG_CAPS = {2: (184, 168, 144, 128), 4: (168, 128)}
+
+
 def maxnreg_candidates(base: KernelConfig) -> list[KernelConfig]:
-    """GEMM1 under a register cap (``maxnreg1``: more resident warps, maybe spills) at 96-168
-    registers, with its tiles as they are and with 4 warps on 128 rows (Gluon, two launches,
-    the K splits across programs)."""
+    """GEMM1 under a register cap (``maxnreg1``: more resident warps, maybe spills) at
+    ``MAXNREG_CAPS`` with its tiles as they are, and at 168 / 128 with 4 warps on 128 rows (Gluon,
+    two launches, the K splits across programs). 96 is left out: it spills 53-141 words a K step
+    (static SASS on sm_90, decode_v2_step11/)."""
     r = dataclasses.replace
     b = r(base, kernels="gluon", launches=2, kstack1=0, ring1=0)
     if base.kstack1:
         b = r(b, split_k1=1)
-    out = [r(b, maxnreg1=n) for n in (96, 128, 168)]
-    out += [r(b, block_n1=128, warps1=4, maxnreg1=n) for n in (128, 168)]
+    out = [r(b, maxnreg1=n) for n in MAXNREG_CAPS.get(b.warps1, ())]
+    out += [r(b, block_n1=128, warps1=4, maxnreg1=n) for n in MAXNREG_CAPS[4]]
     return _unique(out, drop=base)
 
 

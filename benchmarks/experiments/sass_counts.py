@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -33,7 +34,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
-from sglang_fp4ext.hardware import spec_by_key
+from sglang_fp4ext.hardware import spec_by_key, spec_for_device_name
 from sglang_fp4ext.moe import (
     _decode_dot_kernels,
     _decode_gluon_kernels,
@@ -43,7 +44,7 @@ from sglang_fp4ext.moe import (
 )
 from sglang_fp4ext.moe import decode as F
 from sglang_fp4ext.moe import prefill as PF
-from sglang_fp4ext.moe.config import config_for, prefill_config_for
+from sglang_fp4ext.moe.config import config_for, prefill_config_for, read_table_file, table_path
 from sglang_fp4ext.moe.decode_config import KernelConfig
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
 from sglang_fp4ext.moe.prefill_config import PrefillConfig
@@ -177,6 +178,11 @@ def _mma_loop(lines: list[str]) -> list[str]:
 
 
 def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
+    constexprs = dict(constexprs)
+    opts = dict(num_warps=warps, num_stages=stages)
+    if constexprs.get("maxnreg"):  # a launch option (KernelConfig.maxnreg1), not a kernel argument
+        opts["maxnreg"] = constexprs["maxnreg"]
+    constexprs.pop("maxnreg", None)
     sig, consts, attrs = _signature(fn, args, constexprs)
     gluon = fn.__module__.endswith("_gluon_kernels")
     if gluon:
@@ -186,7 +192,7 @@ def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
     k = triton.compile(
         Source(fn, sig, consts, attrs),
         target=GPUTarget("cuda", cc, 32),
-        options=dict(num_warps=warps, num_stages=stages),
+        options=opts,
     )
     bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
     with tempfile.TemporaryDirectory() as d:
@@ -211,6 +217,7 @@ def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
         grid=list(grid),
         warps=warps,
         stages=stages,
+        maxnreg=opts.get("maxnreg", 0),
         # Layouts (Gluon) by name only: not JSON.
         constexprs={k: v if isinstance(v, (int, float, str)) else type(v).__name__
                     for k, v in constexprs.items() if k != "COMPUTE_F32"},
@@ -225,6 +232,22 @@ def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
     )
 
 
+def _served_name(spec) -> str:
+    """The driver's name of ``spec``'s GPU where a shipped table is named for it (the H100's
+    table is ``NVIDIA H100 80GB HBM3``, its spec ``NVIDIA H100 SXM5 80GB``), else the spec's."""
+    for path in sorted(table_path("x").parent.glob("*.json")):
+        dev = read_table_file(path)[0]
+        if spec_for_device_name(dev) is spec:
+            return dev
+    return spec.name
+
+
+def _changed(cfg, fields: str):
+    """``cfg`` with ``--set``'s integer fields replaced."""
+    kv = dict(f.split("=") for f in fields.split(",") if f)
+    return dataclasses.replace(cfg, **{k: int(v) for k, v in kv.items()}) if kv else cfg
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="+", help="SHAPE:T[:decode|prefill], SHAPE tp8 or ep8")
@@ -232,12 +255,14 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", help="hardware_table key: compile what that GPU serves, for its arch")
     ap.add_argument("--out", help="write the JSON here (else stdout)")
     ap.add_argument("--config", help="a KernelConfig(...) / PrefillConfig(...) for every case")
+    ap.add_argument("--set", default="", help="KEY=INT,...: change these fields of each case's "
+                    "served config (e.g. maxnreg1=168,kstack1=0)")
     a = ap.parse_args(argv)
     target = _H200
     if a.gpu:
         spec = spec_by_key(a.gpu)
         major, minor = spec.capability
-        target = Target(f"sm_{major}{minor}", spec.name, spec.sms)
+        target = Target(f"sm_{major}{minor}", _served_name(spec), spec.sms)
         a.cc = a.cc or major * 10 + minor
     a.cc = a.cc or 90
     rows = []
@@ -249,10 +274,10 @@ def main(argv=None) -> int:
         names = {"KernelConfig": KernelConfig, "PrefillConfig": PrefillConfig}
         forced = eval(a.config, names) if a.config else None
         if path == "decode":
-            cfg = forced or config_for(int(T), shape, target)
+            cfg = _changed(forced or config_for(int(T), shape, target), a.set)
             launches = decode_launches(int(T), shape, cfg, target)
         else:
-            cfg = forced or prefill_config_for(int(T), shape, target)
+            cfg = _changed(forced or prefill_config_for(int(T), shape, target), a.set)
             launches = prefill_launches(int(T), shape, cfg)
         for L in launches:
             r = dict(case=case, config=repr(cfg), **count(*L, cc=a.cc))
