@@ -1,11 +1,9 @@
 #!/bin/bash
-# #15: GEMM1's register pressure at T = 64-256, where Nsight Compute on the H100 showed it at 4-5
-# two-warp CTAs an SM (176-235 registers) waiting on its loads (decode_v2_step10/run1_h100_diag).
-# One call (~3 min, ~5-6 with RING=1): the GPU tests of the cap and of the step-10 launcher fix
-# (ring1 / l2_prefetch), then the sweeps (medians of 3 interleaved timings): a register cap
-# (KernelConfig.maxnreg1) and, with RING=1, GEMM1's weight chunks through the shared-memory ring
-# (ring1: no register queue; timed at T <= 8 only so far, decode step 6).
-# Usage (device, repository root): [RING=1] bash benchmarks/experiments/decode_maxnreg.sh
+# #15: GEMM1 under a register cap (KernelConfig.maxnreg1) at T = 64-256, where Nsight Compute on
+# the H100 showed it at 4-5 two-warp CTAs an SM (176-235 registers) waiting on its loads
+# (decode_v2_step10/run1_h100_diag). One call (~3 min): the GPU tests of the cap and of the
+# step-10 launcher fix (ring1 / l2_prefetch), then the sweep (medians of 3 interleaved timings).
+# Usage (device, repository root): bash benchmarks/experiments/decode_maxnreg.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > $OUT/run.log
 timeout 150 python -m pytest -p no:cacheprovider -q -m gpu -n 4 tests/test_decode_gpu.py \
@@ -25,10 +23,4 @@ for r in d["rows"]:
         f"{c['us']:.1f}" if "us" in c else f"{c['config']['maxnreg1']}r err"
         for c in r["configs"][1:]))
 PY
-if [ "${RING:-0}" = 1 ]; then
-  timeout ${RING_S:-150} python benchmarks/experiments/gluon_decode_ab.py --sweep ring \
-    --v1-table shipped --tokens ${TOKENS:-64,128,256} --shapes glm5_tp8,glm5_ep8 --repeat 3 \
-    --deadline-s $(( ${RING_S:-150} - 30 )) --out $OUT > $OUT/ring.log 2>&1
-  echo rc=$? >> $OUT/ring.log; grep "T=\|rc=" $OUT/ring.log >> $OUT/run.log
-fi
 cat $OUT/run.log
