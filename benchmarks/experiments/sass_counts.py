@@ -235,7 +235,7 @@ def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
 def _served_name(spec) -> str:
     """The driver's name of ``spec``'s GPU where a shipped table is named for it (the H100's
     table is ``NVIDIA H100 80GB HBM3``, its spec ``NVIDIA H100 SXM5 80GB``), else the spec's."""
-    for path in sorted(table_path("x").parent.glob("*.json")):
+    for path in sorted(table_path(spec.name).parent.glob("*.json")):  # the shipped tables
         dev = read_table_file(path)[0]
         if spec_for_device_name(dev) is spec:
             return dev
