@@ -248,6 +248,46 @@ def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four
                 assert across in cands and plain in cands, (shape, b)
 
 
+def test_gemm1_reg_cap_adds_a_program_per_sm_without_spilling():
+    """The caps decode step 11 compiled on sm_90 (GLM-5): 2-warp GEMM1 programs 168 registers
+    at 8 pairs a tile, 184 at 16; 4-warp 168; none for what the cap does not apply to."""
+    base = KernelConfig(kernels="gluon", launches=2, block_t=8, warps1=2, block_n1=64)
+    assert TS.gemm1_reg_cap(base) == 168
+    assert TS.gemm1_reg_cap(dataclasses.replace(base, block_t=16)) == 184
+    assert TS.gemm1_reg_cap(dataclasses.replace(base, block_t=16, warps1=4, block_n1=128)) == 168
+    for other in (dict(kernels="dot"), dict(launches=1, grid="slots", gemm2="tokens"),
+                  dict(kstack1=1, split_k1=2), dict(ring1=4), dict(warps1=1, block_n1=32)):
+        assert TS.gemm1_reg_cap(dataclasses.replace(base, **other)) is None, other
+
+
+@pytest.mark.parametrize("target", [H200, PRO6000], ids=["h200", "pro6000"])
+def test_decode_search_space_times_gluon_gemm1s_register_cap_not_its_missing_stages(
+        monkeypatch, target):
+    """The Gluon decode kernels have no pipeline stages (their K loops prefetch in registers), so
+    a Gluon candidate that differs only in ``stages1`` / ``stages2`` is the base again, timed
+    twice (it took one of the 12 slots at most buckets from 64 tokens before). From 32 tokens
+    that slot times GEMM1 under its register cap instead (``gemm1_reg_cap``)."""
+    from sglang_fp4ext import target_info
+
+    monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
+    seen_cap = set()
+    for shape in (TP8, TP8_FUSED, EP8):
+        for b in TU.DEFAULT_BUCKETS:
+            cands = TS.decode_candidates(b, shape, target)
+            gluon = [c for c in cands if c.kernels == "gluon"]
+            no_stages = [dataclasses.replace(c, stages1=3, stages2=3) for c in gluon]
+            assert len(set(no_stages)) == len(no_stages), (shape, b)  # none is another's twin
+            capped = [c for c in cands if c.maxnreg1]
+            if b < 32:
+                assert not capped, (shape, b, capped)
+            for c in capped:
+                plain = dataclasses.replace(c, maxnreg1=0)
+                assert plain in cands and c.maxnreg1 == TS.gemm1_reg_cap(plain), (shape, b)
+                seen_cap.add((shape.E, b))
+    # GLM-5 TP8 / EP8 from 64 tokens: the cap is within the 12 candidates.
+    assert {(256, 64), (256, 128), (256, 256), (32, 64), (32, 128), (32, 256)} <= seen_cap
+
+
 def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
     """Outside the interpreter the H200's prefill heuristic is the wgmma family: the tuner times
     it, the tl.dot family's heuristic and the wgmma knobs (all valid configs)."""

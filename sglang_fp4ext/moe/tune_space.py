@@ -15,7 +15,9 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   tokens, fewer where the K chunks do not divide; 32 rows on one warp a split, 64 on two at 4
   tokens) flipped (off: the plain heuristic's splits across programs); GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
   with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
-  GEMM1 4 stages; the other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (the first
+  GEMM1 4 stages (``tl.dot`` family; the Gluon K loops have no stages) or, for the Gluon
+  two-launch GEMM1 from 32 tokens, its register cap (:func:`gemm1_reg_cap`); the other
+  ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (``tl.dot``) (the first
   :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
 * prefill (:func:`prefill_candidates`), around ``prefill_config.prefill_heuristic_config``: the
   heuristic; ``block_m`` x2 (<= 256; at 256 with 128-deep GEMM1 steps) and /2 (>= 16); GEMM1
@@ -51,6 +53,7 @@ __all__ = [
     "MAX_CANDIDATES",
     "QUICK_CANDIDATES",
     "decode_candidates",
+    "gemm1_reg_cap",
     "prefill_candidates",
     "search_space",
 ]
@@ -66,6 +69,18 @@ QUICK_CANDIDATES = 4
 
 
 # ---- search space ----
+
+
+def gemm1_reg_cap(cfg) -> int | None:
+    """The ``maxnreg1`` the tuner tries on the Gluon two-launch GEMM1 of ``cfg``: the cap at which
+    one more program fits an SM than at the registers it takes uncapped, with no spill in its K
+    loop (static SASS, GLM-5 on sm_90, decode step 11: 2-warp programs 180 -> 168 registers at 8
+    pairs a tile, 6 programs an SM instead of 5; 230 -> 184 at 16, 5 instead of 4; 4-warp
+    programs 168, 3 instead of 2). None where no such GEMM1 runs."""
+    if (cfg.kernels != "gluon" or cfg.launches != 2 or cfg.kstack1 or cfg.ring1
+            or cfg.warps1 not in (2, 4)):
+        return None
+    return 184 if cfg.warps1 == 2 and cfg.block_t >= 16 else 168
 
 
 def _unique_valid(make: Sequence[Callable[[], object]], limit: int) -> list:
@@ -158,10 +173,12 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         g2a,
         g2b,
         g2c,
-        lambda: r(base, stages1=4),
+        # GEMM1 4 stages (tl.dot), or where GEMM1 is the Gluon kernel (no stages) its register cap
+        lambda: r(base, stages1=4) if base.kernels == "dot" else
+        r(base, maxnreg1=gemm1_reg_cap(base)) if b >= 32 and gemm1_reg_cap(base) else None,
         lambda: r(base, block_t=16 if base.block_t == 8 else 8),
         lambda: r(base, split_k1=split1(4 * sk1)),
-        lambda: r(base, stages2=4),
+        lambda: r(base, stages2=4) if base.kernels == "dot" else None,
     ]
     return _unique_valid(make, min(limit, MAX_CANDIDATES))
 
