@@ -359,7 +359,7 @@ def test_l2_prefetch_changes_no_bit(name, T, seed):
                  what=f"{name} T={T} l2_prefetch")
 
 
-@pytest.mark.parametrize("maxnreg1", [96, 128])
+@pytest.mark.parametrize("maxnreg1", [96, 128, 168, 184])  # 168 / 184: what the tuner tries
 @pytest.mark.parametrize("name,T", [("tp8_shared", 128), ("ep8", 64), ("tp8_shared", 3)])
 def test_maxnreg1_changes_no_bit(name, T, maxnreg1, seed):
     """GEMM1 under a register cap (``maxnreg1``): the same instructions on fewer registers (maybe

@@ -129,15 +129,13 @@ def _two_free_blocks() -> int:
     PORT_RANGE to two blocks; a fixed pair fails wherever one of them is held or busy (CI,
     2026-12-06: block 18176 was passed over; this process may hold a block itself, e.g.
     ``sglang_cpu``'s gloo ports, and an earlier test's server leaves ports in TIME_WAIT)."""
-    lo, hi = server_ports.PORT_RANGE
-    hi = min(hi, server_ports._ephemeral_low() - server_ports.PORT_BLOCK)  # as reserve_ports
+    lo, hi = server_ports._block_range()  # the checks reserve_ports makes, on two blocks
     bases = range(lo, hi - server_ports.PORT_BLOCK, server_ports.PORT_BLOCK)
     for base in random.Random(0).sample(list(bases), len(bases)):
         pair = (base, base + server_ports.PORT_BLOCK)
         locks = [server_ports._lock_block(b) for b in pair]
         try:
-            if None not in locks and all(server_ports._port_free(b + off) for b in pair
-                                         for off in server_ports.PORT_OFFSETS):
+            if None not in locks and not any(server_ports._busy_port(b) for b in pair):
                 return base
         finally:
             for lock in locks:

@@ -6,8 +6,7 @@
 #   ab        v1 (tl.dot), v2 as shipped and the torch bf16 peer in one process, GLM-5 TP8 and
 #             EP8, T = 512-8192 (prefill_wgmma_ab.py, AB_SHIPPED=1)
 #   tk        OpenAI's triton_kernels next to fp4ext, same Ts, one process per shape
-#   baseline  the regression baseline (decode + prefill; skip it when decode_close_part2.sh ran
-#             `baseline` on the same code in this session)
+# The regression baseline (decode and prefill paths) is decode_close_part2.sh's `baseline` step.
 # PARTS (default "tier ab tk") picks the steps and their order; LIMIT (default 585 s).
 # Usage (device, repository root): bash benchmarks/experiments/prefill_close.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -43,15 +42,6 @@ if [ -d .peers ]; then
 else
   echo "tk: no .peers folder (carry it)" >> $OUT/run.log
 fi
-}
-
-part_baseline() {
-step baseline
-timeout $(cap 170) python -m pytest benchmarks -p no:cacheprovider -rs --fp4ext-rounds 10 \
-  --benchmark-storage=file://$R/pb --benchmark-columns=min,median,max,rounds \
-  --fp4ext-presets glm5-tp8,glm5-ep8 --fp4ext-paths decode,prefill --benchmark-save=h200-glm5 \
-  > $R/baseline.log 2>&1
-echo rc=$? >> $R/baseline.log; tail -3 $R/baseline.log >> $OUT/run.log; pack
 }
 
 for p in ${PARTS:-tier ab tk}; do part_$p; done

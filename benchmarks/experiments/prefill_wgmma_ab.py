@@ -36,6 +36,7 @@ from sglang_fp4ext.testing.compare import error_stats
 
 TS = [int(t) for t in os.environ.get("AB_T", "512,1024,2048,4096,8192").split(",")]
 SHIPPED = os.environ.get("AB_SHIPPED") == "1"
+TORCH_BF16 = "torch bf16"  # the peer's row: not a config
 PRESETS = os.environ.get(
     "AB_PRESETS", "glm5-tp8,glm5-tp8-fused-shared,glm5-ep8,deepseek-r1-nvfp4-tp8"
 ).split(",")
@@ -69,13 +70,13 @@ def step_for(layer, T, c):
 def check(layer, T, c):
     xs, rts, outs = layer.inputs(T)
     outs[0].fill_(float("nan"))
-    if c == "torch bf16":  # bf16 weights and intermediate: recorded, held to no fp32 bound
+    if c == TORCH_BF16:  # bf16 weights and intermediate: recorded, held to no fp32 bound
         out = layer.peer(T)(0)
     else:
         step_for(layer, T, c)(0)
         out = outs[0]
     st = error_stats(out, fused_moe_nvfp4_torch(xs[0], layer.packs[0], rts[0][0], rts[0][1]))
-    ok = st.nonfinite == 0 and (c == "torch bf16" or (st.rms_rel <= 5e-3 and st.max_rel <= 1e-2))
+    ok = st.nonfinite == 0 and (c == TORCH_BF16 or (st.rms_rel <= 5e-3 and st.max_rel <= 1e-2))
     return st, ok
 
 
@@ -96,7 +97,7 @@ for preset in PRESETS:
             v1 = prefill_heuristic_config(T, ms, target, "dot")
         cands = [("v1", v1)]
         if SHIPPED:
-            cands += [("v2 shipped", prefill_config_for(T, ms, target)), ("torch bf16", "torch bf16")]
+            cands += [("v2 shipped", prefill_config_for(T, ms, target)), (TORCH_BF16, TORCH_BF16)]
         elif T <= 1024:  # where the decode path may still win: the switch point
             dc = config_for(T, ms, target)
             cands.append(("decode", dc if isinstance(dc, KernelConfig) else heuristic_config(T, ms, target)))
@@ -109,7 +110,7 @@ for preset in PRESETS:
                 st, ok = check(layer, T, c)
                 rec.update(ok=ok, rms_rel=st.rms_rel, max_rel=st.max_rel, nonfinite=st.nonfinite)
                 if ok:
-                    step = layer.peer(T) if c == "torch bf16" else step_for(layer, T, c)
+                    step = layer.peer(T) if c == TORCH_BF16 else step_for(layer, T, c)
                     rt = time_graph_replay(step, n)
                     rec.update(us=rt.us_per_call, us_min=rt.us_min, us_max=rt.us_max,
                                tflops=flops / rt.us_per_call / 1e6,

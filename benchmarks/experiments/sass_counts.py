@@ -85,7 +85,7 @@ def _weights(shape: MoEShape) -> PreparedMoEWeights:
 
 
 def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> list[tuple]:
-    """(kernel, grid, args, constexprs, warps, stages) of one ``fused_moe_nvfp4`` call, recorded
+    """(kernel, grid, args, constexprs, warps, stages, maxnreg) of one ``fused_moe_nvfp4`` call, recorded
     by running the real launcher against recording stand-ins for the kernels (both families;
     the Gluon ones as on a GPU of ``target``'s SM count: PDL as configured)."""
     w = _weights(shape)
@@ -96,8 +96,8 @@ def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> lis
             self.fn = fn
 
         def __getitem__(self, grid):
-            def launch(*args, num_warps, num_stages=1, launch_pdl=False, **constexprs):
-                calls.append((self.fn, grid, args, constexprs, num_warps, num_stages))
+            def launch(*args, num_warps, num_stages=1, launch_pdl=False, maxnreg=0, **constexprs):
+                calls.append((self.fn, grid, args, constexprs, num_warps, num_stages, maxnreg))
 
             return launch
 
@@ -177,12 +177,10 @@ def _mma_loop(lines: list[str]) -> list[str]:
     return best or []
 
 
-def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
-    constexprs = dict(constexprs)
+def count(fn, grid, args, constexprs, warps, stages, maxnreg=0, *, cc: int) -> dict:
     opts = dict(num_warps=warps, num_stages=stages)
-    if constexprs.get("maxnreg"):  # a launch option (KernelConfig.maxnreg1), not a kernel argument
-        opts["maxnreg"] = constexprs["maxnreg"]
-    constexprs.pop("maxnreg", None)
+    if maxnreg:  # Triton's launch option (KernelConfig.maxnreg1)
+        opts["maxnreg"] = maxnreg
     sig, consts, attrs = _signature(fn, args, constexprs)
     gluon = fn.__module__.endswith("_gluon_kernels")
     if gluon:
@@ -217,7 +215,7 @@ def count(fn, grid, args, constexprs, warps, stages, cc: int) -> dict:
         grid=list(grid),
         warps=warps,
         stages=stages,
-        maxnreg=opts.get("maxnreg", 0),
+        maxnreg=maxnreg,
         # Layouts (Gluon) by name only: not JSON.
         constexprs={k: v if isinstance(v, (int, float, str)) else type(v).__name__
                     for k, v in constexprs.items() if k != "COMPUTE_F32"},

@@ -107,7 +107,8 @@ class KernelConfig(ConfigDict):
     ``maxnreg1``: a register cap for the Gluon GEMM1 launch (Triton's ``maxnreg``; 0 leaves it to
     the compiler): at 128-256 tokens GEMM1 holds 176-235 registers a thread, 4-5 two-warp CTAs
     an SM, and waits on its loads (Nsight Compute on the H100, decode step 10); a cap buys
-    resident warps at the risk of spills. Opt-in, out of the heuristic until measured.
+    resident warps at the risk of spills. Out of the heuristic until measured; ``fp4ext tune``
+    times one cap per bucket from 32 tokens (``tune_space.gemm1_reg_cap``).
     """
 
     grid: str = "slots"

@@ -133,6 +133,14 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         g2a = lambda: r(base, tiles2=2 * base.tiles2)  # noqa: E731
         g2b = lambda: r(base, tiles2=max(1, base.tiles2 // 2))  # noqa: E731
         g2c = lambda: r(base, split_k2=split2(2 * base.split_k2))  # noqa: E731
+    def stages_or_cap():
+        # GEMM1 4 stages (tl.dot); the Gluon K loops have no stages: there, from 32 tokens,
+        # GEMM1 under its register cap
+        if base.kernels == "dot":
+            return r(base, stages1=4)
+        cap = gemm1_reg_cap(base)
+        return r(base, maxnreg1=cap) if cap and b >= 32 else None
+
     other = "dot" if base.kernels == "gluon" else "gluon"
     make = [
         lambda: base,
@@ -173,9 +181,7 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         g2a,
         g2b,
         g2c,
-        # GEMM1 4 stages (tl.dot), or where GEMM1 is the Gluon kernel (no stages) its register cap
-        lambda: r(base, stages1=4) if base.kernels == "dot" else
-        r(base, maxnreg1=gemm1_reg_cap(base)) if b >= 32 and gemm1_reg_cap(base) else None,
+        stages_or_cap,
         lambda: r(base, block_t=16 if base.block_t == 8 else 8),
         lambda: r(base, split_k1=split1(4 * sk1)),
         lambda: r(base, stages2=4) if base.kernels == "dot" else None,

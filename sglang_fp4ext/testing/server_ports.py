@@ -110,6 +110,18 @@ def _lock_block(base: int):
     return f
 
 
+def _block_range() -> tuple[int, int]:
+    """Where block bases may lie: PORT_RANGE, kept one block below the ephemeral range."""
+    lo, hi = PORT_RANGE
+    return lo, min(hi, _ephemeral_low() - PORT_BLOCK)
+
+
+def _busy_port(base: int) -> int | None:
+    """The first port of block ``base`` that SGLang binds (``PORT_OFFSETS``) and that is not
+    free, or None."""
+    return next((base + off for off in PORT_OFFSETS if not _port_free(base + off)), None)
+
+
 def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = None,
                   avoid: frozenset[int] | set[int] = frozenset()) -> PortBlock:
     """Ports for one server on 127.0.0.1.
@@ -125,8 +137,7 @@ def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = No
         if not _can_bind(explicit, "127.0.0.1", reuse=True):  # what uvicorn's bind needs
             raise PortInUse(explicit)
         return PortBlock(explicit, None)
-    lo, hi = PORT_RANGE
-    hi = min(hi, _ephemeral_low() - PORT_BLOCK)
+    lo, hi = _block_range()
     bases = [b for b in range(lo, hi, PORT_BLOCK) if b not in avoid]
     (rng or random).shuffle(bases)
     why = {b: "avoided" for b in avoid if lo <= b < hi}  # base -> why it was passed over
@@ -136,7 +147,7 @@ def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = No
         if lock is None:
             why[base] = "locked by another harness server"
             continue
-        busy = next((base + off for off in PORT_OFFSETS if not _port_free(base + off)), None)
+        busy = _busy_port(base)
         if busy is None:
             return PortBlock(base, base + 1, lock or None)
         why[base] = f"port {busy} in use"
