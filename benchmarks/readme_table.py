@@ -294,21 +294,36 @@ def peers_table(
 
 def card_peers_table(run_dir: Path = CARD_PEERS_DIR) -> str:
     """fp4ext next to Marlin and ``triton_kernels`` on one card, from one run's two harness
-    processes (``run_dir``): each ratio within its own process, each process's copy bandwidth."""
+    processes (``run_dir``): each ratio within its own process, each process's copy bandwidth.
+    Where the run also holds the v1 -> v2 A/B (``table_ab.json``, ``close_card.sh``'s ``dab``),
+    its column and the bandwidth target (:data:`TARGETS`, on the Marlin process's % BW) join."""
     m = _load(run_dir / "marlin_peer.json")
     tks = {s: _load(run_dir / f"tk_peer_glm5_{s}.json") for s in ("tp8", "ep8")}
     tk = {s: {r["T"]: r for r in d["results"]} for s, d in tks.items()}
+    ab_file = run_dir / "table_ab.json"
+    ab = {(r["shape"], r["T"]): r for r in _load(ab_file)["rows"]} if ab_file.exists() else None
     bw = ", ".join(f"{d['copy_bw_TBps']:.2f}" for d in (m, *tks.values()))
     cols = ["shape", "T", "fp4ext µs (% BW), Marlin process", "Marlin µs", "Marlin / fp4ext",
             "fp4ext µs, tk process", "triton_kernels µs", "tk / fp4ext"]
+    if ab is not None:
+        cols += ["A/B process: v1 µs → v2 µs (v1 / v2)", "BW target"]
     rows = []
     for r in m["rows"]:
         s = r["shape"].split("_")[1]
         t = tk[s].get(r["T"])
-        rows.append([s.upper(), str(r["T"]), f"{r['fp4ext_us']:.1f} ({r['fp4ext_pct_bw']:.0f}%)",
-                     f"{r['marlin_us']:.1f}", f"{r['marlin_over_fp4ext']:.2f}",
-                     _num(t and t["fp4ext"]["us"], ".1f"), _num(t and t["tk"]["us"], ".1f"),
-                     _num(t and t["tk_over_fp4ext"], ".2f")])
+        row = [s.upper(), str(r["T"]), f"{r['fp4ext_us']:.1f} ({r['fp4ext_pct_bw']:.0f}%)",
+               f"{r['marlin_us']:.1f}", f"{r['marlin_over_fp4ext']:.2f}",
+               _num(t and t["fp4ext"]["us"], ".1f"), _num(t and t["tk"]["us"], ".1f"),
+               _num(t and t["tk_over_fp4ext"], ".2f")]
+        if ab is not None:
+            a = ab.get((r["shape"], r["T"]))
+            v1, v2 = (a["v1"].get("us"), a["v2_best"]["us"]) if a and a["v2_best"] else (None, None)
+            row.append(f"{v1:.1f} → {v2:.1f} ({v1 / v2:.2f})" if v1 and v2 else "-")
+            goal = TARGETS.get(r["T"])
+            row.append("-" if goal is None else
+                       f"{100 * goal:.0f}%: " + ("met" if r["fp4ext_pct_bw"] >= 100 * goal
+                                                 else "missed"))
+        rows.append(row)
     head = (f"{m['env']['gpu']}, torch {m['env']['torch']}, Triton {m['env']['triton']}; copy "
             f"bandwidth {bw} TB/s (Marlin, tk TP8, tk EP8 processes); `{run_dir.relative_to(RESULTS.parent.parent)}`")
     return head + "\n\n" + _table(cols, rows)

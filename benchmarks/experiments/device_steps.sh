@@ -1,5 +1,5 @@
-# Sourced by the device scripts that run several timed steps in one call (decode_close_part2.sh,
-# decode_step9_confirm.sh, prefill_close.sh): results collect in $R, each step is logged to
+# Sourced by the device scripts that run several timed steps in one call (close_card.sh,
+# decode_step9_confirm.sh): results collect in $R, each step is logged to
 # $OUT/run.log with the seconds left, and $R is re-packed into $OUT/${PACK:-results}.tar.gz
 # after each step, so a call cut short keeps what it measured.
 #   left      seconds left of LIMIT (default 585) since the script started
