@@ -277,18 +277,18 @@ def test_readme_decode_v2_table_matches_the_committed_results():
 
 def test_readme_prefill_v2_table_matches_the_committed_results():
     """The README's prefill table is ``prefill_peers_table()`` of the committed tk peer JSON and
-    the same-run sweeps, and its sweep column is the config the shipped H200 table names."""
+    the same-run A/B (v1, v2 as shipped, torch bf16), and its A/B columns are that file's."""
     rt = _readme_table()
     text = (ROOT / "README.md").read_text()
     block = text.split(rt.PREFILL_MARKER)[1].split(rt.PREFILL_END)[0].strip()
     assert block == rt.prefill_peers_table().strip(), "run: python benchmarks/readme_table.py --write"
     r = rt.tk_prefill_points(rt.PREFILL_PEERS_DIRS[0], "tp8")[4096]
     assert f"| TP8 | 4096 | {r['fp4ext']['us']:.1f} | {r['tk']['us']:.1f} |" in block
-    # Step 7's config (the sweep's knob row: msub2 and group_n2 back) -> step 8's shipped one
-    # (the sweep's base row), one process.
-    path, knobs = rt.PREFILL_SWEEPS["tp8"][0]
-    us = {str(x["knob"]): x["us"] for x in json.loads(path.read_text())["rows"] if x["T"] == 4096}
-    assert f"{us[str(knobs)]:.1f} → {us['{}']:.1f} (msub2=2, group_n2=4)" in block
+    ab = json.loads(rt.PREFILL_AB_JSON.read_text())
+    us = {x["name"]: x for x in ab["rows"] if x["preset"] == "glm5-ep8" and x["T"] == 4096}
+    v1, v2, bf = us["v1"], us["v2 shipped"], us["torch bf16"]
+    assert f"{v1['us']:.0f} → {v2['us']:.0f} ({v1['us'] / v2['us']:.2f}) | {bf['us']:.0f} " in block
+    assert f"| {v2['tflops']:.0f} ({100 * v2['frac_mm']:.0f}%) |" in block
 
 
 def test_readme_suite_table_lists_each_peer(tmp_path):

@@ -44,9 +44,11 @@ def _as(cfg, kernels):
     GEMM1's K splits stacked in one program (``kstack1``; 4 splits, or 2 where the config has
     fewer: every tested H's K chunks divide by 4). The forms that exclude the family's own
     (the table's or heuristic's stacked GEMM1 and side-by-side slots: one launch, a ring, pair
-    chunks over programs, the pairs GEMM2) are dropped first."""
+    chunks over programs, the pairs GEMM2, GEMM1's register cap) are dropped first."""
     if kernels in ("gluon1", "gluon3", "gluonr"):
         cfg = dataclasses.replace(cfg, kstack1=0, slots2=0)
+    if kernels in ("gluon1", "gluonk"):  # GEMM1's register cap is the two-launch GEMM1's own
+        cfg = dataclasses.replace(cfg, maxnreg1=0)
     if kernels == "gluonk":
         sk = 4 if cfg.split_k1 >= 4 else 2
         w = min(cfg.warps1, 32 // sk)

@@ -5,8 +5,8 @@
 #   tune      `fp4ext tune` re-times GLM-5 TP8, TP8 + fused shared and EP8, buckets 1-256, every
 #             candidate, the shipped table's entries as incumbents; the result replaces the
 #             shipped table on the device for the parts after it (and comes back as table.json)
-#   dtier     the decode GPU tier (tests/test_decode_gpu.py, 4 pytest-xdist workers) and the
-#             self-check tier (every config of every shipped table checked on this card)
+#   dtier     the decode GPU tier (tests/test_decode_gpu.py, 4 pytest-xdist workers; DTIER_K: a
+#             pytest -k filter) and the self-check tier (every shipped config checked on this card)
 #   dpeers    SGLang 0.5.23's Marlin NVFP4 MoE and OpenAI's triton_kernels next to fp4ext,
 #             GLM-5 TP8 and EP8, T = 1..256 (.peers carried)
 #   dab       v1 (tl.dot, benchmarks/results/NVIDIA_H200_v1_table.json) vs v2 (this card's
@@ -19,6 +19,8 @@
 #   pab       prefill v1 (tl.dot), v2 as shipped and torch bf16 in one process, T = 512-8192
 #   ptk       triton_kernels next to fp4ext's prefill, same Ts (.peers carried)
 #   caps      GEMM1 under its register caps (decode step 11), T = 64-256
+# AS_TABLE=path: that table (e.g. the H200's on an H100) serves as this card's, for the GPU tiers
+# of a table whose card is not lent (timings then belong to this card, not the table's).
 # Results: $OUT/run.log (summary) and $OUT/$PACK.tar.gz (every log and JSON).
 # Usage (device, repository root): PARTS="dtier dab" bash benchmarks/experiments/close_card.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -27,6 +29,10 @@ source benchmarks/experiments/device_steps.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
 TABLE=$(python -c "import torch; from sglang_fp4ext.moe.config import table_path
 print(table_path(torch.cuda.get_device_name()))")
+if [ -n "${AS_TABLE:-}" ]; then  # another card's table as this card's (a user table): its tiers
+  python benchmarks/experiments/table_as_card.py /tmp/as_cfg --src $AS_TABLE >> $OUT/run.log 2>&1
+  export SGLANG_FP4EXT_CONFIG_DIR=/tmp/as_cfg; TABLE=/tmp/as_cfg/$(basename $TABLE)
+fi
 case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
   *H200*) CARD=h200 ;; *H100*) CARD=h100 ;; *) CARD=other ;;
 esac
@@ -47,7 +53,7 @@ cp /tmp/cfg/$(basename $TABLE) $R/table.json && cp $R/table.json $TABLE; pack
 part_dtier() {
 step decode_tier
 timeout $(cap 300) python -m pytest -p no:cacheprovider -q -m gpu -n ${WORKERS:-4} \
-  tests/test_decode_gpu.py > $R/gpu_tier_decode.log 2>&1
+  tests/test_decode_gpu.py ${DTIER_K:+-k "$DTIER_K"} > $R/gpu_tier_decode.log 2>&1
 echo rc=$? >> $R/gpu_tier_decode.log; grep "passed\|failed\|FAILED\|rc=" $R/gpu_tier_decode.log | tail -8 >> $OUT/run.log
 timeout $(cap 150) python -m pytest -p no:cacheprovider -q -m gpu tests/test_selfcheck.py -s \
   > $R/gpu_tier_selfcheck.log 2>&1
