@@ -1,7 +1,7 @@
 #!/bin/bash
 # The closing measurements of #15 (decode v2) and #16 (prefill v2) on the card at hand, H200 or H100
-# (the H200 has not been lent since 2026-12-04), against that card's shipped table, in as many
-# device calls as the PARTS need (each call's LIMIT, default 585 s):
+# (whichever is lent), against that card's shipped table, in as many device calls as the PARTS
+# need (each call's LIMIT, default 585 s; 2026-12-06's H200 run took four):
 #   tune      `fp4ext tune` re-times GLM-5 TP8, TP8 + fused shared and EP8, buckets 1-256, every
 #             candidate, the shipped table's entries as incumbents; the result replaces the
 #             shipped table on the device for the parts after it (and comes back as table.json)
