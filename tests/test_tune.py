@@ -266,11 +266,12 @@ def test_decode_search_space_times_gluon_gemm1s_register_cap_not_its_missing_sta
     """The Gluon decode kernels have no pipeline stages (their K loops prefetch in registers), so
     a Gluon candidate that differs only in ``stages1`` / ``stages2`` is the base again, timed
     twice (it took one of the 12 slots at most buckets from 64 tokens before). From 32 tokens
-    that slot times GEMM1 under its register cap instead (``gemm1_reg_cap``)."""
+    that slot times GEMM1 under its register cap instead (``gemm1_reg_cap``), and the 4-warp
+    GEMM1 is timed capped too (the H200's fastest at 64-128 tokens in the closing run)."""
     from sglang_fp4ext import target_info
 
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
-    seen_cap = set()
+    seen_cap, seen_wide = set(), set()
     for shape in (TP8, TP8_FUSED, EP8):
         for b in TU.DEFAULT_BUCKETS:
             cands = TS.decode_candidates(b, shape, target)
@@ -284,8 +285,11 @@ def test_decode_search_space_times_gluon_gemm1s_register_cap_not_its_missing_sta
                 plain = dataclasses.replace(c, maxnreg1=0)
                 assert plain in cands and c.maxnreg1 == TS.gemm1_reg_cap(plain), (shape, b)
                 seen_cap.add((shape.E, b))
-    # GLM-5 TP8 / EP8 from 64 tokens: the cap is within the 12 candidates.
+                if c.warps1 == 4 and c.block_n1 == 128:
+                    seen_wide.add((shape.E, b))
+    # GLM-5 TP8 / EP8 from 64 tokens: the cap is within the 12 candidates, on 4 warps at 64-128.
     assert {(256, 64), (256, 128), (256, 256), (32, 64), (32, 128), (32, 256)} <= seen_cap
+    assert {(256, 64), (256, 128), (32, 64), (32, 128)} <= seen_wide, seen_wide
 
 
 def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):

@@ -13,11 +13,12 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   prefetch flipped; at 1-2 tokens the token GEMM2's slots side by side (``slots2``) flipped; at
   1-4 tokens GEMM1's K splits on one program's warps (``kstack1``: 8 / 4 / 2 splits at 1 / 2 / 4
   tokens, fewer where the K chunks do not divide; 32 rows on one warp a split, 64 on two at 4
-  tokens) flipped (off: the plain heuristic's splits across programs); GEMM1 with 128 rows on 4 warps (64 if it had 128); GEMM1 split-K x2 and /2; 32-row GEMM1 tiles
-  with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and split-K x2 (pairs);
-  GEMM1 4 stages (``tl.dot`` family; the Gluon K loops have no stages) or, for the Gluon
-  two-launch GEMM1 from 32 tokens, its register cap (:func:`gemm1_reg_cap`); the other
-  ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (``tl.dot``) (the first
+  tokens) flipped (off: the plain heuristic's splits across programs); GEMM1 with 128 rows on 4
+  warps (64 if it had 128); from 32 tokens, the Gluon two-launch GEMM1 of the heuristic and of
+  that 4-warp form under its register cap (:func:`gemm1_reg_cap`); GEMM1 split-K x2 and /2;
+  32-row GEMM1 tiles with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and
+  split-K x2 (pairs); GEMM1 4 stages (``tl.dot`` family; the Gluon K loops have no stages); the
+  other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (``tl.dot``) (the first
   :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
 * prefill (:func:`prefill_candidates`), around ``prefill_config.prefill_heuristic_config``: the
   heuristic; ``block_m`` x2 (<= 256; at 256 with 128-deep GEMM1 steps) and /2 (>= 16); GEMM1
@@ -133,13 +134,13 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         g2a = lambda: r(base, tiles2=2 * base.tiles2)  # noqa: E731
         g2b = lambda: r(base, tiles2=max(1, base.tiles2 // 2))  # noqa: E731
         g2c = lambda: r(base, split_k2=split2(2 * base.split_k2))  # noqa: E731
-    def stages_or_cap():
-        # GEMM1 4 stages (tl.dot); the Gluon K loops have no stages: there, from 32 tokens,
-        # GEMM1 under its register cap
-        if base.kernels == "dot":
-            return r(base, stages1=4)
-        cap = gemm1_reg_cap(base)
-        return r(base, maxnreg1=cap) if cap and b >= 32 else None
+
+    def wide1():  # GEMM1 on 4 warps and 128 rows (or back to 64 rows)
+        return r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4)
+
+    def capped(c):  # c's Gluon GEMM1 under its register cap, from 32 tokens
+        cap = gemm1_reg_cap(c)
+        return r(c, maxnreg1=cap) if cap and b >= 32 else None
 
     other = "dot" if base.kernels == "gluon" else "gluon"
     make = [
@@ -174,14 +175,18 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
                                                   and kc1 % s == 0),
                    warps1=2 if b == 4 else 1, block_n1=64 if b == 4 else 32))
         if base.kernels == "gluon" and base.launches == 2 and b <= 4 and kc1 % 2 == 0 else None,
-        lambda: r(base, block_n1=128 if base.block_n1 < 128 else 64, warps1=4),
+        wide1,
+        # from 32 tokens both GEMM1s under their register cap (the closing run's H200 winners at
+        # 64-128 tokens: 4.2-8.1% per layer; the Gluon K loops have no stages to time instead)
+        lambda: capped(base),
+        lambda: capped(wide1()),
         lambda: r(base, split_k1=split1(2 * sk1)),
         lambda: r(base, split_k1=split1(sk1 // 2)),
         lambda: r(base, block_n1=32, split_k1=split1(2 * sk1)),
         g2a,
         g2b,
         g2c,
-        stages_or_cap,
+        lambda: r(base, stages1=4) if base.kernels == "dot" else None,
         lambda: r(base, block_t=16 if base.block_t == 8 else 8),
         lambda: r(base, split_k1=split1(4 * sk1)),
         lambda: r(base, stages2=4) if base.kernels == "dot" else None,
