@@ -47,7 +47,7 @@ def _as(cfg, kernels):
     chunks over programs, the pairs GEMM2, GEMM1's register cap) are dropped first."""
     if kernels in ("gluon1", "gluon3", "gluonr"):
         cfg = dataclasses.replace(cfg, kstack1=0, slots2=0)
-    if kernels in ("gluon1", "gluonk"):  # GEMM1's register cap is the two-launch GEMM1's own
+    if kernels in ("dot", "gluon1", "gluonk"):  # the cap: the Gluon two-launch GEMM1's own
         cfg = dataclasses.replace(cfg, maxnreg1=0)
     if kernels == "gluonk":
         sk = 4 if cfg.split_k1 >= 4 else 2

@@ -68,8 +68,10 @@ def test_frozen_hashable_repr_round_trip():
         ({"kstack1": 1, "split_k1": 8, "warps1": 8, "block_n1": 128}, "64 warps per program"),
         ({"maxnreg1": 32}, "maxnreg1 must be 0"),
         ({"maxnreg1": 256}, "maxnreg1 must be 0"),
-        ({"maxnreg1": 128, "kstack1": 1, "split_k1": 4}, "caps the two-launch GEMM1"),
-        ({"maxnreg1": 128, "launches": 1, "gemm2": "tokens"}, "caps the two-launch GEMM1"),
+        ({"maxnreg1": 128, "kernels": "gluon", "kstack1": 1, "split_k1": 4}, "kstack1=1"),
+        ({"maxnreg1": 128, "kernels": "gluon", "launches": 1, "gemm2": "tokens", "grid": "slots"},
+         "launches=1"),
+        ({"maxnreg1": 128, "kernels": "dot"}, "not the tl.dot family"),
     ],
 )
 def test_invalid_configs_rejected(kwargs, msg):

@@ -126,9 +126,9 @@ timeout $(cap 200) python benchmarks/experiments/gluon_decode_ab.py --sweep maxn
   --v1-table shipped --tokens 64,128,256 --shapes glm5_tp8,glm5_ep8 --repeat 3 \
   --deadline-s $(( $(cap 200) - 30 )) --out $R > $R/maxnreg.log 2>&1
 echo rc=$? >> $R/maxnreg.log; pack
-python - >> $OUT/run.log 2>&1 <<'PY'
-import json
-d = json.load(open("/tmp/r/maxnreg_ab.json"))
+python - "$R/maxnreg_ab.json" >> $OUT/run.log 2>&1 <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
 for r in d["rows"]:
     base = r["configs"][0].get("us")
     print(r["shape"], r["T"], f"shipped {base:.1f} us;", " ".join(

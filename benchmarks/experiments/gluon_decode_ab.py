@@ -114,7 +114,7 @@ def one_launch_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
     for bn1, w in ((base.block_n1, base.warps1), (64, 2), (128, 4)):
         ol = dataclasses.replace(
             base, kernels="gluon", launches=1, grid="slots", gemm2="tokens", split_k2=1,
-            tiles2=1, block_n1=bn1, warps1=w, warps2=w,
+            tiles2=1, block_n1=bn1, warps1=w, warps2=w, maxnreg1=0,
             block_n2=max(base.block_n2 if base.gemm2 == "tokens" else 32, 16 * w),
         )
         for cps in (2, 4, 8, 16):
@@ -182,7 +182,7 @@ def kstack_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
     wider tiles) that divide the K chunks, 1-4 warps and 32-128 rows a split, at the base's
     GEMM2 and PDL (Gluon, two launches)."""
     r = dataclasses.replace
-    b = r(base, kernels="gluon", launches=2, ring1=0, split_t=1)
+    b = r(base, kernels="gluon", launches=2, ring1=0, split_t=1, maxnreg1=0)
     out = []
     for sk, shapes in ((8, ((1, 32), (1, 64), (2, 32), (2, 64))),
                        (4, ((1, 32), (1, 64), (2, 32), (2, 64))), (2, ((2, 64), (4, 128)))):

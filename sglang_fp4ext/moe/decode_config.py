@@ -190,11 +190,11 @@ class KernelConfig(ConfigDict):
                 f"KernelConfig.maxnreg1 must be 0 (the compiler's choice) or 64..255 registers, "
                 f"got {self.maxnreg1!r}"
             )
-        if self.maxnreg1 and (self.kstack1 or self.launches != 2):
+        if self.maxnreg1 and (self.kernels != "gluon" or self.kstack1 or self.launches != 2):
             raise ValueError(
-                "KernelConfig.maxnreg1 caps the two-launch GEMM1 (_gemm1): not the stacked "
-                f"splits (kstack1={self.kstack1}) or the one-launch kernel "
-                f"(launches={self.launches})"
+                "KernelConfig.maxnreg1 caps the Gluon two-launch GEMM1 (_gemm1): not the tl.dot "
+                f"family (kernels={self.kernels!r}), the stacked splits (kstack1={self.kstack1}) "
+                f"or the one-launch kernel (launches={self.launches})"
             )
         if self.depth not in (1, 2, 3):
             raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
