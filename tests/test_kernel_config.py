@@ -264,3 +264,34 @@ def test_heuristic_path_moves_a_fused_shared_expert_to_prefill_from_128_on_wgmma
     assert C.heuristic_path(256, tp8, H200) == "decode"
     assert C.heuristic_path(512, tp8, H200) == "prefill"
     assert C.heuristic_path(128, fused, PRO6000) == "decode"
+
+
+def test_gpu_tier_forms_of_every_shipped_decode_entry_are_valid(monkeypatch):
+    """The GPU tier derives its forms (one launch, stacked splits, the tl.dot family, ...) from
+    the config a call would use; each must pass the config check on every shipped table's
+    decode entry and on the heuristic, or the tier fails before a kernel runs (the H200 run of
+    2026-12-06: GEMM1's register cap kept on stacked splits and on the one-launch form)."""
+    from tests.test_decode_gpu import FAMILIES, _as
+
+    monkeypatch.setenv(C.CONFIG_DIR_ENV, "/nonexistent/no-user-tables")
+    C.clear_table_cache()
+    targets = [H200] + [
+        Target("sm_90", json.loads(p.read_text())["device_name"], 132) for p in _tables()
+    ]
+    forms = 0
+    try:
+        for tgt, shape, b in [(t, s, b) for t in targets for s in (TP8, EP8)
+                              for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]:
+            base = config_for(b, shape, tgt)
+            for gemm2 in ("pairs", "tokens"):  # as the tier's _config forces it
+                cfg = dataclasses.replace(
+                    base, gemm2=gemm2, tiles2=1 if gemm2 == "tokens" else base.tiles2,
+                    split_k2=1 if gemm2 == "tokens" else base.split_k2,
+                    slots2=base.slots2 if gemm2 == "tokens" else 0,
+                )
+                for kernels in FAMILIES:
+                    assert isinstance(_as(cfg, kernels), KernelConfig), (tgt, shape, b, kernels)
+                    forms += 1
+    finally:
+        C.clear_table_cache()
+    assert forms == len(targets) * 2 * 9 * 2 * len(FAMILIES)
