@@ -328,9 +328,10 @@ def test_kstack1_changes_no_bit(name, T, split_k1, block_n1, warps1, depth, pdl,
     x, ids, tw = glm5_cases.inputs(name, T, g)
     ids[0, 1] = -1  # a dropped slot
     ids[-1, 2] = pw.num_experts  # an id >= E: no expert
+    # maxnreg1=0: a table's register cap is its own unstacked GEMM1 tile's (kstack1 rejects it)
     cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
                               split_k1=split_k1, block_n1=block_n1, warps1=warps1, depth=depth,
-                              split_t=1, ring1=0)
+                              split_t=1, ring1=0, maxnreg1=0)
     out = _same_bits(x, pw, ids, tw, cfg, kstack1=1)
     ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
     assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} kstack1")
