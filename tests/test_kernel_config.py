@@ -269,19 +269,22 @@ def test_heuristic_path_moves_a_fused_shared_expert_to_prefill_from_128_on_wgmma
 def test_gpu_tier_forms_of_every_shipped_decode_entry_are_valid(monkeypatch):
     """The GPU tier derives its forms (one launch, stacked splits, the tl.dot family, ...) from
     the config a call would use; each must pass the config check on every shipped table's
-    decode entry and on the heuristic, or the tier fails before a kernel runs (the H200 run of
-    2026-12-06: GEMM1's register cap kept on stacked splits and on the one-launch form)."""
+    decode entries and on the heuristic (sm_90 and sm_120), or the tier fails before a kernel
+    runs (the H200 run of 2026-12-06: GEMM1's register cap kept on stacked splits and on the
+    one-launch form)."""
     from tests.test_decode_gpu import FAMILIES, _as
 
     monkeypatch.setenv(C.CONFIG_DIR_ENV, "/nonexistent/no-user-tables")
     C.clear_table_cache()
-    targets = [H200] + [
-        Target("sm_90", json.loads(p.read_text())["device_name"], 132) for p in _tables()
-    ]
+    cases = [(Target("sm_90", "no such GPU", 132), s) for s in (TP8, EP8)]
+    cases += [(PRO6000, s) for s in (TP8, EP8)]
+    for path in _tables():
+        raw = json.loads(path.read_text())
+        tgt = Target("sm_90", raw["device_name"], 132)
+        cases += [(tgt, C.parse_shape_key(key)) for key in raw["shapes"]]
     forms = 0
     try:
-        for tgt, shape, b in [(t, s, b) for t in targets for s in (TP8, EP8)
-                              for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]:
+        for (tgt, shape), b in [(c, b) for c in cases for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]:
             base = config_for(b, shape, tgt)
             for gemm2 in ("pairs", "tokens"):  # as the tier's _config forces it
                 cfg = dataclasses.replace(
@@ -294,4 +297,5 @@ def test_gpu_tier_forms_of_every_shipped_decode_entry_are_valid(monkeypatch):
                     forms += 1
     finally:
         C.clear_table_cache()
-    assert forms == len(targets) * 2 * 9 * 2 * len(FAMILIES)
+    assert len(cases) >= 4 + 3 * len(_tables())
+    assert forms == len(cases) * 9 * 2 * len(FAMILIES)
