@@ -44,62 +44,62 @@ def _as(cfg, kernels):
     GEMM1's K splits stacked in one program (``kstack1``; 4 splits, or 2 where the config has
     fewer: every tested H's K chunks divide by 4). The forms that exclude the family's own
     (the table's or heuristic's stacked GEMM1 and side-by-side slots: one launch, a ring, pair
-    chunks over programs, the pairs GEMM2, GEMM1's register cap) are dropped first."""
+    chunks over programs, the pairs GEMM2) are dropped first, GEMM1's register cap wherever the
+    form does not take it (``KernelConfig.reform``)."""
     if kernels in ("gluon1", "gluon3", "gluonr"):
-        cfg = dataclasses.replace(cfg, kstack1=0, slots2=0)
-    if kernels in ("dot", "gluon1", "gluonk"):  # the cap: the Gluon two-launch GEMM1's own
-        cfg = dataclasses.replace(cfg, maxnreg1=0)
+        cfg = cfg.reform(kstack1=0, slots2=0)
     if kernels == "gluonk":
         sk = 4 if cfg.split_k1 >= 4 else 2
         w = min(cfg.warps1, 32 // sk)
-        return dataclasses.replace(_as(cfg, "gluon"), kstack1=1, split_k1=sk, warps1=w,
-                                   block_n1=max(cfg.block_n1, 16 * w), ring1=0, split_t=1)
+        return _as(cfg, "gluon").reform(kstack1=1, split_k1=sk, warps1=w,
+                                        block_n1=max(cfg.block_n1, 16 * w), ring1=0, split_t=1)
     if kernels == "gluons":
         w = min(cfg.warps2, 2)
-        return dataclasses.replace(
-            _as(cfg, "gluon"), gemm2="tokens", split_k2=1, tiles2=1, slots2=1, warps2=w,
+        return _as(cfg, "gluon").reform(
+            gemm2="tokens", split_k2=1, tiles2=1, slots2=1, warps2=w,
             block_n2=max(cfg.block_n2, 16 * w),
         )
     if kernels == "gluonr":
-        return dataclasses.replace(_as(cfg, "gluon"), ring1=4)
+        return _as(cfg, "gluon").reform(ring1=4)
     if kernels == "gluonp":
         c = _as(cfg, "gluon3" if cfg.gemm2 == "pairs" else "gluon")
-        return dataclasses.replace(c, pdl=1, split_t=1)
+        return c.reform(pdl=1, split_t=1)
     if kernels == "gluon3":
         pairs = cfg.gemm2 == "pairs"
-        return dataclasses.replace(
-            cfg, kernels="gluon", launches=2, gemm2="pairs", combine="kernel", split_t=4,
+        return cfg.reform(
+            kernels="gluon", launches=2, gemm2="pairs", combine="kernel", split_t=4,
             split_k2=cfg.split_k2 if pairs else 1, tiles2=cfg.tiles2 if pairs else 1,
         )
     if kernels != "gluon1":
-        return dataclasses.replace(cfg, kernels=kernels, launches=2, combine="counter")
+        return cfg.reform(kernels=kernels, launches=2, combine="counter")
     w = cfg.warps1
-    return dataclasses.replace(
-        cfg, kernels="gluon", launches=1, grid="slots", gemm2="tokens", split_k2=1, tiles2=1,
+    return cfg.reform(
+        kernels="gluon", launches=1, grid="slots", gemm2="tokens", split_k2=1, tiles2=1,
         warps2=w, block_n2=max(cfg.block_n2, 16 * w),
+    )
+
+
+def _with_gemm2(cfg, gemm2):
+    """``cfg`` with its GEMM2 form forced to ``gemm2`` (the token GEMM2 takes no split or tiles;
+    only it takes side-by-side slots)."""
+    return cfg.reform(
+        gemm2=gemm2,
+        tiles2=1 if gemm2 == "tokens" else cfg.tiles2,
+        split_k2=1 if gemm2 == "tokens" else cfg.split_k2,
+        slots2=cfg.slots2 if gemm2 == "tokens" else 0,
     )
 
 
 def _config(pw, ids, gemm2, kernels="dot"):
     """The config a call would use (table or heuristic), with the GEMM2 form and family forced."""
-    cfg = config_for(ids.shape[0], pw.shape(ids.shape[1]))
-    return _as(
-        dataclasses.replace(
-            cfg,
-            gemm2=gemm2,
-            tiles2=1 if gemm2 == "tokens" else cfg.tiles2,
-            split_k2=1 if gemm2 == "tokens" else cfg.split_k2,
-            slots2=cfg.slots2 if gemm2 == "tokens" else 0,
-        ),
-        kernels,
-    )
+    return _as(_with_gemm2(config_for(ids.shape[0], pw.shape(ids.shape[1])), gemm2), kernels)
 
 
 def _same_bits(x, pw, ids, tw, cfg, **variant):
     """``cfg`` with ``variant`` into a poisoned output, bit-equal to ``cfg`` itself; returns it."""
     a = fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
     out = torch.full_like(a, float("nan"))
-    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=dataclasses.replace(cfg, **variant))
+    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=cfg.reform(**variant))
     assert torch.equal(a.view(torch.int16), out.view(torch.int16)), variant
     return out
 
@@ -328,7 +328,7 @@ def test_kstack1_changes_no_bit(name, T, split_k1, block_n1, warps1, depth, pdl,
     x, ids, tw = glm5_cases.inputs(name, T, g)
     ids[0, 1] = -1  # a dropped slot
     ids[-1, 2] = pw.num_experts  # an id >= E: no expert
-    # maxnreg1=0: a table's register cap is its own unstacked GEMM1 tile's (kstack1 rejects it)
+    # maxnreg1=0: a table's register cap was picked for its own GEMM1 tile, not the one set here
     cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
                               split_k1=split_k1, block_n1=block_n1, warps1=warps1, depth=depth,
                               split_t=1, ring1=0, maxnreg1=0)

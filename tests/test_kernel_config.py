@@ -266,15 +266,33 @@ def test_heuristic_path_moves_a_fused_shared_expert_to_prefill_from_128_on_wgmma
     assert C.heuristic_path(128, fused, PRO6000) == "decode"
 
 
-def test_gpu_tier_forms_of_every_shipped_decode_entry_are_valid(monkeypatch):
+def test_reform_leaves_gemm1s_cap_behind_only_where_the_new_form_rejects_it():
+    """``KernelConfig.reform``: a config derived in another form keeps every other field; GEMM1's
+    register cap goes where the form does not take it (the tl.dot family, stacked splits, one
+    launch) and stays where it does; a cap the caller names is checked as given."""
+    capped = KernelConfig(kernels="gluon", block_n1=128, warps1=4, maxnreg1=168)
+    assert capped.reform(block_t=16) == dataclasses.replace(capped, block_t=16)
+    assert capped.reform(gemm2="tokens", combine="counter").maxnreg1 == 168
+    for form in ({"kernels": "dot"}, {"kstack1": 1, "split_k1": 4, "warps1": 2, "block_n1": 64},
+                 {"launches": 1, "grid": "slots", "gemm2": "tokens", "warps2": 4}):
+        derived = capped.reform(**form)
+        assert derived.maxnreg1 == 0, form
+        assert derived == dataclasses.replace(capped, maxnreg1=0, **form)
+        with pytest.raises(ValueError, match="caps the Gluon two-launch GEMM1"):
+            capped.reform(maxnreg1=168, **form)
+    plain = KernelConfig(kernels="gluon")
+    assert plain.reform(kernels="dot") == dataclasses.replace(plain, kernels="dot")
+
+
+def test_gpu_tier_forms_of_every_shipped_decode_entry_are_valid(tmp_path, monkeypatch):
     """The GPU tier derives its forms (one launch, stacked splits, the tl.dot family, ...) from
     the config a call would use; each must pass the config check on every shipped table's
     decode entries and on the heuristic (sm_90 and sm_120), or the tier fails before a kernel
     runs (the H200 run of 2026-12-06: GEMM1's register cap kept on stacked splits and on the
     one-launch form)."""
-    from tests.test_decode_gpu import FAMILIES, _as
+    from tests.test_decode_gpu import FAMILIES, _as, _with_gemm2
 
-    monkeypatch.setenv(C.CONFIG_DIR_ENV, "/nonexistent/no-user-tables")
+    monkeypatch.setenv(C.CONFIG_DIR_ENV, str(tmp_path / "no-user-tables"))
     C.clear_table_cache()
     cases = [(Target("sm_90", "no such GPU", 132), s) for s in (TP8, EP8)]
     cases += [(PRO6000, s) for s in (TP8, EP8)]
@@ -286,14 +304,10 @@ def test_gpu_tier_forms_of_every_shipped_decode_entry_are_valid(monkeypatch):
     try:
         for (tgt, shape), b in [(c, b) for c in cases for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]:
             base = config_for(b, shape, tgt)
-            for gemm2 in ("pairs", "tokens"):  # as the tier's _config forces it
-                cfg = dataclasses.replace(
-                    base, gemm2=gemm2, tiles2=1 if gemm2 == "tokens" else base.tiles2,
-                    split_k2=1 if gemm2 == "tokens" else base.split_k2,
-                    slots2=base.slots2 if gemm2 == "tokens" else 0,
-                )
+            for gemm2 in ("pairs", "tokens"):
                 for kernels in FAMILIES:
-                    assert isinstance(_as(cfg, kernels), KernelConfig), (tgt, shape, b, kernels)
+                    cfg = _as(_with_gemm2(base, gemm2), kernels)  # as the tier's _config
+                    assert isinstance(cfg, KernelConfig), (tgt, shape, b, kernels)
                     forms += 1
     finally:
         C.clear_table_cache()

@@ -559,11 +559,11 @@ def test_w4a4_activation_quantizer_is_bit_exact(seed):
 def test_w4a4_matches_its_twin(E, H, I, T, k, cfg, routing, seed):
     """The W4A4 layer against the W4A4 twin (``quantize_activations=True`` with the layer-max
     input scales the kernels use): the same quantized operands up to rounding ties
-    (``_w4a4_twin_up_to_ties``), so only the bf16 roundings of the partials and the output differ
-    (W4A16 tolerance). Against the W4A16
-    twin the FP4 activations differ by ~16% rms at these shapes: compare like with like. Also the routings the uniform
-    draw never makes: ids >= E (dropped, as -1) with an expert twice in one token, and every id
-    -1 (an all-zero output)."""
+    (``_w4a4_twin_up_to_ties``), so only the bf16 roundings of the partials and the output
+    differ (W4A16 tolerance). Against the W4A16 twin the FP4 activations differ by ~16% rms at
+    these shapes: compare like with like. Also the routings the uniform draw never makes:
+    ids >= E (dropped, as -1) with an expert twice in one token, and every id -1 (an all-zero
+    output)."""
     from sglang_fp4ext.moe.prepared import w4a4_twin_weights
 
     g = torch.Generator().manual_seed(seed)

@@ -112,9 +112,9 @@ def one_launch_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
     """One-launch forms of ``base``: programs per SM, GEMM1 split-K, GEMM2 row tile, warps."""
     out = []
     for bn1, w in ((base.block_n1, base.warps1), (64, 2), (128, 4)):
-        ol = dataclasses.replace(
-            base, kernels="gluon", launches=1, grid="slots", gemm2="tokens", split_k2=1,
-            tiles2=1, block_n1=bn1, warps1=w, warps2=w, maxnreg1=0,
+        ol = base.reform(
+            kernels="gluon", launches=1, grid="slots", gemm2="tokens", split_k2=1,
+            tiles2=1, block_n1=bn1, warps1=w, warps2=w,
             block_n2=max(base.block_n2 if base.gemm2 == "tokens" else 32, 16 * w),
         )
         for cps in (2, 4, 8, 16):
@@ -181,13 +181,12 @@ def kstack_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
     """GEMM1 with its K splits stacked in one program (``kstack1=1``): 8 and 4 splits (2 at
     wider tiles) that divide the K chunks, 1-4 warps and 32-128 rows a split, at the base's
     GEMM2 and PDL (Gluon, two launches)."""
-    r = dataclasses.replace
-    b = r(base, kernels="gluon", launches=2, ring1=0, split_t=1, maxnreg1=0)
+    b = base.reform(kernels="gluon", launches=2, ring1=0, split_t=1)
     out = []
     for sk, shapes in ((8, ((1, 32), (1, 64), (2, 32), (2, 64))),
                        (4, ((1, 32), (1, 64), (2, 32), (2, 64))), (2, ((2, 64), (4, 128)))):
         if kc1 % sk == 0:
-            out += [r(b, kstack1=1, split_k1=sk, warps1=w, block_n1=bn) for w, bn in shapes]
+            out += [b.reform(kstack1=1, split_k1=sk, warps1=w, block_n1=bn) for w, bn in shapes]
     return _unique(out, drop=base)
 
 
@@ -345,7 +344,7 @@ def main(argv=None) -> int:
             else:
                 e1 = v1_table.get(shape.key(), {}).get(token_bucket(T))
                 v1 = e1.config if e1 is not None and e1.path == "decode" else heur
-                v1 = dataclasses.replace(v1, kernels="dot")
+                v1 = v1.reform(kernels="dot")
             if args.sweep == "none":
                 cands = [v1]
             elif args.sweep == "one_launch":

@@ -190,7 +190,7 @@ class KernelConfig(ConfigDict):
                 f"KernelConfig.maxnreg1 must be 0 (the compiler's choice) or 64..255 registers, "
                 f"got {self.maxnreg1!r}"
             )
-        if self.maxnreg1 and (self.kernels != "gluon" or self.kstack1 or self.launches != 2):
+        if self.maxnreg1 and not takes_gemm1_cap(self.kernels, self.kstack1, self.launches):
             raise ValueError(
                 "KernelConfig.maxnreg1 caps the Gluon two-launch GEMM1 (_gemm1): not the tl.dot "
                 f"family (kernels={self.kernels!r}), the stacked splits (kstack1={self.kstack1}) "
@@ -254,6 +254,22 @@ class KernelConfig(ConfigDict):
                 raise ValueError(
                     f"KernelConfig.{name} must be in [1, 8], got {getattr(self, name)}"
                 )
+
+    def reform(self, **changes) -> KernelConfig:
+        """``self`` with ``changes``, for a config derived in another form (the tl.dot family,
+        one launch, stacked splits): GEMM1's register cap stays behind where the new form does
+        not take it (unless ``changes`` names it), so no deriving caller has to know the rule."""
+        if self.maxnreg1 and "maxnreg1" not in changes and not takes_gemm1_cap(
+            *(changes.get(k, getattr(self, k)) for k in ("kernels", "kstack1", "launches"))
+        ):
+            changes["maxnreg1"] = 0
+        return dataclasses.replace(self, **changes)
+
+
+def takes_gemm1_cap(kernels: str, kstack1: int, launches: int) -> bool:
+    """GEMM1's register cap (``maxnreg1``) is a launch option of the Gluon two-launch GEMM1
+    (``_gemm1``) alone."""
+    return kernels == "gluon" and not kstack1 and launches == 2
 
 
 def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True) -> KernelConfig:

@@ -245,8 +245,7 @@ def _fallbacks(entry: TableEntry) -> list[TableEntry]:
     cfg = entry.config
     out = [entry]
     if entry.path == "decode" and getattr(cfg, "kernels", "dot") != "dot":
-        # the same tiles on tl.dot (GEMM1's register cap is a Gluon launch option)
-        out.append(TableEntry("decode", dataclasses.replace(cfg, kernels="dot", maxnreg1=0)))
+        out.append(TableEntry("decode", cfg.reform(kernels="dot")))  # the same tiles on tl.dot
     if entry.path == "prefill" and cfg.kernels in ("wgmma", "w4a4"):
         out.append(TableEntry("prefill", w4a16_twin_config(cfg)))
     return out

@@ -44,7 +44,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from sglang_fp4ext import target_info
-from sglang_fp4ext.moe.decode_config import heuristic_config
+from sglang_fp4ext.moe.decode_config import heuristic_config, takes_gemm1_cap
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 
@@ -78,7 +78,7 @@ def gemm1_reg_cap(cfg) -> int | None:
     loop (static SASS, GLM-5 on sm_90, decode step 11: 2-warp programs 180 -> 168 registers at 8
     pairs a tile, 6 programs an SM instead of 5; 230 -> 184 at 16, 5 instead of 4; 4-warp
     programs 168, 3 instead of 2). None where no such GEMM1 runs."""
-    if (cfg.kernels != "gluon" or cfg.launches != 2 or cfg.kstack1 or cfg.ring1
+    if (not takes_gemm1_cap(cfg.kernels, cfg.kstack1, cfg.launches) or cfg.ring1
             or cfg.warps1 not in (2, 4)):
         return None
     return 184 if cfg.warps1 == 2 and cfg.block_t >= 16 else 168
