@@ -1,13 +1,11 @@
 """GPU tier: the decode kernels at GLM-5 per-GPU shapes, CUDA-graph replay and determinism.
 
-Every test runs both kernel families, ``dot`` (``tl.dot``, v1) and ``gluon`` (v2, two launches),
-the one-launch Gluon kernel (``gluon1``: ``launches=1``) and the Gluon pairs GEMM2 whose partials a
-third launch sums, each expert's pair chunks over 4 programs (``gluon3``: ``combine="kernel"``,
-``split_t=4``), the Gluon launches with programmatic dependent launch (``gluonp``: ``pdl=1``) and
-GEMM1's weight chunks through its shared-memory ring (``gluonr``: ``ring1=4``), the token GEMM2
-with a token's top-k slots side by side (``gluons``: ``slots2=1``) and GEMM1 with its K splits
-stacked in one program (``gluonk``: ``kstack1=1``);
-Gluon runs only on a GPU (the CPU
+Every test runs both kernel families, ``dot`` (``tl.dot``, v1) and ``gluon`` (v2), the Gluon
+pairs GEMM2 whose partials a third launch sums, each expert's pair chunks over 4 programs
+(``gluon3``: ``combine="kernel"``, ``split_t=4``), the Gluon launches with programmatic dependent
+launch (``gluonp``: ``pdl=1``), the token GEMM2 with a token's top-k slots side by side
+(``gluons``: ``slots2=1``) and GEMM1 with its K splits stacked in one program (``gluonk``:
+``kstack1=1``); Gluon runs only on a GPU (the CPU
 tier compiles it ahead of time, ``tests/test_gluon_aot.py``).
 
 Tolerance vs the fp32 reference: the kernels round the SiLU·mul intermediate and the output to
@@ -25,7 +23,6 @@ import torch
 from sglang_fp4ext.moe import decode as fm
 from sglang_fp4ext.moe.config import config_for
 from sglang_fp4ext.moe.decode import fused_moe_nvfp4
-from sglang_fp4ext.moe.decode_config import RING_SMEM_BYTES, RING_STAGE_BYTES_PER_ROW
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.testing.compare import assert_close
 from tests import glm5_cases
@@ -33,50 +30,41 @@ from tests import glm5_cases
 pytestmark = pytest.mark.gpu
 MAX_REL, RMS_REL = 1e-2, 5e-3
 
-FAMILIES = ["dot", "gluon", "gluon1", "gluon3", "gluonp", "gluonr", "gluons", "gluonk"]
+FAMILIES = ["dot", "gluon", "gluon3", "gluonp", "gluons", "gluonk"]
 
 
 def _as(cfg, kernels):
-    """``cfg`` on family ``kernels``; ``gluon1`` = its one-launch form (slot grid, token GEMM2);
-    ``gluonp``: programmatic dependent launch, the pairs GEMM2 with the third-launch combine;
-    ``gluonr``: GEMM1 through a 4-stage shared-memory ring; ``gluons``: the token GEMM2 with the
-    slots side by side (``slots2``, at most 2 warps a slot: 32 warps at top_k 9); ``gluonk``:
-    GEMM1's K splits stacked in one program (``kstack1``; 4 splits, or 2 where the config has
-    fewer: every tested H's K chunks divide by 4). The forms that exclude the family's own
-    (the table's or heuristic's stacked GEMM1 and side-by-side slots: one launch, a ring, pair
-    chunks over programs, the pairs GEMM2) are dropped first, GEMM1's register cap wherever the
-    form does not take it (``KernelConfig.reform``)."""
-    if kernels in ("gluon1", "gluon3", "gluonr"):
+    """``cfg`` on family ``kernels``; ``gluonp``: programmatic dependent launch, the pairs GEMM2
+    with the third-launch combine; ``gluons``: the token GEMM2 with the slots side by side
+    (``slots2``, at most 2 warps a slot: 32 warps at top_k 9); ``gluonk``: GEMM1's K splits
+    stacked in one program (``kstack1``; 4 splits, or 2 where the config has fewer: every tested
+    H's K chunks divide by 4). The forms that exclude the family's own (the table's or
+    heuristic's stacked GEMM1 and side-by-side slots: pair chunks over programs, the pairs GEMM2)
+    are dropped first, GEMM1's register cap wherever the form does not take it
+    (``KernelConfig.reform``)."""
+    if kernels == "gluon3":
         cfg = cfg.reform(kstack1=0, slots2=0)
     if kernels == "gluonk":
         sk = 4 if cfg.split_k1 >= 4 else 2
         w = min(cfg.warps1, 32 // sk)
         return _as(cfg, "gluon").reform(kstack1=1, split_k1=sk, warps1=w,
-                                        block_n1=max(cfg.block_n1, 16 * w), ring1=0, split_t=1)
+                                        block_n1=max(cfg.block_n1, 16 * w), split_t=1)
     if kernels == "gluons":
         w = min(cfg.warps2, 2)
         return _as(cfg, "gluon").reform(
             gemm2="tokens", split_k2=1, tiles2=1, slots2=1, warps2=w,
             block_n2=max(cfg.block_n2, 16 * w),
         )
-    if kernels == "gluonr":
-        return _as(cfg, "gluon").reform(ring1=4)
     if kernels == "gluonp":
         c = _as(cfg, "gluon3" if cfg.gemm2 == "pairs" else "gluon")
         return c.reform(pdl=1, split_t=1)
     if kernels == "gluon3":
         pairs = cfg.gemm2 == "pairs"
         return cfg.reform(
-            kernels="gluon", launches=2, gemm2="pairs", combine="kernel", split_t=4,
+            kernels="gluon", gemm2="pairs", combine="kernel", split_t=4,
             split_k2=cfg.split_k2 if pairs else 1, tiles2=cfg.tiles2 if pairs else 1,
         )
-    if kernels != "gluon1":
-        return cfg.reform(kernels=kernels, launches=2, combine="counter")
-    w = cfg.warps1
-    return cfg.reform(
-        kernels="gluon", launches=1, grid="slots", gemm2="tokens", split_k2=1, tiles2=1,
-        warps2=w, block_n2=max(cfg.block_n2, 16 * w),
-    )
+    return cfg.reform(kernels=kernels, combine="counter")
 
 
 def _with_gemm2(cfg, gemm2):
@@ -105,8 +93,8 @@ def _same_bits(x, pw, ids, tw, cfg, **variant):
 
 
 def _counters_zero():
-    """Graph safety: the arrival, readiness and ticket counters are back at zero."""
-    for buf in ("cnt1", "cnt2", "ready", "ctl"):
+    """Graph safety: the arrival counters are back at zero."""
+    for buf in ("cnt1", "cnt2"):
         if ("cuda:0", buf) in fm._WORKSPACES:
             assert int(fm._WORKSPACES[("cuda:0", buf)].abs().sum()) == 0, buf
 
@@ -116,8 +104,6 @@ def _counters_zero():
 @pytest.mark.parametrize("name", ["tp8_shared", "ep8"])
 @pytest.mark.parametrize("T", [1, 7, 64, 256])
 def test_glm5_vs_reference(name, T, gemm2, kernels, seed):
-    if kernels == "gluon1" and gemm2 == "pairs":
-        pytest.skip("the one-launch kernel runs the token-centric GEMM2 only")
     if kernels == "gluon3" and gemm2 == "tokens":
         pytest.skip("combine='kernel' sums the pairs GEMM2's partials")
     w, pw = glm5_cases.weights(name)
@@ -150,24 +136,6 @@ def test_combine_kernel_matches_the_in_kernel_combine_bit_for_bit(name, T, split
     assert torch.equal(a.view(torch.int16), c.view(torch.int16))
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
     assert a[3].eq(0).all()
-
-
-@pytest.mark.parametrize("sms", [1, 3])
-@pytest.mark.parametrize("name,T", [("tp8_shared", 7), ("ep8", 16)])
-def test_one_launch_any_grid_size(name, T, sms, seed, monkeypatch):
-    """One or three programs run every item in ticket order: GEMM2 tiles wait on GEMM1 tiles
-    that earlier tickets hold, so no grid size can deadlock (``_fused``'s argument)."""
-    w, pw = glm5_cases.weights(name)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x, ids, tw = glm5_cases.inputs(name, T, g)
-    cfg = dataclasses.replace(_config(pw, ids, "tokens", "gluon1"), ctas_per_sm=1, split_k1=2)
-    monkeypatch.setitem(fm._SM_COUNT, 0, sms)
-    out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")
-    fused_moe_nvfp4(x, pw, ids, tw, out=out, config=cfg)
-    assert fm.fused_grid(T, pw.shape(ids.shape[1]), cfg, pw, sms) == sms
-    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
-                 what=f"{name} T={T} one launch on {sms} programs")
-    _counters_zero()
 
 
 @pytest.mark.parametrize("kernels", FAMILIES)
@@ -250,44 +218,21 @@ def test_pdl_chain_matches_eager_bit_for_bit(name, T, gemm2, pdl, seed):
     _counters_zero()
 
 
-@pytest.mark.parametrize("ring1,split_k1", [(2, 1), (4, 8), (8, 16), (3, 32)])
-@pytest.mark.parametrize("name,T", [("tp8_shared", 1), ("ep8", 2), ("tp8_shared", 40)])
-def test_ring1_changes_no_bit(name, T, ring1, split_k1, seed):
-    """GEMM1's weight chunks through the shared-memory ring (``ring1``) instead of the register
-    queue: the same chunks in the same order into the same MMAs, so the same bits; and the fp32
-    twin within tolerance (8 stages where they fit: 64-row tiles). Splits of 1-3 chunks (fewer
-    than the ring's stages: copies clamped to the split's last chunk), empty splits (32 > 24 K
-    chunks), 40 tokens (pair chunks looped over one ring)."""
-    w, pw = glm5_cases.weights(name)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x, ids, tw = glm5_cases.inputs(name, T, g)
-    ids[0, 1] = -1  # a dropped slot
-    # The ring is a form of the K splits across programs: not of the stacked ones (kstack1).
-    cfg = dataclasses.replace(_config(pw, ids, "tokens", "gluon"), pdl=0, kstack1=0,
-                              split_k1=split_k1)
-    ring1 = min(ring1, RING_SMEM_BYTES // (cfg.block_n1 * RING_STAGE_BYTES_PER_ROW))  # what fits
-    out = _same_bits(x, pw, ids, tw, cfg, ring1=ring1)
-    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
-                 what=f"{name} T={T} ring1={ring1} split_k1={split_k1}")
-
-
-@pytest.mark.parametrize("warps2,block_n2,depth,pdl", [(1, 32, 1, 0), (2, 32, 1, 2), (1, 64, 3, 0),
-                                                      (2, 64, 2, 1)])
+@pytest.mark.parametrize("warps2,block_n2,pdl", [(1, 32, 0), (2, 32, 2), (1, 64, 0), (2, 64, 1)])
 @pytest.mark.parametrize("name,T", [("tp8_shared", 1), ("tp8_shared", 2), ("ep8", 2), ("ep8", 9),
                                     ("tp8_shared", 24)])
-def test_slots2_changes_no_bit(name, T, warps2, block_n2, depth, pdl, seed):
+def test_slots2_changes_no_bit(name, T, warps2, block_n2, pdl, seed):
     """The token GEMM2 with the slots side by side (``slots2``) sums the same per-slot products
     in the same slot order as the walk it replaces: the same bits, with a dropped slot and an id
     >= E among the routings, at top_k 8 and 9 (16 slot rows, 7 of them empty), I = 256 (one K
-    chunk) and 2048 (8 chunks, prefetched ``depth`` ahead), with and without PDL; and the fp32
-    twin within tolerance."""
+    chunk) and 2048 (8 chunks), with and without PDL; and the fp32 twin within tolerance."""
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
     ids[0, 1] = -1  # a dropped slot
     ids[-1, 2] = pw.num_experts  # an id >= E: no expert
     cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
-                              warps2=warps2, block_n2=block_n2, depth=depth)
+                              warps2=warps2, block_n2=block_n2)
     out = _same_bits(x, pw, ids, tw, cfg, slots2=1)
     ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
     assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} slots2")
@@ -313,16 +258,16 @@ def test_split_t_beside_the_token_gemm2_changes_no_bit(T, split_k1, split_t, see
     _counters_zero()
 
 
-@pytest.mark.parametrize("split_k1,block_n1,warps1,depth,pdl", [
-    (8, 32, 1, 1, 2), (8, 64, 2, 1, 0), (4, 32, 1, 2, 0), (2, 64, 4, 3, 1), (4, 128, 4, 1, 0)])
+@pytest.mark.parametrize("split_k1,block_n1,warps1,pdl", [
+    (8, 32, 1, 2), (8, 64, 2, 0), (4, 32, 1, 0), (2, 64, 4, 1), (4, 128, 4, 0)])
 @pytest.mark.parametrize("name,T", [("tp8_shared", 1), ("tp8_shared", 2), ("ep8", 2), ("ep8", 9),
                                     ("tp8_shared", 40)])
-def test_kstack1_changes_no_bit(name, T, split_k1, block_n1, warps1, depth, pdl, seed):
+def test_kstack1_changes_no_bit(name, T, split_k1, block_n1, warps1, pdl, seed):
     """GEMM1 with its K splits on one program's warps (``kstack1``) sums the same split
     partials in the same order as the splits across programs through the workspace: the same
     bits, with a dropped slot and an id >= E, at top_k 9 (the shared expert's pairs: 40 tokens
-    take 5-20 passes of 8 / split_k1 pairs) and 8, I = 256 and 2048, 1-3 chunks per split
-    prefetched ``depth`` ahead, with and without PDL; and the fp32 twin within tolerance."""
+    take 5-20 passes of 8 / split_k1 pairs) and 8, I = 256 and 2048, 1-3 chunks per split,
+    with and without PDL; and the fp32 twin within tolerance."""
     w, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
@@ -330,8 +275,8 @@ def test_kstack1_changes_no_bit(name, T, split_k1, block_n1, warps1, depth, pdl,
     ids[-1, 2] = pw.num_experts  # an id >= E: no expert
     # maxnreg1=0: a table's register cap was picked for its own GEMM1 tile, not the one set here
     cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
-                              split_k1=split_k1, block_n1=block_n1, warps1=warps1, depth=depth,
-                              split_t=1, ring1=0, maxnreg1=0)
+                              split_k1=split_k1, block_n1=block_n1, warps1=warps1, split_t=1,
+                              maxnreg1=0)
     out = _same_bits(x, pw, ids, tw, cfg, kstack1=1)
     ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
     assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} kstack1")
@@ -343,23 +288,9 @@ def test_kstack1_needs_k_chunks_that_divide(seed):
     the launcher says so instead of reading past a split."""
     _, pw, x, ids, tw = glm5_cases.other_shape_case("dsr1_tp8", 1, seed)
     cfg = dataclasses.replace(_as(config_for(1, pw.shape(8)), "gluon"), kstack1=1, split_k1=8,
-                              warps1=1, ring1=0, split_t=1)
+                              warps1=1, split_t=1)
     with pytest.raises(ValueError, match="28 K chunks of 256 .* split_k1=8"):
         fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
-
-
-@pytest.mark.parametrize("name,T", [("tp8_shared", 4), ("ep8", 16), ("tp8_shared", 1)])
-def test_l2_prefetch_changes_no_bit(name, T, seed):
-    """The token GEMM2 asking L2 for its experts' weights first (``l2_prefetch``) reads and
-    computes exactly what it did: equal to the bit, and to the fp32 twin within tolerance."""
-    w, pw = glm5_cases.weights(name)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x, ids, tw = glm5_cases.inputs(name, T, g)
-    ids[0, 1] = -1  # a dropped slot
-    cfg = dataclasses.replace(_config(pw, ids, "tokens", "gluon"), pdl=0)
-    out = _same_bits(x, pw, ids, tw, cfg, l2_prefetch=1)
-    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
-                 what=f"{name} T={T} l2_prefetch")
 
 
 @pytest.mark.parametrize("maxnreg1", [96, 128, 168, 184])  # 168 / 184: what the tuner tries
@@ -372,7 +303,7 @@ def test_maxnreg1_changes_no_bit(name, T, maxnreg1, seed):
     x, ids, tw = glm5_cases.inputs(name, T, g)
     ids[0, 1] = -1  # a dropped slot
     cfg = _config(pw, ids, "pairs", "gluon")
-    if cfg.kstack1:  # the cap is the two-launch GEMM1's: its K splits across programs
+    if cfg.kstack1:  # the cap is _gemm1's: its K splits across programs
         cfg = dataclasses.replace(cfg, kstack1=0, split_k1=1)
     out = _same_bits(x, pw, ids, tw, cfg, maxnreg1=maxnreg1)
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,

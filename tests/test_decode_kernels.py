@@ -146,18 +146,6 @@ CASES = [
         cfg=KernelConfig(grid="experts", split_k1=2, split_k2=2, kernels="gluon",
                          combine="kernel", split_t=2),
     ),
-    Case(  # the one-launch Gluon kernel on a GPU; its tiles on the dot family under the interpreter
-        "T5_k9_shared_drop_one_launch",
-        E=10,
-        H=272,
-        I=80,
-        T=5,
-        k=9,
-        shared=True,
-        drop=0.3,
-        cfg=KernelConfig(grid="slots", split_k1=2, block_n2=32, gemm2="tokens", kernels="gluon",
-                         launches=1, ctas_per_sm=1),
-    ),
 ]
 
 
@@ -177,7 +165,7 @@ def test_matches_reference(case, seed):
     st = assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=case.name)
     print(case.name, st)
     # Graph safety: every arrival counter is back at zero after the call.
-    for name in ("cnt1", "cnt2", "ready", "ctl"):
+    for name in ("cnt1", "cnt2"):
         buf = fm._WORKSPACES.get((str(out.device), name))
         assert buf is None or int(buf.abs().sum()) == 0, f"{name} not reset"
 

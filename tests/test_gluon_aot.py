@@ -19,11 +19,7 @@ import json
 import pytest
 
 from sglang_fp4ext.moe import config as C
-from sglang_fp4ext.moe.decode_config import (
-    RING_SMEM_BYTES,
-    RING_STAGE_BYTES_PER_ROW,
-    heuristic_config,
-)
+from sglang_fp4ext.moe.decode_config import heuristic_config
 from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from tests.kernel_cases import compile_per_arch, triton36_site
@@ -41,31 +37,19 @@ P1 = dict(x_ptr="*bf16", ids_ptr="*i32", q_ptr="*u8", s_ptr="*u8", a_ptr="*fp32"
 P2 = dict(inter_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32", q_ptr="*u8", s_ptr="*u8",
           a_ptr="*fp32", out_ptr="*bf16")
 P3 = dict(P2, ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32")
-P4 = dict(x_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32", q1_ptr="*u8", s1_ptr="*u8",
-          a1_ptr="*fp32", q2_ptr="*u8", s2_ptr="*u8", a2_ptr="*fp32", inter_ptr="*bf16",
-          out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", plist_ptr="*i32", pcnt_ptr="*i32",
-          ready_ptr="*i32", ctl_ptr="*i32")
 P5 = dict(ws_ptr="*fp32", ids_ptr="*i32", out_ptr="*bf16")
 # What the JIT specialises on the real tensors: 16-byte aligned pointers, strides divisible by 16.
-DIV = set(P1) | set(P2) | set(P4) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stride",
-                                     "s_e_stride", "s_chunk_stride", "stride_out", "NP1", "NP2"}
-DIV |= {f"{n}{i}_{m}" for n in ("q", "s") for i in (1, 2) for m in ("e_stride", "row_stride")}
-DIV |= {"s1_chunk_stride", "s2_chunk_stride"}
+DIV = set(P1) | set(P2) | {"H", "I", "NP", "stride_x", "q_e_stride", "q_row_stride",
+                           "s_e_stride", "s_chunk_stride", "stride_out"}
 out = []
 for v in variants:
     fn, ptrs = {1: (G._gemm1, P1), 2: (G._gemm2_tok, P2), 3: (G._gemm2, P3),
-                4: (G._fused, P4), 5: (G._combine, P5), 6: (G._gemm2_tok_slots, P2),
+                5: (G._combine, P5), 6: (G._gemm2_tok_slots, P2),
                 7: (G._gemm1_kstack, P1)}[v["kernel"]]
     # Copies of the row tile along the MMA rows: slots (6), K splits (7).
     c = v["constexprs"]
     kp = {6: min(c.get("K_POW2", 1), 8), 7: c.get("KS")}.get(v["kernel"], 1)
     lay = dict(G.layouts(kp * v["BN"], v["BT"], v["num_warps"])) if v["kernel"] != 5 else {}
-    if v["kernel"] == 1:  # the ring's layouts, or unused zeros (AOT names every constexpr)
-        ring = v["constexprs"]["RING"]
-        lay.update(G.ring_layouts(v["BN"], v["num_warps"]) if ring else dict(CP=0, SP=0, CW=0))
-    if v["kernel"] == 4:
-        lay = dict(WL1=lay["WL"], XL=lay["XL"], ML=lay["ML"],
-                   WL2=G.layouts(v["BN2"], v["BT"], v["num_warps"])["WL"])
     consts = dict(v["constexprs"], **lay)
     sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names if n in DIV}
@@ -125,13 +109,6 @@ def _gluon_configs():
             if c.gemm2 == "pairs":
                 c = dataclasses.replace(c, kernels="gluon", combine="kernel")
                 cfgs |= {(s.top_k, c), (s.top_k, dataclasses.replace(c, split_t=8))}
-        for T in (1, 8):  # deeper prefetch at small T
-            c = heuristic_config(T, s, Target("sm_90", None, 132))
-            cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", depth=3)))
-        for T, ns in ((1, 2), (1, 4), (2, 8), (8, 4)):  # GEMM1 through its shared-memory ring
-            c = heuristic_config(T, s, Target("sm_90", None, 132))
-            ns = min(ns, RING_SMEM_BYTES // (c.block_n1 * RING_STAGE_BYTES_PER_ROW))
-            cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", ring1=ns)))
         for T, pdl in ((1, 1), (4, 1), (64, 1), (1, 2), (64, 2)):  # PDL (sm_90+), both triggers
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             c = dataclasses.replace(c, kernels="gluon", pdl=pdl)
@@ -149,21 +126,10 @@ def _gluon_configs():
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", kstack1=1, split_k1=sk,
                                                    block_n1=bn, warps1=w, pdl=pdl)))
-        for T in (2, 8):  # the token GEMM2 asking L2 for its experts' weights first
-            c = heuristic_config(T, s, Target("sm_90", None, 132))
-            cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1,
-                                                   tiles2=1, l2_prefetch=1)))
         for T in (128, 256):  # a register cap on GEMM1 (maxnreg1, opt-in)
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             if not c.kstack1:
                 cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", maxnreg1=128)))
-        # The one-launch form of the small-T configs.
-        for T in (1, 4):
-            c = heuristic_config(T, s, Target("sm_90", None, 132))
-            c = dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1, tiles2=1,
-                                    warps2=c.warps1, block_n2=max(c.block_n2, 16 * c.warps1),
-                                    launches=1)
-            cfgs.add((s.top_k, c))
     return cfgs
 
 
@@ -171,35 +137,27 @@ def _variants():
     """Distinct kernel specialisations (split-K, top_k and the grid are runtime arguments)."""
     seen, out = set(), []
     for k, c in sorted(_gluon_configs(), key=repr):
-        pdl = dict(PDL=c.pdl if c.launches == 2 else 0)  # AOT: constexprs are named, defaults too
+        pdl = dict(PDL=c.pdl)  # AOT: constexprs are named, defaults too
         vs = [dict(kernel=1, BN=c.block_n1, BT=c.block_t, num_warps=c.warps1,
                    constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
-                                   BLOCK_P=c.block_p, DEPTH=c.depth, SPLIT_T=c.split_t, **pdl,
-                                   RING=c.ring1))]
+                                   BLOCK_P=c.block_p, SPLIT_T=c.split_t, **pdl))]
         if c.maxnreg1:  # a launch option, not a constexpr
             vs[0]["maxnreg_asked"] = c.maxnreg1
         if c.kstack1:
             vs = [dict(kernel=7, BN=c.block_n1, BT=8, num_warps=c.split_k1 * c.warps1,
                        constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=8,
-                                       BLOCK_P=c.block_p, DEPTH=c.depth, KS=c.split_k1, **pdl))]
+                                       BLOCK_P=c.block_p, KS=c.split_k1, **pdl))]
         k_pow2 = 1 << (k - 1).bit_length()
-        if c.launches == 1:
-            vs = [dict(kernel=4, BN=c.block_n1, BN2=c.block_n2, BT=c.block_t,
-                       num_warps=c.warps1,
-                       constexprs=dict(K_POW2=k_pow2, BN1=c.block_n1, BN2=c.block_n2,
-                                       BT=c.block_t, BLOCK_P=c.block_p, DEPTH=c.depth))]
-        elif c.slots2:
+        if c.slots2:
             vs.append(dict(kernel=6, BN=c.block_n2, BT=8, num_warps=min(k_pow2, 8) * c.warps2,
-                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=8, DEPTH=c.depth,
-                                           L2PF=bool(c.l2_prefetch), **pdl)))
+                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=8, **pdl)))
         elif c.gemm2 == "tokens":
             vs.append(dict(kernel=2, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
-                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t,
-                                           DEPTH=c.depth, L2PF=bool(c.l2_prefetch), **pdl)))
+                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t, **pdl)))
         else:
             vs.append(dict(kernel=3, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
                            constexprs=dict(K_POW2=k_pow2, SLOT_MODE=c.grid == "slots",
-                                           BN=c.block_n2, BT=c.block_t, DEPTH=c.depth,
+                                           BN=c.block_n2, BT=c.block_t,
                                            COMBINE=c.combine == "counter",
                                            SPLIT_T=c.split_t, **pdl)))
             if c.combine == "kernel":
@@ -217,7 +175,7 @@ def _variants():
 def compiled():
     variants = _variants()
     some = [next(v for v in variants if v["kernel"] == i and not v["constexprs"].get("PDL"))
-            for i in (1, 2, 3, 4, 5, 6, 7)]
+            for i in (1, 2, 3, 5, 6, 7)]
     pdl = [next(v for v in variants if v["kernel"] == i and v["constexprs"].get("PDL") == p)
            for i in (1, 2, 3, 5) for p in (1, 2)]  # griddepcontrol: sm_90+ (none on sm_80)
     pdl += [next(v for v in variants if v["kernel"] == i and v["constexprs"]["PDL"] == 2)
@@ -232,11 +190,9 @@ def compiled():
 
 def test_there_are_gluon_configs_to_compile():
     kinds = {v["kernel"] for v in _variants()}
-    assert kinds == {1, 2, 3, 4, 5, 6, 7}, kinds
+    assert kinds == {1, 2, 3, 5, 6, 7}, kinds
     assert {v["constexprs"]["KS"] for v in _variants() if v["kernel"] == 7} == {2, 4, 8}
     assert {v["constexprs"]["K_POW2"] for v in _variants() if v["kernel"] == 6} == {8, 16}
-    assert {v["constexprs"]["RING"] for v in _variants() if v["constexprs"].get("RING")} >= {2, 4, 8}
-    assert any(v["constexprs"].get("L2PF") and not v["constexprs"]["PDL"] for v in _variants())
     assert {v.get("maxnreg_asked") for v in _variants() if v["kernel"] == 1} >= {None, 128}
     pdl = {(v["kernel"], v["constexprs"]["PDL"]) for v in _variants() if v["constexprs"].get("PDL")}
     assert pdl == {(k, p) for k in (1, 2, 3, 5) for p in (1, 2)} | {(6, 2), (7, 1), (7, 2)}, pdl
@@ -252,30 +208,16 @@ def test_every_gluon_config_compiles_to_the_design(compiled, cc):
             assert r["shared"] == 0 and not r["cp_async"], r
             continue
         assert r["mma"] and r["decode"], f"sm_{cc}: no bf16 mma.sync / inline decode: {r}"
-        if r["constexprs"].get("RING"):
-            _check_ring(r, cc)
-        elif r["kernel"] == 6:
+        if r["kernel"] == 6:
             _check_slots(r, cc)
         elif r["kernel"] == 7:
             _check_kstack(r, cc)
         else:
             assert r["wide_loads"] >= 4 and not r["cp_async"], f"sm_{cc}: loads not direct: {r}"
             assert r["shared"] <= 64, f"sm_{cc}: unexpected shared memory: {r}"
-        if r["kernel"] == 4:  # one launch: readiness released by GEMM1, acquired by GEMM2
-            assert r["acquire"] and r["release"], f"sm_{cc}: no acquire/release: {r}"
         # GEMM1's register cap (maxnreg1) reaches ptxas as the kernel's .maxnreg, and only there
         assert r["maxnreg"] == r.get("maxnreg_asked", 0), f"sm_{cc}: {r}"
         _check_pdl(r, cc)
-
-
-def _check_ring(r, cc):
-    """GEMM1 with ``ring1``: its weight chunks by 16-byte ``cp.async`` into ``RING`` slots of
-    ``BN * 144`` bytes (the shared memory), waited per commit group; the activations still load
-    16 bytes at a time straight from global memory."""
-    ns, bn = r["constexprs"]["RING"], r["BN"]
-    assert r["kernel"] == 1 and r["cp_async16"] >= 2 and r["wait_group"], f"sm_{cc}: {r}"
-    assert ns * bn * RING_STAGE_BYTES_PER_ROW <= r["shared"] <= ns * bn * 144 + 64, r
-    assert r["wide_loads"] >= 2, f"sm_{cc}: activations not 16-byte loads: {r}"
 
 
 def _check_slots(r, cc):
@@ -305,7 +247,7 @@ def _check_pdl(r, cc):
     c = r["constexprs"]
     if not c.get("PDL"):
         assert not (r["gdc_wait"] or r["gdc_launch"]), f"sm_{cc}: {r}"
-        assert (r["l2_prefetch"] > 0) == bool(c.get("L2PF")), f"sm_{cc}: L2 prefetch: {r}"
+        assert r["l2_prefetch"] == 0, f"sm_{cc}: L2 prefetch without PDL: {r}"
         return
     launches = c["PDL"] == 1 or r["kernel"] in (1, 7)
     assert cc >= 90 and r["gdc_wait"] and r["gdc_launch"] == launches, f"sm_{cc}: {r}"
@@ -342,10 +284,9 @@ def test_both_families_take_the_launchers_arguments(role):
     d, d_extra = decode._kernel("dot", role, 64, cfg, 2, 3)
     assert [a for a in d.arg_names if a != "COMPUTE_F32"] == [
         a for a in g.arg_names
-        if a not in ("WL", "XL", "ML", "DEPTH", "COMBINE", "SPLIT_T", "PDL", "L2PF", "RING", "CP",
-                     "SP", "CW")
+        if a not in ("WL", "XL", "ML", "COMBINE", "SPLIT_T", "PDL")
     ]
-    assert set(g_extra) - {"COMBINE", "SPLIT_T"} == {"num_warps", "WL", "XL", "ML", "DEPTH", "BT"}
+    assert set(g_extra) - {"COMBINE", "SPLIT_T"} == {"num_warps", "WL", "XL", "ML", "BT"}
     assert ("SPLIT_T" in g_extra) == (role != "gemm2_tok")
     assert ("COMBINE" in g_extra) == (role == "gemm2") and "COMPUTE_F32" in d_extra
     assert g_extra["BT"] == d_extra["BT"] == cfg.block_t
@@ -355,19 +296,18 @@ _LAUNCH_OPTIONS = {"num_warps", "num_stages", "launch_pdl", "maxnreg"}  # Triton
 
 
 @pytest.mark.parametrize("knobs", [
-    dict(gemm2="tokens", l2_prefetch=1),  # the token GEMM2's knob: GEMM1 must not get it
-    dict(gemm2="tokens", l2_prefetch=1, ring1=2),
-    dict(gemm2="tokens", l2_prefetch=1, pdl=2),
-    dict(gemm2="tokens", l2_prefetch=1, slots2=1, block_n2=32, warps2=1),
-    dict(gemm2="tokens", l2_prefetch=1, kstack1=1, split_k1=4, block_n1=32, warps1=1),
-    dict(gemm2="pairs", ring1=4, pdl=1, combine="kernel", split_t=2),
+    dict(gemm2="tokens"),
+    dict(gemm2="tokens", pdl=2),
+    dict(gemm2="tokens", slots2=1, block_n2=32, warps2=1),
+    dict(gemm2="tokens", kstack1=1, split_k1=4, block_n1=32, warps1=1),
+    dict(gemm2="pairs", pdl=1, combine="kernel", split_t=2),
     dict(gemm2="pairs", kstack1=1, split_k1=2),
     dict(gemm2="pairs", maxnreg1=128, split_t=2),
 ])
 def test_every_launch_keyword_is_a_kernel_parameter(knobs):
     """Every keyword the launcher passes (``decode._kernel``) names a parameter of the kernel it
-    launches, for each role under each knob (a GPU run found GEMM1 handed the token GEMM2's
-    ``L2PF`` since decode step 6: Triton rejects the launch with a KeyError)."""
+    launches, for each role under each knob (Triton rejects a launch with an unknown keyword with
+    a KeyError, and only on a GPU: a keyword meant for one role must not reach another)."""
     from sglang_fp4ext.moe import decode
     from sglang_fp4ext.moe.decode_config import KernelConfig
 
@@ -377,7 +317,6 @@ def test_every_launch_keyword_is_a_kernel_parameter(knobs):
         w = cfg.warps1 if role == "gemm1" else cfg.warps2
         fn, extra = decode._kernel("gluon", role, bn, cfg, w, 3, pdl=cfg.pdl, top_k=8)
         assert set(extra) - _LAUNCH_OPTIONS <= set(fn.arg_names), (role, fn.__name__, extra.keys())
-    assert ("L2PF" in extra) == bool(cfg.l2_prefetch)
 
 
 def test_slot_parallel_token_gemm2_takes_the_same_arguments():
@@ -411,7 +350,7 @@ def test_split_stacked_gemm1_takes_the_same_arguments():
     g, extra = decode._kernel("gluon", "gemm1", 32, cfg, 1, 3)
     assert g is G._gemm1_kstack
     assert [a for a in g.arg_names if a != "KS"] == [
-        a for a in G._gemm1.arg_names if a not in ("SPLIT_T", "RING", "CP", "SP", "CW")]
+        a for a in G._gemm1.arg_names if a != "SPLIT_T"]
     assert extra["num_warps"] == 8 and extra["BT"] == 8 and extra["KS"] == 8
     assert extra["WL"] == G.weight_layout(8 * 32, 8)
     shape = MoEShape(8, 512, 64, 2)

@@ -45,32 +45,18 @@ def test_frozen_hashable_repr_round_trip():
         ({"split_k1": 3}, "split_k1"),
         ({"stages2": 0}, "stages2"),
         ({"block_p": 8}, "block_p"),
-        ({"launches": 3}, "launches must be 1 or 2"),
-        ({"launches": 1, "gemm2": "pairs"}, "grid must be 'slots' and gemm2 'tokens'"),
-        ({"launches": 1, "gemm2": "tokens", "grid": "experts"}, "gemm2 'tokens'"),
-        ({"launches": 1, "gemm2": "tokens", "warps1": 4, "block_n2": 64}, "warps1 must equal"),
-        ({"ctas_per_sm": 3}, "ctas_per_sm"),
-        ({"depth": 4}, "depth must be"),
-        ({"ring1": 1}, "ring1 must be 0 or 2..8"),
-        ({"ring1": 9}, "ring1 must be 0 or 2..8"),
-        ({"ring1": 6, "block_n1": 128, "warps1": 4}, "110592 B of shared memory"),
         ({"combine": "atomic"}, "combine must be"),
         ({"pdl": 3}, "pdl must be 0, 1 or 2"),
         ({"slots2": 2, "gemm2": "tokens"}, "slots2 must be 0 or 1"),
-        ({"slots2": 1}, "gemm2 must be 'tokens' and launches 2"),
-        ({"slots2": 1, "gemm2": "tokens", "launches": 1}, "gemm2 must be 'tokens' and launches 2"),
+        ({"slots2": 1}, "gemm2 must be 'tokens'"),
         ({"kstack1": 2, "split_k1": 8}, "kstack1 must be 0 or 1"),
         ({"kstack1": 1}, "split_k1 must be 2, 4 or 8, got 1"),
         ({"kstack1": 1, "split_k1": 16}, "split_k1 must be 2, 4 or 8, got 16"),
-        ({"kstack1": 1, "split_k1": 8, "ring1": 4}, "launches must be 2, ring1 0 and split_t 1"),
-        ({"kstack1": 1, "split_k1": 8, "split_t": 2}, "launches must be 2, ring1 0 and split_t 1"),
-        ({"kstack1": 1, "split_k1": 4, "launches": 1, "gemm2": "tokens"}, "launches must be 2"),
+        ({"kstack1": 1, "split_k1": 8, "split_t": 2}, "split_t must be 1"),
         ({"kstack1": 1, "split_k1": 8, "warps1": 8, "block_n1": 128}, "64 warps per program"),
         ({"maxnreg1": 32}, "maxnreg1 must be 0"),
         ({"maxnreg1": 256}, "maxnreg1 must be 0"),
         ({"maxnreg1": 128, "kernels": "gluon", "kstack1": 1, "split_k1": 4}, "kstack1=1"),
-        ({"maxnreg1": 128, "kernels": "gluon", "launches": 1, "gemm2": "tokens", "grid": "slots"},
-         "launches=1"),
         ({"maxnreg1": 128, "kernels": "dot"}, "not the tl.dot family"),
     ],
 )
@@ -268,17 +254,16 @@ def test_heuristic_path_moves_a_fused_shared_expert_to_prefill_from_128_on_wgmma
 
 def test_reform_leaves_gemm1s_cap_behind_only_where_the_new_form_rejects_it():
     """``KernelConfig.reform``: a config derived in another form keeps every other field; GEMM1's
-    register cap goes where the form does not take it (the tl.dot family, stacked splits, one
-    launch) and stays where it does; a cap the caller names is checked as given."""
+    register cap goes where the form does not take it (the tl.dot family, stacked splits) and
+    stays where it does; a cap the caller names is checked as given."""
     capped = KernelConfig(kernels="gluon", block_n1=128, warps1=4, maxnreg1=168)
     assert capped.reform(block_t=16) == dataclasses.replace(capped, block_t=16)
     assert capped.reform(gemm2="tokens", combine="counter").maxnreg1 == 168
-    for form in ({"kernels": "dot"}, {"kstack1": 1, "split_k1": 4, "warps1": 2, "block_n1": 64},
-                 {"launches": 1, "grid": "slots", "gemm2": "tokens", "warps2": 4}):
+    for form in ({"kernels": "dot"}, {"kstack1": 1, "split_k1": 4, "warps1": 2, "block_n1": 64}):
         derived = capped.reform(**form)
         assert derived.maxnreg1 == 0, form
         assert derived == dataclasses.replace(capped, maxnreg1=0, **form)
-        with pytest.raises(ValueError, match="caps the Gluon two-launch GEMM1"):
+        with pytest.raises(ValueError, match="caps the Gluon GEMM1"):
             capped.reform(maxnreg1=168, **form)
     plain = KernelConfig(kernels="gluon")
     assert plain.reform(kernels="dot") == dataclasses.replace(plain, kernels="dot")

@@ -6,8 +6,8 @@ split-K through the fp32 workspace and arrival counters, the routing lists for G
 ``_gemm2_tok`` = ``_moe_gemm2_tok`` (token-centric GEMM2 with the routing weight and top-k sum) and
 ``_gemm2`` = ``_moe_gemm2`` (pairs GEMM2; with ``COMBINE`` off it only writes partials and
 ``_combine`` sums them in a third launch). Beyond v1: ``SPLIT_T`` spreads an expert's pair chunks
-over programs, ``_fused`` runs GEMM1 and the token GEMM2 in one persistent launch, and
-``_gemm2_tok_slots`` is the token GEMM2 with a token's slots side by side (``slots2``).
+over programs, ``_gemm1_kstack`` stacks GEMM1's K splits on one program's warps (``kstack1``)
+and ``_gemm2_tok_slots`` is the token GEMM2 with a token's slots side by side (``slots2``).
 What Gluon changes is where the bytes go:
 
 * **No shared memory.** Each thread loads its MMA A-fragment bytes straight from global memory
@@ -15,7 +15,7 @@ What Gluon changes is where the bytes go:
   them there with the same inline PTX as v1 and hands them to ``mma.sync`` (``mma_v2``). v1's
   pipeliner staged the codes through shared memory with ``cp.async`` in an unswizzled layout
   (61-68% of the shared wavefronts bank-conflicted, MIO-throttled; README diagnosis); here the
-  shared-memory pipe is unused in the K loop. (Opt-in exception: GEMM1's ``RING``, below.)
+  shared-memory pipe is unused in the K loop.
 * **Register double buffering.** The next K chunk's codes, scales and activations are loaded
   before the current chunk is decoded, so their latency hides behind the decode and MMAs.
 * **K order.** The MMA does not care in which order K is summed as long as both operands agree.
@@ -27,10 +27,6 @@ What Gluon changes is where the bytes go:
 * **Row order.** Within each 16-row MMA tile, MMA row ``8h + g`` reads weight row ``2g + h``: the
   gate row ``2j`` and up row ``2j + 1`` of the interleaved w13 land in the same thread's
   accumulators, so SiLU·mul is register-local.
-* **GEMM1's shared-memory ring** (``RING``, ``KernelConfig.ring1``, opt-in): its weight chunks
-  ``cp.async``-copied into swizzled slots ``RING - 1`` chunks ahead and read back in the decode's
-  layout; more bytes in flight, none in registers. Bit-equal to the register queue, measured no
-  faster on the H200 (decode step 6: these grids lack warps, not bytes in flight).
 * **Programmatic dependent launch** (``PDL`` 1 or 2, sm_90+, launched with Triton's
   ``launch_pdl``): a kernel may start before the one ahead of it in the stream has finished; with
   1 a kernel lets the next start at once, with 2 GEMM1 does so after its K loops and the others
@@ -59,7 +55,7 @@ _SCALE_BIAS = gl.constexpr(SCALE_CODE_BF16_BIAS)
 # and a power of two above any chunk count makes the (block, chunk) split a shift and a mask
 # where a division by the run-time chunk count costs ~10 instructions per use.
 _ONE_BLOCK = gl.constexpr(1 << 24)
-# Code slots (the prefill code ring ``CR``, the decode GEMM1 ring ``RING``): [BN, 32] int32 code
+# Code slots (the prefill code ring ``CR``): [BN, 32] int32 code
 # words in 128-byte swizzled rows (a warp's reads of 8 rows x 32 bytes hit distinct banks),
 # [BN, 16] scale codes.
 _CS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
@@ -218,85 +214,23 @@ def _load_x(xp, xmask, goff, kc, K, CACHE: gl.constexpr):
 
 
 @gluon.jit
-def _w4a16_loop(b, slo, shi, xlo, xhi, qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K,
-                s_chunk_stride, CACHE: gl.constexpr, DEPTH: gl.constexpr, BN: gl.constexpr,
-                BT: gl.constexpr, ML: gl.constexpr, WQ=None, WS=None):
-    """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0) given chunk kc0's codes,
-    scales and activations. While a chunk is decoded, the next ``DEPTH`` (1-3) chunks' codes and
-    the next chunk's activations are in flight (bytes in flight per SM cover DRAM latency when
-    few programs run; activations come from L2). Prefetches past kc1 re-read its last chunk (L1
-    hits). ``WQ`` / ``WS``: ``_load_w``'s row masks."""
-    acc = gl.zeros([BN, BT], gl.float32, ML)
-    if DEPTH >= 2:
-        b1, slo1, shi1 = _load_w(qe, se, qoff, soff, gl.minimum(kc0 + 1, kc1 - 1), s_chunk_stride,
-                                    WQ, WS)
-    if DEPTH >= 3:
-        b2, slo2, shi2 = _load_w(qe, se, qoff, soff, gl.minimum(kc0 + 2, kc1 - 1), s_chunk_stride,
-                                    WQ, WS)
-    for kc in range(kc0, kc1):
-        kn = gl.minimum(kc + DEPTH, kc1 - 1)
-        b_n, slo_n, shi_n = _load_w(qe, se, qoff, soff, kn, s_chunk_stride, WQ, WS)
-        xlo_n, xhi_n = _load_x(xp, xmask, goff, gl.minimum(kc + 1, kc1 - 1), K, CACHE)
-        acc = _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN, BT, ML)
-        if DEPTH == 1:
-            b, slo, shi = b_n, slo_n, shi_n
-        elif DEPTH == 2:
-            b, slo, shi, b1, slo1, shi1 = b1, slo1, shi1, b_n, slo_n, shi_n
-        else:
-            b, slo, shi, b1, slo1, shi1, b2, slo2, shi2 = b1, slo1, shi1, b2, slo2, shi2, b_n, \
-                slo_n, shi_n
-        xlo, xhi = xlo_n, xhi_n
-    return acc
-
-
-@gluon.jit
 def _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K, s_chunk_stride,
-               DEPTH: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr,
-               WQ=None, WS=None):
-    """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0), prefetching ``DEPTH``."""
+               BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, WQ=None, WS=None):
+    """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0). While a chunk is decoded,
+    the next chunk's codes, scales and activations are in flight (activations come from L2).
+    Prefetches past kc1 re-read its last chunk (L1 hits). ``WQ`` / ``WS``: ``_load_w``'s row
+    masks."""
     k0 = gl.minimum(kc0, kc1 - 1)  # an empty split (kc1 <= kc0) must not read past the weights
     b, slo, shi = _load_w(qe, se, qoff, soff, k0, s_chunk_stride, WQ, WS)
     xlo, xhi = _load_x(xp, xmask, goff, k0, K, "")
-    return _w4a16_loop(b, slo, shi, xlo, xhi, qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K,
-                       s_chunk_stride, "", DEPTH, BN, BT, ML, WQ, WS)
-
-
-@gluon.jit
-def _ring_slots(NS: gl.constexpr, BN: gl.constexpr):
-    """The GEMM1 ring's ``NS`` slots: code words and scale codes of one chunk of ``BN`` rows."""
-    return (gl.allocate_shared_memory(gl.int32, [NS, BN, 32], _CS),
-            gl.allocate_shared_memory(gl.uint8, [NS, BN, 16], _SS))
-
-
-@gluon.jit
-def _w4a16_ring(cs, ss, qe, se, QB, nb, xp, xmask, goff, kc0, kc1, K, s_chunk_stride,
-                NS: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr,
-                WL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr):
-    """``_w4a16_acc`` over chunks kc0..kc1 of row tile ``nb`` (``QB`` code words per row tile)
-    with the weight chunks staged through shared memory: an ``NS``-stage ``cp.async`` ring
-    (``KernelConfig.ring1``). While chunk ``kc`` is decoded, chunks ``kc + 1 .. kc + NS - 1`` are
-    in flight and none is held in registers: the register queue (``depth``) keeps 1-3 chunks in
-    flight at ~40 registers each. One commit group per chunk; copies past kc1 re-read its last
-    chunk. The slots ``cs`` [NS, BN, 32] int32 and ``ss`` [NS, BN, 16] uint8 (``_ring_slots``);
-    their copy layout is not the read layout, hence the CTA barrier per chunk."""
-    for j in gl.static_range(NS - 1):
-        _copy_codes(cs.index(j), ss.index(j), qe, se, QB, nb, kc0 + j, _ONE_BLOCK, kc1,
-                    s_chunk_stride, BN, CP, SP)
-        async_copy.commit_group()
-    xlo, xhi = _load_x(xp, xmask, goff, gl.minimum(kc0, kc1 - 1), K, "")
     acc = gl.zeros([BN, BT], gl.float32, ML)
     for kc in range(kc0, kc1):
-        i = kc - kc0
-        async_copy.wait_group(NS - 2)  # chunk kc has landed (this thread's copies)
-        barrier()  # everyone's copies of kc landed; everyone has read slot (i - 1) % NS
-        b, slo, shi = _read_codes(cs.index(i % NS), ss.index(i % NS), BN, CW, WL)
-        _copy_codes(cs.index((i + NS - 1) % NS), ss.index((i + NS - 1) % NS), qe, se, QB, nb,
-                    kc + NS - 1, _ONE_BLOCK, kc1, s_chunk_stride, BN, CP, SP)
-        async_copy.commit_group()
-        xlo_n, xhi_n = _load_x(xp, xmask, goff, gl.minimum(kc + 1, kc1 - 1), K, "")
+        kn = gl.minimum(kc + 1, kc1 - 1)
+        b_n, slo_n, shi_n = _load_w(qe, se, qoff, soff, kn, s_chunk_stride, WQ, WS)
+        xlo_n, xhi_n = _load_x(xp, xmask, goff, kn, K, "")
         acc = _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN, BT, ML)
+        b, slo, shi = b_n, slo_n, shi_n
         xlo, xhi = xlo_n, xhi_n
-    async_copy.wait_group(0)  # no copy outlives the program's use of its shared memory
     return acc
 
 
@@ -305,7 +239,7 @@ def _add(a, b):
     return a + b
 
 
-# ---- code slots in shared memory (the prefill code ring, the GEMM1 ring) ----
+# ---- code slots in shared memory (the prefill code ring) ----
 
 
 @gluon.jit
@@ -486,17 +420,15 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
            P, E, H, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
            KC, CPS, TOP_K, SPLIT_K,
            SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BLOCK_P: gl.constexpr,
-           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-           SPLIT_T: gl.constexpr, PDL: gl.constexpr = 0, RING: gl.constexpr = 0,
-           CP: gl.constexpr = 0, SP: gl.constexpr = 0, CW: gl.constexpr = 0):
+           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, SPLIT_T: gl.constexpr,
+           PDL: gl.constexpr = 0):
     """``_decode_dot_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
     NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt).
     Grid axis 2 is ``SPLIT_K * SPLIT_T``: program ``ks + SPLIT_K * cs`` takes K split ``ks`` of
     the expert's pair chunks ``cs, cs + SPLIT_T, ..`` (an expert with many pairs, e.g. a fused
     shared expert, is spread over ``SPLIT_T`` programs instead of looping alone). With ``PDL``
     it touches memory only after the previous kernel has finished, then lets GEMM2 start: at
-    once (1) or after its K loops (2: GEMM2's programs are placed as GEMM1's finish). ``RING``:
-    the weight chunks through a shared-memory ring (``_gemm1_tile``)."""
+    once (1) or after its K loops (2: GEMM2's programs are placed as GEMM1's finish)."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     if PDL != 0:
         _gdc_wait()
@@ -507,28 +439,24 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
     if m == 0:
         return
     pid2 = gl.program_id(2)
-    _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, cnt_ptr,
+    _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr,
                 pid0 * gl.num_programs(1) + gl.program_id(1), e, m, lbase, gl.program_id(1),
                 pid2 % SPLIT_K, pid2 // SPLIT_K, P, I, NP, stride_x, q_e_stride, q_row_stride,
-                s_e_stride, s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, False, DEPTH, SPLIT_T, BN,
-                BT, WL, XL, ML, PDL == 2, RING, CP, SP, CW)
+                s_e_stride, s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, SPLIT_T, BN, BT, WL, XL,
+                ML, PDL == 2)
 
 
 @gluon.jit
-def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_ptr, tile, e, m,
-                lbase, nb, ks, cs, P, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride,
-                s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, SIGNAL: gl.constexpr,
-                DEPTH: gl.constexpr, SPLIT_T: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-                WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
-                LATE_TRIGGER: gl.constexpr = False, RING: gl.constexpr = 0, CP: gl.constexpr = 0,
-                SP: gl.constexpr = 0, CW: gl.constexpr = 0):
+def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, tile, e, m, lbase, nb,
+                ks, cs, P, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride,
+                s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, SPLIT_T: gl.constexpr,
+                BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
+                ML: gl.constexpr, LATE_TRIGGER: gl.constexpr = False):
     """Row tile ``nb``, K split ``ks``, pair chunks ``cs, cs + SPLIT_T, ..`` of expert ``e``
     (``m > 0`` pairs listed at ``lbase``): partials through ws and the arrival counter
     ``cnt_ptr[tile]`` (``SPLIT_K * SPLIT_T`` arrivals) when K is split; whoever finishes the
-    tile writes SiLU·mul to inter and, with ``SIGNAL``, releases ``ready_ptr[e] += 1``. With
-    ``LATE_TRIGGER`` the next kernel may start once every program has left its K loops. With
-    ``RING`` stages the weight chunks come through shared memory (``_w4a16_ring``; layouts
-    ``CP``, ``SP``, ``CW`` of ``ring_layouts``), else through the register queue (``DEPTH``)."""
+    tile writes SiLU·mul to inter. With ``LATE_TRIGGER`` the next kernel may start once every
+    program has left its K loops."""
     e64 = e.to(gl.int64)
     qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
     se = s_ptr + e64 * s_e_stride
@@ -537,10 +465,6 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
     kc1 = gl.minimum(kc0 + CPS, KC)
 
     qoff, soff, koff, goff, n1, rows, cols, wrow = _offsets(nb, q_row_stride, BN, BT, WL, XL, ML)
-    rcs = qe  # unused without the ring
-    rss = se
-    if RING > 0:
-        rcs, rss = _ring_slots(RING, BN)
 
     nchunk = gl.cdiv(m, BT)
     for c in range(cs, nchunk, SPLIT_T):
@@ -551,12 +475,8 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
         xw = x_ptr.to(gl.pointer_type(gl.int32))  # bf16 pairs
         xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2) + koff
         xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
-        if RING > 0:
-            acc = _w4a16_ring(rcs, rss, qe, se, BN * (q_row_stride // 4), nb, xp, xmask, goff,
-                              kc0, kc1, H, s_chunk_stride, RING, BN, BT, ML, WL, CP, SP, CW)
-        else:
-            acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride,
-                             DEPTH, BN, BT, ML)
+        acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride,
+                         BN, BT, ML)
         cslot = c * BT + cols
         cm = cslot < m
         cpairs = gl.load(lbase + cslot, mask=cm, other=0)
@@ -584,12 +504,6 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_pt
                                    other=0.0, cache_modifier=".cg")
                 _silu_mul_store(acc, ae, rows, cpairs, cm, inter_ptr, nb, I, BN, BT, ML)
             gl.atomic_xchg(cp, 0)
-            if SIGNAL:
-                barrier()  # the tile's inter rows are written before the release
-                gl.atomic_add(ready_ptr + e, 1, sem="release")
-    elif SIGNAL:
-        barrier()
-        gl.atomic_add(ready_ptr + e, 1, sem="release")
 
 
 @gluon.jit
@@ -598,7 +512,7 @@ def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_pt
                   s_chunk_stride, KC, CPS, TOP_K, SPLIT_K,
                   SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
                   BLOCK_P: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
-                  DEPTH: gl.constexpr, KS: gl.constexpr, PDL: gl.constexpr = 0):
+                  KS: gl.constexpr, PDL: gl.constexpr = 0):
     """``_gemm1`` with its ``KS`` K splits on the warps of one program instead of ``KS`` programs
     (``KernelConfig.kstack1``): program ``(slot or expert, nb)`` stacks ``KS`` copies of row tile
     ``nb`` along the MMA rows, copy ``s`` on warps of its own over K chunks ``s*CPS ..
@@ -606,7 +520,7 @@ def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_pt
     pairs in MMA columns ``s*BT/KS ..``: one MMA tile serves every split, each row keeps its own
     columns. The splits' partials go through shared memory and are summed in split order from
     zero, as ``_gemm1_tile`` sums its workspace, then SiLU·mul: the same bits as ``split_k1 = KS``
-    across programs, without the workspace round trip and its arrival counter (decode step 8).
+    across programs, without the workspace round trip and its arrival counter.
     ``ws_ptr`` / ``cnt_ptr`` / ``SPLIT_K`` are unused (one argument list for every GEMM1)."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     SB: gl.constexpr = KS * BN
@@ -656,7 +570,7 @@ def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_pt
         xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2)
         xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
         acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, CPS, H, s_chunk_stride,
-                         DEPTH, SB, BT, ML)
+                         SB, BT, ML)
         if PDL == 2:
             _gdc_launch_dependents()
         for p in gl.static_range(TPC):
@@ -684,14 +598,12 @@ def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_pt
 
 @gluon.jit
 def _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
-                  s_chunk_stride, K_POW2: gl.constexpr, BN: gl.constexpr, PDL: gl.constexpr,
-                  L2PF: gl.constexpr):
+                  s_chunk_stride, K_POW2: gl.constexpr, BN: gl.constexpr, PDL: gl.constexpr):
     """A token GEMM2 program ``(t, nb)``'s start: with ``PDL`` 1 let the next kernel start; with
-    ``L2PF`` or ``PDL`` ask L2 for row tile ``nb`` of each of token ``t``'s experts; with ``PDL``
-    then wait for GEMM1."""
+    ``PDL`` ask L2 for row tile ``nb`` of each of token ``t``'s experts, then wait for GEMM1."""
     if PDL == 1:
         _gdc_launch_dependents()
-    if (PDL != 0) or L2PF:
+    if PDL != 0:
         PF: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, gl.num_warps()], [1, 0])
         kj = gl.arange(0, K_POW2, layout=gl.SliceLayout(1, PF))
         idt = gl.load(ids_ptr + gl.program_id(0) * TOP_K + kj, mask=kj < TOP_K, other=-1)
@@ -706,20 +618,17 @@ def _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride,
 def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
                stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
                K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-               PDL: gl.constexpr = 0, L2PF: gl.constexpr = False):
+               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, PDL: gl.constexpr = 0):
     """``_decode_dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
     and walks the token's valid experts in slot order (the pair in MMA column 0), one after the
-    other. With ``L2PF`` it first asks L2 for the weights of its row tile of every expert of the
-    token, so that walk waits on L2 rather than DRAM after its first expert. With ``PDL`` it
-    does so while GEMM1 runs, then waits for GEMM1; with 1 it lets the next kernel start at
-    once, with 2 when it exits."""
+    other. With ``PDL`` it first asks L2 for the weights of its row tile of every expert of the
+    token while GEMM1 runs (so that walk waits on L2 rather than DRAM after its first expert),
+    then waits for GEMM1; with 1 it lets the next kernel start at once, with 2 when it exits."""
     _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
-                  s_chunk_stride, K_POW2, BN, PDL, L2PF)
-    _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ids_ptr, 0,
-                    gl.program_id(0), gl.program_id(1), E, H, I, NP, stride_out, q_e_stride,
-                    q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K, False, DEPTH, K_POW2,
-                    BN, BT, WL, XL, ML)
+                  s_chunk_stride, K_POW2, BN, PDL)
+    _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, gl.program_id(0),
+                    gl.program_id(1), E, H, I, NP, stride_out, q_e_stride, q_row_stride,
+                    s_e_stride, s_chunk_stride, KC, TOP_K, K_POW2, BN, BT, WL, XL, ML)
 
 
 @gluon.jit
@@ -732,15 +641,12 @@ def _wait_ready(p, n):
 
 
 @gluon.jit
-def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ready_ptr, NB1, t,
-                    nb, E, H, I, NP, stride_out, q_e_stride, q_row_stride, s_e_stride,
-                    s_chunk_stride, KC, TOP_K, WAIT: gl.constexpr, DEPTH: gl.constexpr,
-                    K_POW2: gl.constexpr,
-                    BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
-                    ML: gl.constexpr):
+def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, t, nb, E, H, I, NP,
+                    stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
+                    K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr,
+                    XL: gl.constexpr, ML: gl.constexpr):
     """``out[t, nb*BN..]`` = sum over token ``t``'s valid experts (slot order) of the routing
-    weight x GEMM2. With ``WAIT`` each expert's first weight chunk is loaded, then its inter rows
-    awaited (``ready_ptr[e] == NB1``: every GEMM1 row tile of ``e`` done) and read from L2."""
+    weight x GEMM2."""
     KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])
     kj = gl.arange(0, K_POW2, layout=KL)
     idt = gl.load(ids_ptr + t * TOP_K + kj, mask=kj < TOP_K, other=-1).to(gl.int32)
@@ -761,15 +667,8 @@ def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, re
         xp = inter_ptr.to(gl.pointer_type(gl.int32)) + p.to(gl.int64) * (I // 2) + koff
         qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
         se = s_ptr + e64 * s_e_stride
-        if WAIT:
-            b, slo, shi = _load_w(qe, se, qoff, soff, 0, s_chunk_stride)  # before the wait
-            _wait_ready(ready_ptr + e, NB1)
-            xlo, xhi = _load_x(xp, xmask, goff, 0, I, ".cg")
-            part = _w4a16_loop(b, slo, shi, xlo, xhi, qe, se, qoff, soff, xp, xmask, goff, 0, KC,
-                               I, s_chunk_stride, ".cg", DEPTH, BN, BT, ML)
-        else:
-            part = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, KC, I, s_chunk_stride,
-                              DEPTH, BN, BT, ML)
+        part = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, KC, I, s_chunk_stride,
+                          BN, BT, ML)
         coef = gl.load(a_ptr + e64 * NP + wrow) * (_TWO_P26 * gl.load(tw_ptr + p).to(gl.float32))
         o = gl.fma(part, gl.expand_dims(coef, 1), o)  # spelled out: _gemm2_tok_slots matches it
     res = gl.sum(gl.where(gl.expand_dims(cols == 0, 0), o, 0.0), 1)
@@ -780,8 +679,8 @@ def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, re
 def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
                      stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
                      K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-                     WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-                     PDL: gl.constexpr = 0, L2PF: gl.constexpr = False):
+                     WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
+                     PDL: gl.constexpr = 0):
     """``_gemm2_tok`` with the token's top-k slots side by side instead of one after the other
     (``KernelConfig.slots2``): program ``(t, nb)`` stacks ``SP = min(K_POW2, 8)`` copies of row
     tile ``nb``, copy ``g`` in MMA rows ``g*BN ..`` on warps of its own, reading expert
@@ -790,14 +689,13 @@ def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T
     ``g``: one MMA tile serves ``SP`` slots, each row keeps its own column. Each slot's product
     and coefficient go through shared memory and are summed in slot order with the same fused
     multiply-adds as ``_gemm2_tok_tile``: the same bits. A token's experts are then decoded in 1-2
-    rounds of ``SP`` times the warps instead of a chain of ``top_k`` weight round trips (decode
-    step 7)."""
+    rounds of ``SP`` times the warps instead of a chain of ``top_k`` weight round trips."""
     SP: gl.constexpr = K_POW2 if K_POW2 < BT else BT
     SB: gl.constexpr = SP * BN
     t = gl.program_id(0)
     nb = gl.program_id(1)
     _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
-                  s_chunk_stride, K_POW2, BN, PDL, L2PF)
+                  s_chunk_stride, K_POW2, BN, PDL)
     SL: gl.constexpr = gl.SliceLayout(2, WL)
     r1 = gl.arange(0, SB, layout=gl.SliceLayout(1, SL))
     g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
@@ -828,8 +726,7 @@ def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T
         xp = xp + gl.expand_dims(gl.expand_dims(pn * (I // 2), 1), 2)
         xmask = gl.expand_dims(gl.expand_dims(okn, 1), 2)
         acc = _w4a16_acc(q_ptr.to(gl.pointer_type(gl.int32)), s_ptr, qoff, soff, xp, xmask,
-                         goff, 0, KC, I, s_chunk_stride, DEPTH, SB, BT, ML, gl.expand_dims(ws, 2),
-                         ws)
+                         goff, 0, KC, I, s_chunk_stride, SB, BT, ML, gl.expand_dims(ws, 2), ws)
         # Each row's own column and coefficient (routing weight x alpha, as _gemm2_tok_tile).
         sr = rnd * SP + rows // BN
         er = gl.load(ids_ptr + t * TOP_K + sr, mask=sr < TOP_K, other=-1).to(gl.int32)
@@ -850,64 +747,12 @@ def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T
 
 
 @gluon.jit
-def _fused(x_ptr, ids_ptr, tw_ptr, q1_ptr, s1_ptr, a1_ptr, q2_ptr, s2_ptr, a2_ptr, inter_ptr,
-           out_ptr, ws_ptr, cnt_ptr, plist_ptr, pcnt_ptr, ready_ptr, ctl_ptr,
-           T, P, E, H, I, NP1, NP2, stride_x, stride_out,
-           q1_e_stride, q1_row_stride, s1_e_stride, s1_chunk_stride,
-           q2_e_stride, q2_row_stride, s2_e_stride, s2_chunk_stride,
-           KC1, CPS1, KC2, TOP_K, SPLIT_K, NB1, NB2,
-           K_POW2: gl.constexpr, BN1: gl.constexpr, BN2: gl.constexpr, BT: gl.constexpr,
-           BLOCK_P: gl.constexpr, WL1: gl.constexpr, WL2: gl.constexpr, XL: gl.constexpr,
-           ML: gl.constexpr, DEPTH: gl.constexpr):
-    """The whole decode in one persistent launch (slot grid, token-centric GEMM2).
-
-    Work items: ``P * NB1 * SPLIT_K`` GEMM1 tiles (``_gemm1_tile``, slot-major), then ``T * NB2``
-    GEMM2 tiles (``_gemm2_tok_tile``), handed out in that order by a ticket counter
-    (``ctl_ptr[0]``). A GEMM2 tile loads its weights, then waits for its expert's
-    ``ready_ptr[e]`` to reach ``NB1``. Deadlock-free for any grid size and residency: a ticket
-    is taken only after the program's previous item is finished or is a GEMM1 tile, so every
-    GEMM1 tile is held by a program that will finish it without waiting. The last program out
-    (``ctl_ptr[1]``) zeroes ``ready_ptr[:E]`` and both counters for the next call. Deterministic:
-    each tile's sums run in a fixed order whichever program runs it."""
-    PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    N1 = P * NB1 * SPLIT_K
-    N = N1 + T * NB2
-    it = gl.atomic_add(ctl_ptr, 1, sem="relaxed")
-    while it < N:
-        nxt = gl.atomic_add(ctl_ptr, 1, sem="relaxed")  # its latency hides behind this item
-        if it < N1:
-            slot = it // (NB1 * SPLIT_K)
-            r = it % (NB1 * SPLIT_K)
-            e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, slot, P, E, True, BLOCK_P, PL)
-            if m > 0:
-                _gemm1_tile(x_ptr, q1_ptr, s1_ptr, a1_ptr, inter_ptr, ws_ptr, cnt_ptr, ready_ptr,
-                            slot * NB1 + r // SPLIT_K, e, m, lbase, r // SPLIT_K, r % SPLIT_K, 0,
-                            P, I, NP1, stride_x, q1_e_stride, q1_row_stride, s1_e_stride,
-                            s1_chunk_stride, H, KC1, CPS1, TOP_K, SPLIT_K, True, DEPTH, 1, BN1,
-                            BT, WL1, XL, ML)
-        else:
-            j = it - N1
-            _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q2_ptr, s2_ptr, a2_ptr, out_ptr,
-                            ready_ptr, NB1, j // NB2, j % NB2, E, H, I, NP2, stride_out,
-                            q2_e_stride, q2_row_stride, s2_e_stride, s2_chunk_stride, KC2, TOP_K,
-                            True, DEPTH, K_POW2, BN2, BT, WL2, XL, ML)
-        it = nxt
-    barrier()
-    if gl.atomic_add(ctl_ptr + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
-        zr = gl.arange(0, BLOCK_P, layout=PL)
-        for e0 in range(0, E, BLOCK_P):
-            gl.store(ready_ptr + e0 + zr, gl.zeros([BLOCK_P], gl.int32, PL), mask=e0 + zr < E)
-        gl.atomic_xchg(ctl_ptr, 0)
-        gl.atomic_xchg(ctl_ptr + 1, 0)
-
-
-@gluon.jit
 def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt_ptr, plist_ptr,
            pcnt_ptr, T, P, E, H, I, NP, NB, stride_out, q_e_stride, q_row_stride, s_e_stride,
            s_chunk_stride, KC, CPS, TOP_K, SPLIT_K, NT,
            K_POW2: gl.constexpr, SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, DEPTH: gl.constexpr,
-           COMBINE: gl.constexpr, SPLIT_T: gl.constexpr, PDL: gl.constexpr = 0):
+           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, COMBINE: gl.constexpr,
+           SPLIT_T: gl.constexpr, PDL: gl.constexpr = 0):
     """``_decode_dot_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
     weight for all pairs of one expert, row tiles ``pid1 * NT ..``, and with ``COMBINE`` the
     arrival-counter top-k combine (ws (P, SPLIT_K, NP) fp32 by weight row; cnt (T, NB) int32,
@@ -977,7 +822,7 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
             xp = xw + gl.expand_dims(gl.expand_dims(pairs.to(gl.int64) * (I // 2), 1), 2) + koff
             xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
             acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, I, s_chunk_stride,
-                             DEPTH, BN, BT, ML)
+                             BN, BT, ML)
             cslot = c * BT + cols
             cm = cslot < m
             cpairs = gl.load(lbase + cslot, mask=cm, other=0)

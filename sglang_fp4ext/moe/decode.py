@@ -1,4 +1,4 @@
-"""Public NVFP4 fused-MoE decode entry point: validate -> config -> workspaces -> 1-3 launches.
+"""Public NVFP4 fused-MoE decode entry point: validate -> config -> workspaces -> 2 or 3 launches.
 
 ``fused_moe_nvfp4(hidden_states, weights, topk_ids, topk_weights)`` returns the routed (and fused
 shared) experts' sum ``out[t] = sum_j topk_weights[t, j] * FFN_{topk_ids[t, j]}(x[t])`` as
@@ -29,7 +29,7 @@ from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target
 
-__all__ = ["fused_grid", "fused_moe_nvfp4", "launch_grids"]
+__all__ = ["fused_moe_nvfp4", "launch_grids"]
 
 
 # ---- workspaces (cached per device, grown only outside graph capture) ----
@@ -149,11 +149,6 @@ def fused_moe_nvfp4(
     plist = _workspace(dev, "plist", E * P, torch.int32, zero=False)
     pcnt = _workspace(dev, "pcnt", E, torch.int32, zero=False)
 
-    if family == "gluon" and config.launches == 1:
-        _launch_fused(hidden_states, weights, topk_ids, topk_weights, out, config, shape,
-                      inter, ws1, cnt1, plist, pcnt, g1)
-        corrupt_if_asked("decode", family, out)
-        return out
     pdl = _pdl(family, config, dev)
     gemm1, extra1 = _kernel(family, "gemm1", config.block_n1, config, config.warps1,
                             config.stages1, pdl)
@@ -263,7 +258,6 @@ def fused_moe_nvfp4(
 
 
 _COMBINE_BLOCK = 1024
-_SM_COUNT: dict[int, int] = {}
 _PDL_DEVICE: dict[int, bool] = {}
 
 
@@ -281,47 +275,6 @@ def _pdl(family: str, cfg: KernelConfig, dev: torch.device) -> int:
 def _pdl_args(pdl: int) -> dict:
     """A PDL kernel's constexpr and Triton's launch option (the launch attribute)."""
     return dict(PDL=pdl, launch_pdl=True) if pdl else {}
-
-
-def fused_grid(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights, sms: int):
-    """Programs of the one-launch kernel: its work items (GEMM1 tiles + GEMM2 tiles), capped at
-    ``cfg.ctas_per_sm`` per SM."""
-    P = T * shape.top_k
-    items = P * (w.w13.n_pad // cfg.block_n1) * cfg.split_k1 + T * (w.w2.n_pad // cfg.block_n2)
-    return min(items, cfg.ctas_per_sm * sms)
-
-
-def _launch_fused(x, weights, topk_ids, topk_weights, out, config, shape, inter, ws1, cnt1,
-                  plist, pcnt, g1) -> None:
-    """The one-launch decode (``_decode_gluon_kernels._fused``)."""
-    from sglang_fp4ext.moe import _decode_gluon_kernels as G
-
-    dev = x.device
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    w13, w2 = weights.w13, weights.w2
-    T, H = x.shape
-    top_k = topk_ids.shape[1]
-    kc1, kc2 = w13.k_pad // K_CHUNK, w2.k_pad // K_CHUNK
-    # Left at zero by every call (the last program out clears them).
-    ready = _workspace(dev, "ready", shape.E, torch.int32, zero=True)
-    ctl = _workspace(dev, "ctl", 2, torch.int32, zero=True)
-    grid = (fused_grid(T, shape, config, weights, _SM_COUNT[idx]),)
-    lay1 = G.layouts(config.block_n1, config.block_t, config.warps1)
-    lay2 = G.layouts(config.block_n2, config.block_t, config.warps2)
-    G._fused[grid](
-        x, topk_ids, topk_weights, w13.q, w13.scale, w13.alpha, w2.q, w2.scale, w2.alpha,
-        inter, out, ws1, cnt1, plist, pcnt, ready, ctl,
-        T, T * top_k, shape.E, H, shape.I, w13.n_pad, w2.n_pad, x.stride(0), out.stride(0),
-        w13.q.stride(0), w13.q.stride(1), w13.scale.stride(0), w13.scale.stride(1),
-        w2.q.stride(0), w2.q.stride(1), w2.scale.stride(0), w2.scale.stride(1),
-        kc1, -(-kc1 // config.split_k1), kc2, top_k, config.split_k1, g1[1],
-        w2.n_pad // config.block_n2,
-        K_POW2=triton_next_pow2(top_k), BN1=config.block_n1, BN2=config.block_n2,
-        BT=config.block_t, BLOCK_P=config.block_p, WL1=lay1["WL"], WL2=lay2["WL"],
-        XL=lay1["XL"], ML=lay1["ML"], DEPTH=config.depth, num_warps=config.warps1,
-    )
 
 
 #: Each family's kernel of each role (module ``_decode_<family>_kernels``).
@@ -349,25 +302,18 @@ def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int,
                     f"program at top_k={top_k}: more than 32"
                 )
             lay = G.layouts(sp * block_n, 8, sp * warps)
-            extra = dict(num_warps=sp * warps, DEPTH=cfg.depth, BT=8, **lay, **_pdl_args(pdl))
-            if cfg.l2_prefetch:
-                extra["L2PF"] = True
+            extra = dict(num_warps=sp * warps, BT=8, **lay, **_pdl_args(pdl))
             return G._gemm2_tok_slots, extra
         if role == "gemm1" and cfg.kstack1:
             # The K splits stacked along the MMA rows, 8 columns shared by their pairs.
             ks = cfg.split_k1
             lay = G.layouts(ks * block_n, 8, ks * warps)
-            extra = dict(num_warps=ks * warps, DEPTH=cfg.depth, BT=8, KS=ks, **lay,
-                         **_pdl_args(pdl))
+            extra = dict(num_warps=ks * warps, BT=8, KS=ks, **lay, **_pdl_args(pdl))
             return G._gemm1_kstack, extra
         lay = G.layouts(block_n, cfg.block_t, warps)
-        extra = dict(num_warps=warps, DEPTH=cfg.depth, BT=cfg.block_t, **lay, **_pdl_args(pdl))
+        extra = dict(num_warps=warps, BT=cfg.block_t, **lay, **_pdl_args(pdl))
         if role != "gemm2_tok":
             extra["SPLIT_T"] = cfg.split_t
-        elif cfg.l2_prefetch:  # the token GEMM2's own knob: no other kernel takes it
-            extra["L2PF"] = True
-        if role == "gemm1" and cfg.ring1:
-            extra.update(RING=cfg.ring1, **G.ring_layouts(block_n, warps))
         if role == "gemm1" and cfg.maxnreg1:
             extra["maxnreg"] = cfg.maxnreg1  # a launch option (Triton's), not a kernel argument
         if role == "gemm2":

@@ -9,14 +9,14 @@ experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weig
 see ``_decode_dot_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
 ``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K
 until the expected busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reach about
-four per SM, keeping at least 2 K chunks per split (kernel-techniques §5, Little's law: ~25-30 KB
-in flight per SM). GEMM2 (K = I, one chunk per expert under TP) does the same with its K, then
+four per SM, keeping at least 2 K chunks per split (Little's law: ~25-30 KB in flight per SM
+covers DRAM latency). GEMM2 (K = I, one chunk per expert under TP) does the same with its K, then
 packs ``tiles2`` row tiles into a program while there are more than ~8 programs per SM, so the
 per-program setup and the combine bookkeeping are amortised. While experts see few pairs
 (``T * top_k / D <= 2``; H200 tuning picked it for GLM-5 TP8 up to T = 32) GEMM2 is
 token-centric instead (``gemm2="tokens"``), unless that gives fewer 32-row programs than SMs. On the Gluon family the pairs GEMM2 leaves its top-k
 sum to a third launch (``combine="kernel"``). At one token with the pairs GEMM2 the Gluon launches
-use programmatic dependent launch where the GPU has it (``pdl``). On the Gluon two-launch path
+use programmatic dependent launch where the GPU has it (``pdl``). On the Gluon family
 it then takes the forms ``fp4ext tune`` found faster on Hopper (``_measured_forms``): a fused
 shared expert's pair chunks spread over programs, 32-row token GEMM2 tiles where its chains are
 short, GEMM1's K splits on one program's warps at 1-4 tokens and a token's slots side by side
@@ -37,12 +37,6 @@ __all__ = ["KERNEL_FAMILIES", "KernelConfig", "heuristic_config"]
 
 #: Decode kernel families: "dot" (Triton ``tl.dot``, v1) and "gluon" (v2).
 KERNEL_FAMILIES = ("dot", "gluon")
-#: A GEMM1 ring stage per weight row (``ring1``): a 256-deep chunk's 128 code bytes and 16 scale
-#: codes (``layout.py``).
-RING_STAGE_BYTES_PER_ROW = K_CHUNK // 2 + K_CHUNK // 16
-#: The ring's shared memory cap: 96 KiB, under sm_120's 101,376 B per CTA with room for the
-#: kernel's own scratch.
-RING_SMEM_BYTES = 96 * 1024
 
 
 def _pow2(x: int) -> bool:
@@ -66,10 +60,6 @@ class KernelConfig(ConfigDict):
     only family the interpreter runs) or ``"gluon"`` (``_decode_gluon_kernels``: GEMM1 and the
     token-centric GEMM2 in Gluon, a ``"pairs"`` GEMM2 still from the dot family; ``stages*`` unused:
     the Gluon K loop prefetches one chunk in registers).
-    ``launches``: 2 (GEMM1, then GEMM2) or 1: one persistent Gluon kernel (``_fused``; slot grid,
-    token-centric GEMM2, ``warps1 == warps2``) of ``ctas_per_sm`` programs per SM whose GEMM2
-    tiles wait on per-expert GEMM1 completion counters. The dot family and the interpreter
-    always run two launches.
     ``combine``: how the pairs GEMM2 sums a token's top-k: ``"counter"`` (the last partial to
     arrive sums them in the GEMM2 kernel) or ``"kernel"`` (GEMM2 only writes partials; a third
     launch sums them, same order and bits). The dot family always runs ``"counter"``; the
@@ -77,16 +67,9 @@ class KernelConfig(ConfigDict):
     ``split_t``: Gluon only: each expert's pair chunks (``block_t`` pairs) are spread over this
     many programs per row tile and K split, in GEMM1 and the pairs GEMM2, so an expert with many
     pairs (a fused shared expert sees every token) does not run alone while the rest idle.
-    ``depth``: Gluon K loops keep this many weight chunks in flight beyond the one being decoded
-    (1-3; more bytes in flight per program where few programs run, more registers).
-    ``ring1``: Gluon GEMM1 only (two launches): 2-8 stages its weight chunks through a
-    ``cp.async`` shared-memory ring instead of the register queue of ``depth`` (``ring1 - 1``
-    chunks in flight per program, none held in registers; ``block_n1 * 144`` bytes per stage,
-    at most ``RING_SMEM_BYTES``); 0 off. Measured no faster than the register queue at GLM-5
-    T <= 8 on the H200 (decode step 6): opt-in, out of the heuristic and the tuner.
     ``pdl``: 1 or 2 launches the Gluon kernels with programmatic dependent launch where the GPU
-    has it (sm_90+; the dot family, the one-launch kernel and older GPUs ignore it, as the
-    self-check's dot fallback does): GEMM2 starts while GEMM1 runs, asks L2 for its weights (slot
+    has it (sm_90+; the dot family and older GPUs ignore it, as the self-check's dot fallback
+    does): GEMM2 starts while GEMM1 runs, asks L2 for its weights (slot
     grid or token GEMM2) and waits for GEMM1 in-kernel; the combine and the next GEMM1 start
     early the same way and wait before touching memory. With 1 each kernel lets the next start
     at once; with 2 GEMM1 does so after its K loops and the others at their exit.
@@ -94,21 +77,19 @@ class KernelConfig(ConfigDict):
     side (1-2 rounds), each on ``warps2`` warps of its own, and sum them in slot order through
     shared memory (the same bits as 0, which walks them one after the other);
     ``min(next_pow2(top_k), 8) * warps2`` warps per program (at most 32). Gluon,
-    ``gemm2="tokens"``, two launches.
+    ``gemm2="tokens"``.
     ``kstack1``: 1 has the Gluon GEMM1 run its ``split_k1`` K splits (2, 4 or 8) on the warps of
     one program instead of one program each (``_gemm1_kstack``): the row tile stacked once per
     split along the MMA rows, each split's activations in MMA columns of their own, the partials
     summed in split order through shared memory (the same bits as 0, without the fp32
     workspace's round trip); ``split_k1 * warps1`` warps per program (at most 32), ``block_t``
-    pairs a pass as 8 MMA columns (``8 / split_k1`` pairs). Two launches, no ring, ``split_t``
-    1; the K chunks must divide evenly (the launcher checks).
-    ``l2_prefetch``: 1 has the Gluon token GEMM2 ask L2 for all its experts' row tiles when it
-    starts (its walk over the token's experts then waits on L2, not DRAM; PDL implies it).
+    pairs a pass as 8 MMA columns (``8 / split_k1`` pairs). ``split_t`` 1; the K chunks must
+    divide evenly (the launcher checks).
     ``maxnreg1``: a register cap for the Gluon GEMM1 launch (Triton's ``maxnreg``; 0 leaves it to
     the compiler): at 128-256 tokens GEMM1 holds 176-235 registers a thread, 4-5 two-warp CTAs
-    an SM, and waits on its loads (Nsight Compute on the H100, decode step 10); a cap buys
-    resident warps at the risk of spills. Out of the heuristic until measured; ``fp4ext tune``
-    times one cap per bucket from 32 tokens (``tune_space.gemm1_reg_cap``).
+    an SM, and waits on its loads (Nsight Compute on the H100); a cap buys resident warps at the
+    risk of spills. Out of the heuristic until measured; ``fp4ext tune`` times one cap per
+    bucket from 32 tokens (``tune_space.gemm1_reg_cap``).
     """
 
     grid: str = "slots"
@@ -125,14 +106,9 @@ class KernelConfig(ConfigDict):
     tiles2: int = 1
     gemm2: str = "pairs"
     kernels: str = "dot"
-    launches: int = 2
-    ctas_per_sm: int = 4
-    depth: int = 1
-    ring1: int = 0
     combine: str = "counter"
     split_t: int = 1
     pdl: int = 0
-    l2_prefetch: int = 0
     slots2: int = 0
     kstack1: int = 0
     maxnreg1: int = 0
@@ -157,14 +133,12 @@ class KernelConfig(ConfigDict):
             )
         if self.pdl not in (0, 1, 2):
             raise ValueError(f"KernelConfig.pdl must be 0, 1 or 2, got {self.pdl!r}")
-        if self.l2_prefetch not in (0, 1):
-            raise ValueError(f"KernelConfig.l2_prefetch must be 0 or 1, got {self.l2_prefetch!r}")
         if self.slots2 not in (0, 1):
             raise ValueError(f"KernelConfig.slots2 must be 0 or 1, got {self.slots2!r}")
-        if self.slots2 and (self.gemm2, self.launches) != ("tokens", 2):
+        if self.slots2 and self.gemm2 != "tokens":
             raise ValueError(
-                "KernelConfig.slots2=1 is a form of the two-launch token GEMM2: gemm2 must be "
-                f"'tokens' and launches 2, got {self.gemm2!r} and {self.launches}"
+                "KernelConfig.slots2=1 is a form of the token GEMM2: gemm2 must be 'tokens', "
+                f"got {self.gemm2!r}"
             )
         if self.kstack1 not in (0, 1):
             raise ValueError(f"KernelConfig.kstack1 must be 0 or 1, got {self.kstack1!r}")
@@ -174,11 +148,10 @@ class KernelConfig(ConfigDict):
                     "KernelConfig.kstack1=1 stacks GEMM1's K splits in one program's 8 MMA "
                     f"columns: split_k1 must be 2, 4 or 8, got {self.split_k1}"
                 )
-            if (self.launches, self.ring1, self.split_t) != (2, 0, 1):
+            if self.split_t != 1:
                 raise ValueError(
-                    "KernelConfig.kstack1=1 is a form of the two-launch register-queue GEMM1: "
-                    f"launches must be 2, ring1 0 and split_t 1, got {self.launches}, "
-                    f"{self.ring1} and {self.split_t}"
+                    "KernelConfig.kstack1=1 stacks one pair chunk's K splits in a program: "
+                    f"split_t must be 1, got {self.split_t}"
                 )
             if self.split_k1 * self.warps1 > 32:
                 raise ValueError(
@@ -190,37 +163,13 @@ class KernelConfig(ConfigDict):
                 f"KernelConfig.maxnreg1 must be 0 (the compiler's choice) or 64..255 registers, "
                 f"got {self.maxnreg1!r}"
             )
-        if self.maxnreg1 and not takes_gemm1_cap(self.kernels, self.kstack1, self.launches):
+        if self.maxnreg1 and not takes_gemm1_cap(self.kernels, self.kstack1):
             raise ValueError(
-                "KernelConfig.maxnreg1 caps the Gluon two-launch GEMM1 (_gemm1): not the tl.dot "
-                f"family (kernels={self.kernels!r}), the stacked splits (kstack1={self.kstack1}) "
-                f"or the one-launch kernel (launches={self.launches})"
-            )
-        if self.depth not in (1, 2, 3):
-            raise ValueError(f"KernelConfig.depth must be 1, 2 or 3, got {self.depth!r}")
-        if self.ring1 not in (0, 2, 3, 4, 5, 6, 7, 8):
-            raise ValueError(f"KernelConfig.ring1 must be 0 or 2..8 stages, got {self.ring1!r}")
-        if self.ring1 * self.block_n1 * RING_STAGE_BYTES_PER_ROW > RING_SMEM_BYTES:
-            raise ValueError(
-                f"KernelConfig.ring1={self.ring1} stages of block_n1={self.block_n1} rows take "
-                f"{self.ring1 * self.block_n1 * RING_STAGE_BYTES_PER_ROW} B of shared memory, more "
-                f"than {RING_SMEM_BYTES} (sm_120 has 101,376 B per CTA)"
-            )
-        if self.launches not in (1, 2):
-            raise ValueError(f"KernelConfig.launches must be 1 or 2, got {self.launches!r}")
-        if self.launches == 1 and (self.grid, self.gemm2) != ("slots", "tokens"):
-            raise ValueError(
-                "KernelConfig.launches=1 runs the slot grid and the token-centric GEMM2: grid "
-                f"must be 'slots' and gemm2 'tokens', got {self.grid!r} and {self.gemm2!r}"
-            )
-        if self.launches == 1 and self.warps1 != self.warps2:
-            raise ValueError(
-                "KernelConfig.launches=1 runs both GEMMs in one kernel: warps1 must equal warps2, "
-                f"got {self.warps1} and {self.warps2}"
+                "KernelConfig.maxnreg1 caps the Gluon GEMM1 (_gemm1): not the tl.dot family "
+                f"(kernels={self.kernels!r}) or the stacked splits (kstack1={self.kstack1})"
             )
         for name in (
             "split_t",
-            "ctas_per_sm",
             "block_t",
             "block_p",
             "block_n1",
@@ -257,19 +206,19 @@ class KernelConfig(ConfigDict):
 
     def reform(self, **changes) -> KernelConfig:
         """``self`` with ``changes``, for a config derived in another form (the tl.dot family,
-        one launch, stacked splits): GEMM1's register cap stays behind where the new form does
-        not take it (unless ``changes`` names it), so no deriving caller has to know the rule."""
+        stacked splits): GEMM1's register cap stays behind where the new form does not take it
+        (unless ``changes`` names it), so no deriving caller has to know the rule."""
         if self.maxnreg1 and "maxnreg1" not in changes and not takes_gemm1_cap(
-            *(changes.get(k, getattr(self, k)) for k in ("kernels", "kstack1", "launches"))
+            *(changes.get(k, getattr(self, k)) for k in ("kernels", "kstack1"))
         ):
             changes["maxnreg1"] = 0
         return dataclasses.replace(self, **changes)
 
 
-def takes_gemm1_cap(kernels: str, kstack1: int, launches: int) -> bool:
-    """GEMM1's register cap (``maxnreg1``) is a launch option of the Gluon two-launch GEMM1
-    (``_gemm1``) alone."""
-    return kernels == "gluon" and not kstack1 and launches == 2
+def takes_gemm1_cap(kernels: str, kstack1: int) -> bool:
+    """GEMM1's register cap (``maxnreg1``) is a launch option of the Gluon GEMM1 (``_gemm1``)
+    alone."""
+    return kernels == "gluon" and not kstack1
 
 
 def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True) -> KernelConfig:
@@ -354,10 +303,9 @@ def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True
 
 def _measured_forms(cfg: KernelConfig, b: int, shape: MoEShape, target: Target,
                     wide: bool) -> KernelConfig:
-    """The Gluon two-launch forms of decode steps 5-9 where ``fp4ext tune`` found them faster
-    (on both Hopper cards unless a rule says otherwise: H200 table, and the H100 runs of
-    2026-12-06, ``benchmarks/results/decode_v2_step9/``), for shapes and GPUs without a table
-    of their own.
+    """The Gluon forms where ``fp4ext tune`` found them faster (on both Hopper cards unless a
+    rule says otherwise: the H200 table, and the H100 runs in
+    ``benchmarks/results/decode_v2_step9/``), for shapes and GPUs without a table of their own.
 
     * **Hot expert** (``MoEShape.fused_shared``: every token hits one expert): from 64 tokens
       the pairs GEMM2 and GEMM1 spread its pair chunks over ``split_t = b / (2 block_t)``
@@ -382,7 +330,7 @@ def _measured_forms(cfg: KernelConfig, b: int, shape: MoEShape, target: Target,
       tokens where every slot is a local expert (top-k <= 8, no expert parallelism: under EP
       most slots are another rank's and lost 1.5x).
     """
-    if cfg.kernels != "gluon" or cfg.launches != 2:
+    if cfg.kernels != "gluon":
         return cfg
     r = dataclasses.replace
     if shape.fused_shared and cfg.gemm2 == "pairs" and b >= 64:

@@ -9,8 +9,8 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   heuristic without its small-T and hot-expert forms (``forms=False``); the other kernel family
   (Gluon <-> ``tl.dot``) of that; the other GEMM2 form (``tokens`` <-> ``pairs``);
   the pairs GEMM2 with the other top-k combine and (from 2 pairs per expert) with ``split_t=4``;
-  one launch vs two; programmatic dependent launch flipped (sm_90+); the token GEMM2's L2
-  prefetch flipped; at 1-2 tokens the token GEMM2's slots side by side (``slots2``) flipped; at
+  programmatic dependent launch flipped (sm_90+); at 1-2 tokens the token GEMM2's slots side by
+  side (``slots2``) flipped; at
   1-4 tokens GEMM1's K splits on one program's warps (``kstack1``: 8 / 4 / 2 splits at 1 / 2 / 4
   tokens, fewer where the K chunks do not divide; 32 rows on one warp a split, 64 on two at 4
   tokens) flipped (off: the plain heuristic's splits across programs); GEMM1 with 128 rows on 4
@@ -75,11 +75,10 @@ QUICK_CANDIDATES = 4
 def gemm1_reg_cap(cfg) -> int | None:
     """The ``maxnreg1`` the tuner tries on the Gluon two-launch GEMM1 of ``cfg``: the cap at which
     one more program fits an SM than at the registers it takes uncapped, with no spill in its K
-    loop (static SASS, GLM-5 on sm_90, decode step 11: 2-warp programs 180 -> 168 registers at 8
-    pairs a tile, 6 programs an SM instead of 5; 230 -> 184 at 16, 5 instead of 4; 4-warp
-    programs 168, 3 instead of 2). None where no such GEMM1 runs."""
-    if (not takes_gemm1_cap(cfg.kernels, cfg.kstack1, cfg.launches) or cfg.ring1
-            or cfg.warps1 not in (2, 4)):
+    loop (static SASS, GLM-5 on sm_90: 2-warp programs 180 -> 168 registers at 8 pairs a tile,
+    6 programs an SM instead of 5; 230 -> 184 at 16, 5 instead of 4; 4-warp programs 168, 3
+    instead of 2). None where no such GEMM1 runs."""
+    if not takes_gemm1_cap(cfg.kernels, cfg.kstack1) or cfg.warps1 not in (2, 4):
         return None
     return 184 if cfg.warps1 == 2 and cfg.block_t >= 16 else 168
 
@@ -152,29 +151,24 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         lambda: r(base if base.gemm2 == "pairs" else flip(),
                   combine="counter" if base.combine == "kernel" else "kernel"),
         lambda: r(base if base.gemm2 == "pairs" else flip(), split_t=hot(4)),
-        lambda: r(base, launches=3 - base.launches),  # one launch vs two (slot grid, tokens)
-        # programmatic dependent launch flipped, where the GPU has it (two or three launches)
-        lambda: r(base, pdl=0 if base.pdl else 1) if base.kernels == "gluon" and base.launches == 2
+        # programmatic dependent launch flipped, where the GPU has it
+        lambda: r(base, pdl=0 if base.pdl else 1) if base.kernels == "gluon"
         and target_info.supports_pdl(target_info.arch_capability(target.arch)) else None,
-        # the Gluon token GEMM2 asking L2 for its experts' weights first
-        lambda: r(base, l2_prefetch=1 - base.l2_prefetch)
-        if base.kernels == "gluon" and base.gemm2 == "tokens" else None,
-        # ... and with a token's slots side by side, one warp each (GLM-5 TP8 T <= 2, step 7),
-        # or one after the other where the heuristic has them side by side
+        # the Gluon token GEMM2 with a token's slots side by side, one warp each (GLM-5 TP8
+        # T <= 2), or one after the other where the heuristic has them side by side
         lambda: (r(base, slots2=0, warps2=plain.warps2, block_n2=plain.block_n2) if base.slots2
                  else r(base, slots2=1, warps2=1, block_n2=64 if b == 1 else 32))
-        if base.kernels == "gluon" and base.gemm2 == "tokens" and base.launches == 2 and b <= 2
-        else None,
-        # GEMM1's K splits on one program's warps (step 8): the H100 sweeps' winners, 8 splits of
-        # 32 rows on one warp at 1 token, 4 at 2, 2 splits of 64 rows on two warps at 4 (fewer
-        # where the K chunks do not divide)
+        if base.kernels == "gluon" and base.gemm2 == "tokens" and b <= 2 else None,
+        # GEMM1's K splits on one program's warps: the H100 sweeps' winners, 8 splits of 32 rows
+        # on one warp at 1 token, 4 at 2, 2 splits of 64 rows on two warps at 4 (fewer where the
+        # K chunks do not divide)
         # (or across programs where the heuristic stacks them)
         lambda: (r(base, kstack1=0, split_k1=plain.split_k1, warps1=plain.warps1,
                    block_n1=plain.block_n1) if base.kstack1 else
                  r(base, kstack1=1, split_k1=next(s for s in (8, 4, 2) if s <= 8 // b
                                                   and kc1 % s == 0),
                    warps1=2 if b == 4 else 1, block_n1=64 if b == 4 else 32))
-        if base.kernels == "gluon" and base.launches == 2 and b <= 4 and kc1 % 2 == 0 else None,
+        if base.kernels == "gluon" and b <= 4 and kc1 % 2 == 0 else None,
         wide1,
         # from 32 tokens both GEMM1s under their register cap (the closing run's H200 winners at
         # 64-128 tokens: 4.2-8.1% per layer; the Gluon K loops have no stages to time instead)
