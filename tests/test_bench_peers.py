@@ -1,13 +1,14 @@
 """SGLang peers of the benchmark suite (``bench/peers.py``), the suite's reproducible inputs and
-slowed config (``bench/gpu_run.py``), and the README results renderer
-(``benchmarks/readme_table.py``).
+slowed config (``bench/gpu_run.py``), and the renderer of the README's and docs/performance.md's
+generated tables (``benchmarks/readme_table.py``) with the results manifest it reads.
 
 CPU tier: each peer's availability rule (missing modules, no GPU, too old a GPU) and its answer
 on this machine; a peer that cannot run refuses with its reason instead of running anything; the
 weight preparation both peers share and FlashInfer's (real code, prepared on the CPU; calling
 the kernels needs SGLang on a GPU, which no machine of this project has); inputs that depend
-on (seed, T) only; the slowed config is the real kernels, correct, and forced; the README
-section rendered from the committed JSON.
+on (seed, T) only; the slowed config is the real kernels, correct, and forced; the generated
+blocks equal their rendering from the committed JSON, and the manifest accounts for every
+results file.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def test_slowed_config_runs_the_real_kernels_correctly(seed):
     assert layer.config(1) != slow  # the override ends with its context
 
 
-# ---- README results section --------------------------------------------------------------------
+# ---- README and docs/performance.md generated blocks (benchmarks/readme_table.py) --------------
 
 
 def _readme_table():
@@ -207,88 +208,108 @@ def _readme_table():
     return mod
 
 
-def test_readme_section_from_committed_results():
-    rt = _readme_table()
-    baselines = rt.baseline_files()
-    assert baselines, "no committed pytest-benchmark baseline under benchmarks/results"
+def _manifest_paths(man: dict) -> set[str]:
+    """Every results path the manifest names (figure sources, kept folders and files)."""
+    out = set(man["regression"]["paths"]) | set(man["provenance"]["paths"])
+    for fig in man["figures"].values():
+        out |= set(fig.get("paths", []))
+        out |= {fig[k] for k in ("marlin", "ab", "path") if fig.get(k)}
+        out |= set((fig.get("tk") or {}).values()) | set(fig.get("tk_dirs", []))
+    return out
+
+
+def test_generated_blocks_match_the_committed_results():
+    """README.md and docs/performance.md hold every generated block exactly as
+    ``readme_table.py`` renders it from the JSON the manifest names."""
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/readme_table.py")],
-        capture_output=True, text=True, timeout=120, check=True,
+        [sys.executable, str(ROOT / "benchmarks/readme_table.py"), "--check"],
+        capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    text = r.stdout
-    d = json.loads(baselines[0].read_text())
-    first = next(
-        b["extra_info"] for b in d["benchmarks"] if b["extra_info"]["impl"] != "torch-bf16"
-    )
-    assert first["gpu"] in text and d["datetime"][:10] in text
-    assert (
-        f"torch {first['versions']['torch']}" in text
-        and f"| {first['T']} | {first['us']:.1f} |" in text
-    )
-    assert "**Decode path**" in text and "**Prefill path**" in text
-    fl = json.loads((ROOT / "benchmarks/results/decode_floor_h200.json").read_text())["rows"][0]
-    assert "**Decode floors**" in text and (
-        f"| {fl['shape']} | {fl['T']} | {fl['distinct']:.1f} | {fl['floor']:.1f} | "
-        f"{fl['stream1']:.1f} | {fl['stream2']:.1f} |" in text
-    )
-    assert text.count("**Regression-gate baseline**") == len(baselines)
-    # The decode-only form the README has always documented still works.
-    one = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/readme_table.py"),
-         str(ROOT / "benchmarks/results/decode_h200.json")],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
-    assert one.startswith("NVIDIA H200") and "Regression-gate" not in one
+    assert r.returncode == 0, r.stderr + "\nrun: python benchmarks/readme_table.py --write"
 
 
-def test_performance_md_tables_match_the_committed_results(tmp_path):
-    """docs/performance.md holds the generated tables verbatim (``readme_table.py --write``
-    leaves it unchanged), and ``--write`` replaces only the block between the markers."""
-    doc = ROOT / "docs/performance.md"
-    copy = tmp_path / "performance.md"
-    copy.write_text(doc.read_text())
-    subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/readme_table.py"), "--write", str(copy)],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert copy.read_text() == doc.read_text(), "run: python benchmarks/readme_table.py --write"
+def test_readme_headline_is_the_manifests_runs():
+    """The headline: for each GPU the manifest names, its rows at the manifest's T come from that
+    run's Marlin and triton_kernels JSON, and every point where a peer was faster is named."""
     rt = _readme_table()
-    copy.write_text(f"head\n{rt.MARKER}\nstale\n{rt.END_MARKER}\ntail\n")
-    rt.write_section(copy, "NEW")
-    assert copy.read_text() == f"head\nNEW\n\n{rt.END_MARKER}\ntail\n"
-
-
-def test_readme_decode_v2_table_matches_the_committed_results():
-    """The README's headline table is ``peers_table()`` of the committed peer and A/B JSON."""
-    rt = _readme_table()
+    man = rt.manifest()
     text = (ROOT / "README.md").read_text()
-    block = text.split(rt.PEERS_MARKER)[1].split(rt.PEERS_END)[0].strip()
-    assert block == rt.peers_table().strip(), "run: python benchmarks/readme_table.py --write"
-    rows = json.loads((rt.PEERS_DIR / "marlin_peer.json").read_text())["rows"]
-    late = {(r["shape"], r["T"]): r
-            for r in json.loads((rt.LATE_PEERS_DIR / "marlin_peer.json").read_text())["rows"]} \
-        if rt.LATE_PEERS_DIR else {}
-    for m in (rows[0], rows[-1]):
-        shown = late.get((m["shape"], m["T"]), m)
-        mark = " †" if shown is not m else ""
-        assert f"| {m['T']}{mark} | {shown['fp4ext_us']:.1f} ({shown['fp4ext_pct_bw']:.0f}%) | " \
-            f"{shown['marlin_us']:.1f} |" in block
+    block = text.split(rt.start_marker("headline"))[1].split(rt.end_marker("headline"))[0]
+    assert block.strip() == rt.headline().strip()
+    assert "python -m pytest tests" in text  # CI runs the README's test command
+    for name in man["headline"]["gpus"]:
+        fig = man["figures"][name]
+        m = json.loads((rt.RESULTS / fig["marlin"]).read_text())
+        assert f"**{m['env']['gpu']}**" in block
+        rows = [r for r in m["rows"] if r["T"] in man["headline"]["T"]]
+        assert len(rows) == 2 * len(man["headline"]["T"])
+        for r in rows:
+            shape = r["shape"].split("_")[1]
+            tk = json.loads((rt.RESULTS / fig["tk"][shape]).read_text())
+            t = next(x for x in tk["results"] if x["T"] == r["T"])
+            assert (
+                f"| {shape.upper()} | {r['T']} | {r['fp4ext_us']:.1f} | {r['marlin_us']:.1f} | "
+                f"{t['tk']['us']:.1f} ({t['fp4ext']['us']:.1f}) | {r['fp4ext_pct_bw']:.0f}% |"
+            ) in block
+        section = block.split(f"**{m['env']['gpu']}**")[1].split("Over every T")[1]
+        marlin_part, tk_part = section.split("\n")[0].split("; faster than `triton_kernels`")
+        for r in m["rows"]:  # every T the run measured, not only the headline's
+            shape = r["shape"].split("_")[1]
+            named = f"{shape.upper()} T = {r['T']} (" in marlin_part
+            assert named == (r["marlin_over_fp4ext"] < 1), (shape, r["T"])
+            tk = json.loads((rt.RESULTS / fig["tk"][shape]).read_text())
+            t = next(x for x in tk["results"] if x["T"] == r["T"])
+            assert (f"{shape.upper()} T = {r['T']} (" in tk_part) == (t["tk_over_fp4ext"] < 1)
 
 
-def test_readme_prefill_v2_table_matches_the_committed_results():
-    """The README's prefill table is ``prefill_peers_table()`` of the committed tk peer JSON and
-    the same-run A/B (v1, v2 as shipped, torch bf16), and its A/B columns are that file's."""
+def test_performance_md_prefill_and_floor_rows_are_the_files():
     rt = _readme_table()
-    text = (ROOT / "README.md").read_text()
-    block = text.split(rt.PREFILL_MARKER)[1].split(rt.PREFILL_END)[0].strip()
-    assert block == rt.prefill_peers_table().strip(), "run: python benchmarks/readme_table.py --write"
-    r = rt.tk_prefill_points(rt.PREFILL_PEERS_DIRS[0], "tp8")[4096]
-    assert f"| TP8 | 4096 | {r['fp4ext']['us']:.1f} | {r['tk']['us']:.1f} |" in block
-    ab = json.loads(rt.PREFILL_AB_JSON.read_text())
+    doc = (ROOT / "docs/performance.md").read_text()
+    fig = rt.manifest()["figures"]["prefill_peers_h200"]
+    r, _ = rt.tk_prefill_points(rt.RESULTS / fig["tk_dirs"][0], "tp8")[4096]
+    assert f"| TP8 | 4096 | {r['fp4ext']['us']:.1f} | {r['tk']['us']:.1f} |" in doc
+    ab = json.loads((rt.RESULTS / fig["ab"]).read_text())
     us = {x["name"]: x for x in ab["rows"] if x["preset"] == "glm5-ep8" and x["T"] == 4096}
     v1, v2, bf = us["v1"], us["v2 shipped"], us["torch bf16"]
-    assert f"{v1['us']:.0f} → {v2['us']:.0f} ({v1['us'] / v2['us']:.2f}) | {bf['us']:.0f} " in block
-    assert f"| {v2['tflops']:.0f} ({100 * v2['frac_mm']:.0f}%) |" in block
+    assert f"{v1['us']:.0f} → {v2['us']:.0f} ({v1['us'] / v2['us']:.2f}) | {bf['us']:.0f} " in doc
+    fl_file = rt.RESULTS / rt.manifest()["figures"]["decode_floors_h200"]["path"]
+    fl = json.loads(fl_file.read_text())["rows"][0]
+    assert (
+        f"| {fl['shape']} | {fl['T']} | {fl['distinct']:.1f} | {fl['floor']:.1f} | "
+        f"{fl['stream1']:.1f} | {fl['stream2']:.1f} | {fl['launch2']:.1f} |" in doc
+    )
+    assert doc.count("**Regression-gate baseline**") == 0  # the block names its files instead
+    for b in rt.baseline_files():
+        assert f"`{b.relative_to(rt.RESULTS)}`" in doc
+
+
+def test_write_replaces_only_the_block_and_check_sees_a_stale_one(tmp_path):
+    rt = _readme_table()
+    start, end = rt.start_marker("x"), rt.end_marker("x")
+    doc = f"head\n{start}\nstale\n{end}\ntail\n"
+    assert rt.replace_block(doc, "x", "NEW") == f"head\n{start}\n\nNEW\n\n{end}\ntail\n"
+    readme = (ROOT / "README.md").read_text()
+    stale = readme.replace("| TP8 | 1 |", "| TP8 | 1 | 0.0 |", 1)
+    assert stale != readme and rt.rendered(rt.README, rt.blocks()[rt.README], stale) != stale
+    with pytest.raises(SystemExit):
+        rt.replace_block("no markers", "x", "NEW")
+
+
+def test_results_manifest_names_existing_runs_and_covers_every_file():
+    """Every path benchmarks/results/manifest.json names exists, and every file under
+    benchmarks/results is one of them or inside one (nothing kept that backs nothing)."""
+    rt = _readme_table()
+    paths = _manifest_paths(rt.manifest())
+    missing = sorted(p for p in paths if not (rt.RESULTS / p).exists())
+    assert not missing, f"manifest names missing results: {missing}"
+    uncovered = []
+    for f in rt.RESULTS.rglob("*"):
+        if not f.is_file() or f == rt.MANIFEST:
+            continue
+        rel = f.relative_to(rt.RESULTS)
+        if not any(rel == Path(p) or Path(p) in rel.parents for p in paths):
+            uncovered.append(str(rel))
+    assert not uncovered, f"results no manifest entry backs: {sorted(uncovered)[:20]}"
 
 
 def test_readme_suite_table_lists_each_peer(tmp_path):
@@ -314,17 +335,3 @@ def test_readme_suite_table_lists_each_peer(tmp_path):
     )
     assert "Not in this file" in text and "sglang-flashinfer_cutlass" in text
     assert "commit abcdef0" in text and "NVIDIA B200" in text
-
-
-def test_readme_card_table_matches_the_committed_results():
-    """The README's other-card table is ``card_peers_table()`` of one committed run: each ratio
-    is the one its harness process measured."""
-    rt = _readme_table()
-    text = (ROOT / "README.md").read_text()
-    block = text.split(rt.CARD_MARKER)[1].split(rt.CARD_END)[0].strip()
-    assert block == rt.card_peers_table().strip(), "run: python benchmarks/readme_table.py --write"
-    m = json.loads((rt.CARD_PEERS_DIR / "marlin_peer.json").read_text())
-    assert m["env"]["gpu"] in block
-    for r in (m["rows"][0], m["rows"][-1]):
-        assert f"| {r['T']} | {r['fp4ext_us']:.1f} ({r['fp4ext_pct_bw']:.0f}%) | " \
-            f"{r['marlin_us']:.1f} | {r['marlin_over_fp4ext']:.2f} |" in block
