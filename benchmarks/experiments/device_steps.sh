@@ -1,7 +1,6 @@
-# Sourced by the device scripts that run several timed steps in one call (close_card.sh,
-# decode_step9_confirm.sh): results collect in $R, each step is logged to
-# $OUT/run.log with the seconds left, and $R is re-packed into $OUT/${PACK:-results}.tar.gz
-# after each step, so a call cut short keeps what it measured.
+# Sourced by close_card.sh, which runs several timed steps in one call: results collect in $R,
+# each step is logged to $OUT/run.log with the seconds left, and $R is re-packed into
+# $OUT/${PACK:-results}.tar.gz after each step, so a call cut short keeps what it measured.
 #   left      seconds left of LIMIT (default 585) since the script started
 #   cap N     N, or what is left when less (at least 5): a step's timeout
 R=/tmp/r; mkdir -p $R

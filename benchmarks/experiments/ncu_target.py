@@ -1,14 +1,13 @@
-"""Nsight Compute target: three eager MoE calls with the H200 table's config, T = argv[1]; GLM-5
-TP8, or EP8 with ``ep8``; the decode path, or the prefill path with ``prefill``. Used as
+"""Nsight Compute target: three eager MoE calls with the card's table config, T = argv[1]; GLM-5
+TP8, or EP8 with ``ep8``; the decode path, or the prefill path with ``prefill``. Decode:
+``decode_ncu.sh`` (``benchmarks/results/decode_v2_step6/ncu_decode_*_h200.txt``). Prefill, as
+``benchmarks/results/prefill_v2_step8/ncu_gemm1_tp8_4096_h200.txt`` was made:
 
-``ncu --clock-control none -k regex:_moe_gemm --launch-skip 2 --launch-count 2 --section SpeedOfLight
---section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats
---section MemoryWorkloadAnalysis python benchmarks/experiments/ncu_target.py 16`` (decode,
-``decode_diagnosis_h200.json``) and, with ``-k regex:_prefill_gemm --launch-skip 4`` plus
-``--section InstructionStats --section ComputeWorkloadAnalysis`` and ``4096 prefill``,
-``benchmarks/results/ncu_prefill_tp8_4096_before_h200.txt`` (prefill kernels of commit adfc0cf).
-``NCU_KNOBS`` (a Python literal dict) replaces fields of the prefill call's config (the H200
-table's or the heuristic's), e.g. ``NCU_KNOBS="{'static_ring1': 1}"``.
+``ncu --clock-control none -k regex:_wgmma_gemm1 --launch-skip 2 --launch-count 2 --set full
+--import-source yes -o /tmp/g1 python benchmarks/experiments/ncu_target.py 4096 prefill``
+(``_wgmma_gemm2 --launch-skip 1 --launch-count 1`` for GEMM2; append ``ep8`` for EP8).
+``NCU_KNOBS`` (a Python literal dict) replaces fields of the prefill call's config (the table's
+or the heuristic's).
 """
 import ast
 import dataclasses

@@ -12,7 +12,7 @@ device, the JIT's 16-byte divisibility specialisation), disassembled with the ``
 ships with Triton, and reported: registers, spill bytes, shared memory, total instructions, the
 instructions of the innermost loop that holds the MMAs (one K step of one tile) and its opcode
 mix (``SASS_DUMP=DIR`` also writes each kernel's SASS there). Counts are static, per thread of a warp; they say what a change does to the instruction
-stream (the decode kernels are issue-latency bound, ``decode_diagnosis_h200.json``), not its time.
+stream (the decode kernels are issue-latency bound, docs/performance.md), not its time.
 """
 
 from __future__ import annotations
