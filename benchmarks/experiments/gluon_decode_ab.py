@@ -7,12 +7,9 @@ with the output poisoned (NaN), then timed as CUDA-graph replay over ``--copies`
 (far beyond L2), next to the copy bandwidth measured in the same run. The bytes floor counts the
 distinct local experts actually routed x NVFP4 bytes per expert, plus activations.
 
-``--sweep one_launch`` compares the shipped table's config (``--v1-table`` names the baseline
-table; ``shipped`` = the package's own) with one-launch forms of it (``launches=1``: programs per
-SM, GEMM1 split-K, GEMM2 row tile, warps). ``--sweep split_t`` spreads each expert's pair chunks over more programs.
+``--v1-table`` names the baseline table (``shipped`` = the package's own). ``--sweep split_t``
+spreads each expert's pair chunks over more programs.
 ``--sweep combine`` tries the pairs GEMM2 with its top-k sum in a third launch.
-``--sweep depth`` tries 2 and 3 weight chunks in flight (``depth``). ``--sweep ring`` stages GEMM1's
-weight chunks through a shared-memory ``cp.async`` ring (``ring1`` stages) around its split-K.
 ``--sweep slots`` runs the token GEMM2 with the token's top-k slots side by side (``slots2``).
 ``--sweep kstack`` runs GEMM1 with its K splits on one program's warps (``kstack1``).
 ``--sweep maxnreg`` caps GEMM1's registers (``maxnreg1``) for more resident warps.
@@ -30,8 +27,8 @@ Prints a short table last; writes the full JSON (every candidate, its error and 
 ``--out`` (default ``$OUT`` or ``benchmarks/results``).
 
     PYTHONPATH=. python benchmarks/experiments/gluon_decode_ab.py --shapes glm5_tp8,glm5_ep8
-    PYTHONPATH=. python benchmarks/experiments/gluon_decode_ab.py --sweep one_launch \
-        --v1-table shipped --tokens 1,2,4,8,16 --split
+    PYTHONPATH=. python benchmarks/experiments/gluon_decode_ab.py --sweep maxnreg \
+        --v1-table shipped --tokens 64,128,256 --repeat 3
 """
 
 from __future__ import annotations
@@ -108,68 +105,12 @@ def candidates(v1: KernelConfig, kc1: int) -> list[KernelConfig]:
     return _unique(out)
 
 
-def one_launch_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
-    """One-launch forms of ``base``: programs per SM, GEMM1 split-K, GEMM2 row tile, warps."""
-    out = []
-    for bn1, w in ((base.block_n1, base.warps1), (64, 2), (128, 4)):
-        ol = base.reform(
-            kernels="gluon", launches=1, grid="slots", gemm2="tokens", split_k2=1,
-            tiles2=1, block_n1=bn1, warps1=w, warps2=w,
-            block_n2=max(base.block_n2 if base.gemm2 == "tokens" else 32, 16 * w),
-        )
-        for cps in (2, 4, 8, 16):
-            out.append(dataclasses.replace(ol, ctas_per_sm=cps))
-        for sk in (1, 2, 4, 8):
-            if sk <= kc1 and sk != ol.split_k1:
-                out.append(dataclasses.replace(ol, split_k1=sk))
-        for bn2 in (32, 64, 128):
-            if bn2 >= 16 * w and bn2 != ol.block_n2:
-                out.append(dataclasses.replace(ol, block_n2=bn2))
-    return _unique(out)
-
-
-def depth_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
-    """``base`` (Gluon) with 2 or 3 weight chunks in flight, around its GEMM1 split and tile."""
-    r = dataclasses.replace
-    sk = base.split_k1
-    out = []
-    for d in (2, 3):
-        b = r(base, kernels="gluon", depth=d)
-        out += [b, r(b, block_n1=128, warps1=4), r(b, block_n1=64, warps1=2)]
-        for s2 in (2 * sk, sk // 2):
-            if 1 <= s2 <= kc1:
-                out.append(r(b, split_k1=s2))
-        if 2 * sk <= kc1:
-            out.append(r(b, block_n1=32, warps1=2, split_k1=2 * sk))
-    if base.grid == "slots":  # the one-launch form, 2 chunks in flight
-        out += [r(c, depth=2) for c in one_launch_candidates(base, kc1)[:2]]
-    return _unique(out, drop=base)
-
-
-def ring_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
-    """``base`` (Gluon) with GEMM1's weight chunks through a ``ring1``-stage shared-memory ring:
-    4 stages at the base's split-K, half and double; the most that fit at the base's and half."""
-    from sglang_fp4ext.moe.decode_config import RING_SMEM_BYTES, RING_STAGE_BYTES_PER_ROW
-
-    r = dataclasses.replace
-    b = r(base, kernels="gluon", depth=1)
-    most = min(8, RING_SMEM_BYTES // (b.block_n1 * RING_STAGE_BYTES_PER_ROW))
-    out = []
-    for ns, splits in ((4, (1, 0.5, 2)), (most, (1, 0.5))):
-        for f in splits:
-            sk = int(b.split_k1 * f)
-            if 1 <= sk <= kc1:
-                out.append(r(b, ring1=ns, split_k1=sk))
-    return _unique(out, drop=base)
-
-
 def slots_candidates(base: KernelConfig, top_k: int) -> list[KernelConfig]:
     """The token GEMM2 with a token's top-k slots side by side (``slots2=1``), 1, 2 or 4 warps and
     32-128 rows per slot, at the base's PDL; for a pairs-GEMM2 base also its plain token form."""
     r = dataclasses.replace
     sp = min(1 << (top_k - 1).bit_length(), 8)  # slots side by side per round
-    tok = r(base, kernels="gluon", gemm2="tokens", split_k2=1, tiles2=1, combine="counter",
-            launches=2)
+    tok = r(base, kernels="gluon", gemm2="tokens", split_k2=1, tiles2=1, combine="counter")
     out = [] if base.gemm2 == "tokens" else [r(tok, slots2=0)]
     for w, bn in ((1, 32), (1, 64), (1, 128), (2, 32), (2, 64), (4, 64)):
         if sp * w <= 32:
@@ -181,7 +122,7 @@ def kstack_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
     """GEMM1 with its K splits stacked in one program (``kstack1=1``): 8 and 4 splits (2 at
     wider tiles) that divide the K chunks, 1-4 warps and 32-128 rows a split, at the base's
     GEMM2 and PDL (Gluon, two launches)."""
-    b = base.reform(kernels="gluon", launches=2, ring1=0, split_t=1)
+    b = base.reform(kernels="gluon", split_t=1)
     out = []
     for sk, shapes in ((8, ((1, 32), (1, 64), (2, 32), (2, 64))),
                        (4, ((1, 32), (1, 64), (2, 32), (2, 64))), (2, ((2, 64), (4, 128)))):
@@ -203,7 +144,7 @@ def maxnreg_candidates(base: KernelConfig) -> list[KernelConfig]:
     two launches, the K splits across programs). 96 is left out: it spills 53-141 words a K step
     (static SASS on sm_90, decode_v2_step11/)."""
     r = dataclasses.replace
-    b = r(base, kernels="gluon", launches=2, kstack1=0, ring1=0)
+    b = r(base, kernels="gluon", kstack1=0)
     if base.kstack1:
         b = r(b, split_k1=1)
     out = [r(b, maxnreg1=n) for n in MAXNREG_CAPS.get(b.warps1, ())]
@@ -215,7 +156,7 @@ def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     """The pairs GEMM2 with its top-k sum in a third launch (``combine="kernel"``): row tile,
     warps, row tiles per program and GEMM2 split-K around ``base``."""
     r = dataclasses.replace
-    b = r(base, kernels="gluon", gemm2="pairs", combine="kernel", launches=2,
+    b = r(base, kernels="gluon", gemm2="pairs", combine="kernel",
           split_k2=base.split_k2 if base.gemm2 == "pairs" else 1,
           tiles2=base.tiles2 if base.gemm2 == "pairs" else 1)
     out = [b, r(b, combine="counter")]
@@ -228,18 +169,14 @@ def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
-def pdl_candidates(base: KernelConfig, heur: KernelConfig, levels=(0, 1),
-                   l2: bool = False) -> list[KernelConfig]:
+def pdl_candidates(base: KernelConfig, heur: KernelConfig, levels=(0, 1)) -> list[KernelConfig]:
     """``base`` and the heuristic's config, each without and with programmatic dependent launch
-    at ``levels`` (Gluon, two or three launches), and with ``l2`` a token GEMM2 also with its
-    L2 prefetch alone (``l2_prefetch``)."""
+    at ``levels`` (Gluon, two or three launches)."""
     r = dataclasses.replace
     out = []
     for c in (base, heur):
-        c = r(c, kernels="gluon", launches=2)
+        c = r(c, kernels="gluon")
         out += [r(c, pdl=p) for p in levels]
-        if l2 and c.gemm2 == "tokens":
-            out.append(r(c, pdl=0, l2_prefetch=1))
     return _unique(out, drop=base)
 
 
@@ -250,7 +187,7 @@ def split_t_candidates(base: KernelConfig) -> list[KernelConfig]:
     forms = [r(base, kernels="gluon")]
     if base.gemm2 != "pairs" or base.combine != "kernel":
         forms.append(r(base, kernels="gluon", gemm2="pairs", combine="kernel", block_n2=64,
-                       warps2=2, tiles2=4, split_k2=1, launches=2))
+                       warps2=2, tiles2=4, split_k2=1))
     out = [f for f in forms if f != base]
     for f in forms:
         out += [r(f, split_t=st) for st in (2, 4, 8, 16)]
@@ -266,13 +203,11 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline-s", type=float, default=480.0, help="no new (shape, T) after this")
     ap.add_argument("--v1-table", default="benchmarks/results/NVIDIA_H200_v1_table.json",
                     help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
-    ap.add_argument("--sweep", choices=("families", "one_launch", "depth", "combine", "split_t",
-                                        "pdl", "ring", "slots", "kstack", "maxnreg", "table", "none"),
+    ap.add_argument("--sweep", choices=("families", "combine", "split_t", "pdl", "slots",
+                                        "kstack", "maxnreg", "table", "none"),
                     default="families")
     ap.add_argument("--v2-table", default="", help="--sweep table: the table file to time")
     ap.add_argument("--pdl", default="0,1", help="--sweep pdl: the pdl levels to time")
-    ap.add_argument("--l2-prefetch", action="store_true",
-                    help="--sweep pdl: also each token GEMM2 with l2_prefetch=1, without PDL")
     ap.add_argument("--repeat", type=int, default=1,
                     help="time every candidate this many times, interleaved; report the median")
     ap.add_argument("--separate", action="store_true",
@@ -347,12 +282,6 @@ def main(argv=None) -> int:
                 v1 = v1.reform(kernels="dot")
             if args.sweep == "none":
                 cands = [v1]
-            elif args.sweep == "one_launch":
-                cands = [v1] + one_launch_candidates(v1, kc1)
-            elif args.sweep == "depth":
-                cands = [v1] + depth_candidates(v1, kc1)
-            elif args.sweep == "ring":
-                cands = [v1] + ring_candidates(v1, kc1)
             elif args.sweep == "slots":
                 cands = [v1] + slots_candidates(v1, shape.top_k)
             elif args.sweep == "kstack":
@@ -369,8 +298,7 @@ def main(argv=None) -> int:
             elif args.sweep == "combine":
                 cands = [v1] + combine_candidates(v1, prepared[0].w2.k_pad // 256)
             elif args.sweep == "pdl":
-                cands = [v1] + pdl_candidates(v1, heur, [int(p) for p in args.pdl.split(",")],
-                                              args.l2_prefetch)
+                cands = [v1] + pdl_candidates(v1, heur, [int(p) for p in args.pdl.split(",")])
             else:
                 cands = [v1] + (candidates(v1, kc1)[:1] if args.quick else candidates(v1, kc1))
             cands += [heur] if heur not in cands and args.sweep not in ("none", "table") else []
@@ -436,9 +364,8 @@ def main(argv=None) -> int:
     res["wall_s"] = time.time() - t_start
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = {"families": "gluon_decode_ab.json", "one_launch": "one_launch_ab.json",
-            "depth": "depth_ab.json", "combine": "combine_ab.json", "split_t": "split_t_ab.json",
-            "ring": "ring_ab.json", "slots": "slots_ab.json", "kstack": "kstack_ab.json",
+    name = {"families": "gluon_decode_ab.json", "combine": "combine_ab.json",
+            "split_t": "split_t_ab.json", "slots": "slots_ab.json", "kstack": "kstack_ab.json",
             "maxnreg": "maxnreg_ab.json", "table": "table_ab.json",
             "pdl": "pdl_ab_separate.json" if args.separate else "pdl_ab.json",
             "none": "decode_split.json"}[args.sweep]

@@ -87,7 +87,7 @@ def _weights(shape: MoEShape) -> PreparedMoEWeights:
 def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> list[tuple]:
     """(kernel, grid, args, constexprs, warps, stages, maxnreg) of one ``fused_moe_nvfp4`` call, recorded
     by running the real launcher against recording stand-ins for the kernels (both families;
-    the Gluon ones as on a GPU of ``target``'s SM count: PDL as configured)."""
+    the Gluon ones with PDL as configured)."""
     w = _weights(shape)
     calls = []
 
@@ -102,19 +102,17 @@ def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> lis
             return launch
 
     mods = {_decode_dot_kernels: ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok"),
-            _decode_gluon_kernels: ("_gemm1", "_gemm2", "_gemm2_tok", "_combine", "_fused",
+            _decode_gluon_kernels: ("_gemm1", "_gemm2", "_gemm2_tok", "_combine",
                                    "_gemm2_tok_slots", "_gemm1_kstack")}
     saved = {(m, n): getattr(m, n) for m, names in mods.items() for n in names}
     saved_f = F._workspace, F.validate_moe_inputs, F._pdl, torch.cuda.current_device
-    saved_sms = dict(F._SM_COUNT)
     try:
         for (m, n), fn in saved.items():
             setattr(m, n, _Rec(fn))
         F._workspace = lambda dev, name, n, dt, zero: _meta(dt, max(n, 1))
         F.validate_moe_inputs = lambda *a, **k: None  # meta tensors are not on a CUDA device
         F._pdl = lambda family, c, dev: c.pdl if family == "gluon" else 0
-        torch.cuda.current_device = lambda: 0  # the one-launch path's SM count
-        F._SM_COUNT[0] = target.num_sms
+        torch.cuda.current_device = lambda: 0
         k = shape.top_k
         x = _meta(torch.bfloat16, T, shape.H)
         ids, tw = _meta(torch.int32, T, k), _meta(torch.float32, T, k)
@@ -123,8 +121,6 @@ def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> lis
         for (m, n), fn in saved.items():
             setattr(m, n, fn)
         F._workspace, F.validate_moe_inputs, F._pdl, torch.cuda.current_device = saved_f
-        F._SM_COUNT.clear()
-        F._SM_COUNT.update(saved_sms)
     return calls
 
 
