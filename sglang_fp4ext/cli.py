@@ -12,7 +12,7 @@
                  bandwidth and dense compute roofs (JSON + roofline PNG; see ``bench/bench_cli.py``).
 ``fp4ext tune``   time the decode and prefill kernel configs per token bucket on this GPU for a
                  model shape, check each winner against the reference and write the config
-                 table the dispatcher reads (``moe/tune.py``; exit 2 without a GPU).
+                 table the dispatcher reads (``tune.py``; exit 2 without a GPU).
 ``fp4ext patches list|check``  the manifest of fp4ext's hooks on SGLang (``patches/README.md``);
                  ``check`` verifies that every hook target still exists with the expected
                  signature and every upstream diff still applies (exit 1 on any failure).
@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sglang_fp4ext.bench.bench_cli import add_bench_parser
 
     add_bench_parser(sub)
-    from sglang_fp4ext.moe.tune_cli import add_tune_parser
+    from sglang_fp4ext.tune_cli import add_tune_parser
 
     add_tune_parser(sub)
     return parser

@@ -1,4 +1,5 @@
-"""The package's import graph has no cycle (CPU tier, static: nothing is imported).
+"""The package's import graph has no cycle, and its arrows only point down the layers
+(CPU tier, static: nothing is imported).
 
 Every ``import`` / ``from ... import`` counts, at module level and inside functions alike: a lazy
 import still ties two modules together for a reader following the code. A package's
@@ -122,6 +123,67 @@ def test_package_has_no_import_cycle():
     assert not cycles, "import cycle(s) (module-level and lazy imports count):\n" + "\n".join(
         "  " + " -> ".join(c) for c in cycles
     )
+
+
+#: The layers, lowest first: a module may import its own layer and the ones below, never one
+#: above. Serving code (moe, serving) therefore never reaches bench, testing or the tuner. A
+#: module is placed by its longest listed prefix; every module must be placed.
+LAYERS = (
+    ("base", ("envs", "progress", "gpu_spec", "compare", "patches", "sglang_hooks")),
+    ("facts", ("target_info", "compat", "hardware_table", "hardware", "roofline", "model_shapes")),
+    ("nvfp4", ("nvfp4",)),
+    ("moe", ("moe",)),
+    ("serving", ("capture_inputs", "capture_policy", "capture_hooks", "sglang_weights",
+                 "sglang_backend", "plugin", "patch_check")),
+    ("tools", ("bench", "testing", "tune", "tune_cli")),
+    ("cli", ("cli", "__main__")),
+)
+
+
+def layer_of(module: str, layers=LAYERS, root: str = "sglang_fp4ext") -> int | None:
+    """Index in ``layers`` of ``module`` (dotted, with the package root), by longest prefix."""
+    rel = module.removeprefix(root).lstrip(".")
+    best, depth = None, -1
+    for i, (_, prefixes) in enumerate(layers):
+        for p in prefixes:
+            if (rel == p or rel.startswith(p + ".")) and len(p) > depth:
+                best, depth = i, len(p)
+    return best
+
+
+def climbing_arrows(graph: dict[str, set[str]], layers=LAYERS, root="sglang_fp4ext"):
+    """``(importer, imported)`` pairs whose imported module sits in a higher layer."""
+    return sorted(
+        (a, b) for a, deps in graph.items() for b in deps
+        if layer_of(b, layers, root) > layer_of(a, layers, root)
+    )
+
+
+def test_every_module_has_a_layer_and_no_arrow_climbs():
+    graph = import_graph(PKG_DIR)
+    unplaced = sorted(m for m in graph if m != "sglang_fp4ext" and layer_of(m) is None)
+    assert not unplaced, f"modules in no layer (add them to LAYERS): {unplaced}"
+    climbs = climbing_arrows({m: d for m, d in graph.items() if m != "sglang_fp4ext"})
+    assert not climbs, "imports that climb a layer (module-level and lazy imports count):\n" + (
+        "\n".join(f"  {a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
+                  for a, b in climbs))
+
+
+def test_layer_checker_finds_a_climbing_lazy_import(tmp_path):
+    """The checker itself: a function-level import from a low layer into a high one is named; a
+    downward import and one within a layer are not."""
+    pkg = tmp_path / "pkg"
+    (pkg / "moe").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "moe" / "__init__.py").write_text("")
+    (pkg / "moe" / "selfcheck.py").write_text("def f():\n    from pkg.bench import make\n")
+    (pkg / "moe" / "config.py").write_text("from pkg.moe import selfcheck\nimport pkg.envs\n")
+    (pkg / "envs.py").write_text("")
+    (pkg / "bench.py").write_text("from pkg.moe.config import X\n")
+    layers = (("base", ("envs",)), ("moe", ("moe",)), ("tools", ("bench",)))
+    graph = import_graph(pkg)
+    assert layer_of("pkg.moe.selfcheck", layers, "pkg") == 1
+    assert climbing_arrows(graph, layers, "pkg") == [("pkg.moe.selfcheck", "pkg.bench")]
 
 
 def test_checker_sees_lazy_relative_and_from_package_imports(tmp_path):

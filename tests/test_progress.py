@@ -13,7 +13,7 @@ import pytest
 
 from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.gpu_run import step_text
-from sglang_fp4ext.moe import tune as TU
+from sglang_fp4ext import tune as TU
 from sglang_fp4ext.moe.shape import Target
 from sglang_fp4ext.progress import Progress, best_postfix
 
@@ -90,7 +90,7 @@ def test_tune_run_shows_a_bar_per_shape_on_a_terminal(tmp_path, monkeypatch, see
         log = TU.tune(
             [model_shapes.ModelShape("tiny", 8, 2, 256, 128, 1)], [1, 2], budget_s=0.01, quick=True,
             copies=1, seed=seed, device="cpu", timer=wall_timer,
-            target=Target("sm_90", "Test GPU", 132), decode_max=2, prefill_min=4, stream=out,
+            target=Target("sm_90", "Test GPU", 132), ranges={"decode": (1, 2), "prefill": (4, 1 << 30)}, stream=out,
             bar_stream=err,
         )  # fmt: skip
     finally:

@@ -1,4 +1,4 @@
-"""Config tables v2 (``moe/config.py``) and ``fp4ext tune`` (``moe/tune.py``,
+"""Config tables v2 (``moe/config.py``) and ``fp4ext tune`` (``tune.py``,
 ``tune_space.py``, ``tune_cli.py``), CPU tier.
 
 Table round trip, v1 migration, user-directory precedence, strict errors naming file / shape /
@@ -23,7 +23,7 @@ import torch
 from sglang_fp4ext import model_shapes
 from sglang_fp4ext.cli import main as cli_main
 from sglang_fp4ext.moe import config as C
-from sglang_fp4ext.moe import tune as TU
+from sglang_fp4ext import tune as TU
 from sglang_fp4ext.moe import tune_space as TS
 from sglang_fp4ext.moe.config import TableEntry
 from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
@@ -37,6 +37,8 @@ TP8 = MoEShape(256, 6144, 256, 8)
 TP8_FUSED = MoEShape(257, 6144, 256, 9)
 EP8 = MoEShape(32, 6144, 2048, 8)
 SMALL = MoEShape(10, 272, 80, 9)
+#: Decode at bucket 1 only, prefill from 2: one path per bucket in the CPU runs.
+_D1_P2 = {"decode": (1, 1), "prefill": (2, 1 << 30)}
 
 
 @pytest.fixture
@@ -175,8 +177,8 @@ def test_search_space_is_deterministic_valid_and_small(shape, target):
     from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
 
     for b in TU.DEFAULT_BUCKETS:
-        space = TS.search_space(b, shape, target)
-        assert space == TS.search_space(b, shape, target)
+        space = TU.search_space(b, shape, target)
+        assert space == TU.search_space(b, shape, target)
         assert bool(space["decode"]) == (b <= TS.DECODE_MAX_BUCKET)
         assert bool(space["prefill"]) == (b >= TS.PREFILL_MIN_BUCKET)
         for path, cls, heur in (
@@ -190,15 +192,15 @@ def test_search_space_is_deterministic_valid_and_small(shape, target):
             if cands:
                 assert cands[0] == heur(b, shape, target)
                 assert len(cands) >= 3, f"{path} b={b}: search space collapsed to {cands}"
-                quick = TS.search_space(b, shape, target, limit=TS.QUICK_CANDIDATES)[path]
+                quick = TU.search_space(b, shape, target, limit=TS.QUICK_CANDIDATES)[path]
                 assert quick == cands[: TS.QUICK_CANDIDATES]
             if path == "prefill":
                 assert all(c.combine == "ordered" for c in cands)
             else:  # split-K never beyond the K chunks
                 assert all(c.split_k1 <= -(-shape.H // 256) for c in cands)
                 assert all(c.split_k2 <= -(-shape.I // 256) for c in cands)
-    with pytest.raises(ValueError, match="neither"):
-        TS.search_space(64, TP8, H200, decode_max=16, prefill_min=128)
+    with pytest.raises(ValueError, match="in no kernel path's tuning range"):
+        TU.search_space(64, TP8, H200, ranges={"decode": (1, 16), "prefill": (128, 1 << 30)})
 
 
 def test_decode_search_space_tries_the_slot_parallel_token_gemm2_at_one_or_two_tokens(monkeypatch):
@@ -210,7 +212,7 @@ def test_decode_search_space_tries_the_slot_parallel_token_gemm2_at_one_or_two_t
 
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
     for b in (1, 2, 4):
-        cands = TS.search_space(b, TP8, H200)["decode"]
+        cands = TU.search_space(b, TP8, H200)["decode"]
         got = [c for c in cands if c.slots2]
         assert (len(got) >= 1) == (b <= 2), (b, got)
         for c in got:
@@ -235,7 +237,7 @@ def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four
             MoEShape(256, 7168, 256, 8): {1: (4, 1, 32), 2: (4, 1, 32), 4: (2, 2, 64)}}
     for shape, by_b in want.items():
         for b in (1, 2, 4, 8):
-            cands = TS.search_space(b, shape, H200)["decode"]
+            cands = TU.search_space(b, shape, H200)["decode"]
             got = [c for c in cands if c.kstack1]
             assert bool(got) == (b <= 4), (b, got)
             if got:
@@ -341,7 +343,7 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     out = io.StringIO()
     log = TU.tune(
         [tiny], [1, 2, 4], budget_s=0.01, quick=True, copies=1, seed=seed, device="cpu",
-        timer=_wall_timer, target=tgt, decode_max=2, prefill_min=2, stream=out,
+        timer=_wall_timer, target=tgt, ranges={"decode": (1, 2), "prefill": (2, 1 << 30)}, stream=out,
         log_path=user_dir / "log.json",
     )  # fmt: skip
     text = out.getvalue()
@@ -374,7 +376,7 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     out2 = io.StringIO()
     log2 = TU.tune(
         [tiny], [1], budget_s=0.01, quick=True, copies=1, seed=seed, device="cpu",
-        timer=_wall_timer, target=tgt, decode_max=1, prefill_min=2, stream=out2,
+        timer=_wall_timer, target=tgt, ranges=_D1_P2, stream=out2,
     )  # fmt: skip
     assert log2["shapes"][key]["switch_point"] == slog["switch_point"] is not None
     assert f"tiny {slog['switch_point']}" in out2.getvalue()
@@ -386,7 +388,7 @@ def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir,
     tiny = model_shapes.ModelShape("tiny", 8, 2, 256, 128, 1)
     tgt = Target("sm_90", "Test GPU", 132)
     shape = MoEShape(8, 256, 128, 2)
-    space = TS.search_space(1, shape, tgt, limit=TS.QUICK_CANDIDATES, decode_max=1, prefill_min=2)
+    space = TU.search_space(1, shape, tgt, limit=TS.QUICK_CANDIDATES, ranges=_D1_P2)
     mine = space["decode"][1]  # not the heuristic: the budget alone would never reach it
     assert mine != space["decode"][0]
     TU.write_table(user_dir / "Test_GPU.json", "Test GPU", {shape.key(): {1: TableEntry(
@@ -399,7 +401,7 @@ def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir,
 
     out = io.StringIO()
     log = TU.tune([tiny], [1], budget_s=0.0, quick=True, copies=1, seed=seed, device="cpu",
-                  timer=timer, target=tgt, decode_max=1, prefill_min=2, stream=out)
+                  timer=timer, target=tgt, ranges=_D1_P2, stream=out)
     blog = log["shapes"][shape.key()]["buckets"]["1"]
     assert [(t.get("heuristic"), t.get("incumbent")) for t in blog["timings"]] == [
         (True, None), (False, True)]
@@ -412,7 +414,7 @@ def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir,
     for heur_us, want in ((19.9, mine), (19.6, space["decode"][0])):
         times = iter([heur_us, 20.0])
         log = TU.tune([tiny], [1], budget_s=0.0, quick=True, copies=1, seed=seed, device="cpu",
-                      timer=timer, target=tgt, decode_max=1, prefill_min=2, stream=io.StringIO())
+                      timer=timer, target=tgt, ranges=_D1_P2, stream=io.StringIO())
         assert log["shapes"][shape.key()]["buckets"]["1"]["incumbent_us"] == 20.0
         assert C.load_entries("Test GPU")[shape.key()][1] == TableEntry("decode", want), heur_us
 

@@ -3,7 +3,7 @@
 * ``timing.py``: CUDA-graph replay timer with weights rotated over layer copies (L2-cold) and the
   device-to-device copy bandwidth, measured in the same run.
 * ``peers.py``: the torch bf16 grouped-GEMM MoE peer (``torch._grouped_mm`` on sorted tokens).
-* here: the GLM-5 per-GPU shapes, random NVFP4 expert packs made on the GPU, and routings.
+* here: the GLM-5 per-GPU shapes and routings (random NVFP4 packs: ``moe.synthetic``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_fp4ext.moe.weights import MoEWeights
+from sglang_fp4ext.moe.synthetic import random_packed_weights
 
 __all__ = [
     "BenchShape",
@@ -51,35 +51,6 @@ SHAPES = {s.name: s for s in (GLM5_TP8, GLM5_EP8)}
 def nvfp4_bytes_per_expert(H: int, I: int) -> int:
     """Checkpoint bytes one expert streams: E2M1 codes (3HI/2), e4m3 scales (3HI/16), 3 fp32."""
     return 3 * H * I // 2 + 3 * H * I // 16 + 3 * 4
-
-
-def random_packed_weights(E: int, H: int, I: int, *, device, generator=None) -> MoEWeights:
-    """Random NVFP4 pack made directly on ``device`` (GLM-5 sizes in milliseconds, not minutes).
-
-    Codes are uniform over all 16 E2M1 values (rms 2.9); block scales are e4m3 of U(0.5, 1.5) and
-    the globals ``1 / (2.9 sqrt(K))``, so dequantised weights have rms ~ 1/sqrt(K) like a trained
-    layer and outputs stay O(1) for N(0, 1) inputs.
-    """
-
-    def codes(*shape):
-        return torch.randint(0, 256, shape, dtype=torch.uint8, device=device, generator=generator)
-
-    def scales(*shape):
-        u = torch.rand(*shape, device=device, generator=generator) + 0.5
-        return u.to(torch.float8_e4m3fn)
-
-    def glob(K, *shape):
-        jitter = torch.rand(*shape, device=device, generator=generator) * 0.2 + 0.9
-        return jitter / (2.9 * K**0.5)
-
-    return MoEWeights(
-        w13=codes(E, 2 * I, H // 2),
-        w13_scale=scales(E, 2 * I, H // 16),
-        w13_scale_2=glob(H, E, 2),
-        w2=codes(E, H, I // 2),
-        w2_scale=scales(E, H, I // 16),
-        w2_scale_2=glob(I, E),
-    )
 
 
 def uniform_routing(T: int, shape: BenchShape, *, device, generator=None):

@@ -108,22 +108,17 @@ class Layer:
         return self._inputs[T]
 
     def config(self, T: int, path: str = "decode"):
-        """The config the kernels pick for ``T`` on ``path`` (table/heuristic; prefill: its
-        heuristic), for the record."""
-        from sglang_fp4ext.moe.config import config_for
+        """The config the kernels pick for ``T`` on ``path`` (table entry or heuristic), for the
+        record."""
+        from sglang_fp4ext.moe.config import path_config
 
-        mshape, target = self._moe_shape_target()
-        if path == "prefill":
-            from sglang_fp4ext.moe.config import prefill_config_for
-
-            return prefill_config_for(T, mshape, target)
-        return config_for(T, mshape, target)
+        return path_config(path, T, *self._moe_shape_target())
 
     def _moe_shape_target(self):
         from sglang_fp4ext.moe.shape import current_target
 
         mshape = self.prepared[0].shape(self.shape.top_k_local)
-        target = current_target(self.device) if self.device.type == "cuda" else current_target()
+        target = current_target(self.device)
         return mshape, target
 
     def served_path(self, T: int) -> str:
@@ -131,31 +126,20 @@ class Layer:
         return dispatch_path(T, *self._moe_shape_target())
 
     def ours(self, T: int, path: str | None = None) -> Callable[[int], object]:
-        from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+        """Step over the inputs for fp4ext on ``path`` (default: the one served for ``T``) with
+        the config :meth:`config` gives."""
+        from sglang_fp4ext.moe import paths
 
         path = path or self.served_path(T)
+        run = paths.get(path).launcher()
+        cfg = self.config(T, path)
         xs, routes, outs = self.inputs(T)
-        if path == "decode":
-            cfg = self.config(T)
 
-            def step(i):
-                ids, tw, _ = routes[i]
-                w = self.prepared[i % self.copies]
-                return fused_moe_nvfp4(xs[i], w, ids, tw, out=outs[i], config=cfg)
+        def step(i):
+            ids, tw, _ = routes[i]
+            return run(xs[i], self.prepared[i % self.copies], ids, tw, out=outs[i], config=cfg)
 
-            return step
-        if path == "prefill":
-            from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
-
-            pcfg = self.config(T, "prefill")
-
-            def step(i):
-                ids, tw, _ = routes[i]
-                w = self.prepared[i % self.copies]
-                return fused_moe_nvfp4_prefill(xs[i], w, ids, tw, out=outs[i], config=pcfg)
-
-            return step
-        raise ValueError(f"unknown path {path!r}; expected 'decode' or 'prefill'")
+        return step
 
     def peer(self, T: int) -> Callable[[int], object]:
         from sglang_fp4ext.bench.peers import TorchGroupedMMMoE
@@ -187,7 +171,7 @@ class Layer:
         """SGLang peer ``name`` on input 0 vs the fp32 twin of the pack it computes (W4A4 twin
         for FlashInfer, whose activations are NVFP4)."""
         from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-        from sglang_fp4ext.testing.compare import error_stats
+        from sglang_fp4ext.compare import error_stats
 
         out = self.sglang_peer(T, name)(0)
         adapter = self._sglang[name][0]
@@ -206,7 +190,7 @@ class Layer:
     def check(self, T: int, path: str | None = None) -> dict:
         """fp4ext output (NaN-poisoned first) vs the fp32 twin on copy 0."""
         from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-        from sglang_fp4ext.testing.compare import error_stats
+        from sglang_fp4ext.compare import error_stats
 
         xs, routes, outs = self.inputs(T)
         outs[0].fill_(float("nan"))

@@ -47,8 +47,9 @@ from types import SimpleNamespace
 
 import torch
 
+from sglang_fp4ext.moe.synthetic import calibrate_input_scales
 from sglang_fp4ext.moe.weights import MoEWeights
-from sglang_fp4ext.nvfp4.format import E2M1_MAX, E4M3_MAX, swizzle_blockscale
+from sglang_fp4ext.nvfp4.format import swizzle_blockscale
 
 __all__ = [
     "SGLANG_PEERS",
@@ -185,27 +186,6 @@ def shared_gate_up_scale(weights: MoEWeights) -> MoEWeights:
     it; SGLang's marlin and FlashInfer paths read only the gate column. Other tensors shared."""
     s2 = weights.w13_scale_2[:, :1].expand(-1, 2).contiguous()
     return dataclasses.replace(weights, w13_scale_2=s2)
-
-
-def calibrate_input_scales(
-    weights: MoEWeights, x_calib: torch.Tensor, *, chunk: int = 8
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Static NVFP4 activation scales as ModelOpt calibrates them: ``amax / (448 * 6)`` of the
-    GEMM1 input (one value for all experts: SGLang takes the max anyway) and, per expert, of the
-    GEMM2 input ``silu(gate) * up`` with every calibration token sent to every expert.
-    Returns ``(w13_input_scale (E,), w2_input_scale (E,))`` fp32."""
-    E = weights.num_experts
-    I = weights.intermediate_size
-    x = x_calib.float()
-    amax2 = torch.empty(E, dtype=torch.float32, device=x.device)
-    for lo in range(0, E, chunk):
-        w13, _ = weights.dequantize_experts(range(lo, min(E, lo + chunk)))
-        h = torch.einsum("th,enh->etn", x, w13)
-        a = torch.nn.functional.silu(h[..., :I]) * h[..., I:]
-        amax2[lo : lo + w13.shape[0]] = a.abs().amax(dim=(1, 2))
-    denom = E4M3_MAX * E2M1_MAX
-    s1 = (x.abs().amax() / denom).expand(E).contiguous()
-    return s1, (amax2 / denom).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 class SGLangMarlinMoE:

@@ -9,7 +9,7 @@ is a deterministic function of (token bucket, :class:`MoEShape`, :class:`Target`
 table entry (path + config) when one exists, else :func:`heuristic_path` with that path's
 heuristic. :func:`config_for` / :func:`prefill_config_for` give one path's config. There is no
 autotuning on the serving path (a CUDA graph must capture a known config); ``fp4ext tune``
-(``moe/tune.py``) measures the tables offline.
+(``tune.py``) measures the tables offline.
 
 **Tables** are one JSON file per device, named ``<device name>.json`` (spaces and ``/`` replaced
 by ``_``, e.g. ``NVIDIA_H200.json``). Format version 2::
@@ -54,12 +54,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sglang_fp4ext import envs, target_info
-from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
-from sglang_fp4ext.moe.prefill_config import (
-    PrefillConfig,
-    prefill_heuristic_config,
-    wgmma_supports_shape,
-)
+from sglang_fp4ext.moe import paths
+from sglang_fp4ext.moe.prefill_config import wgmma_supports_shape
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target, token_bucket
 
 __all__ = [
@@ -79,6 +75,7 @@ __all__ = [
     "table_path",
     "load_table",
     "override_config",
+    "path_config",
     "set_config_override",
     "reset_config_override",
 ]
@@ -93,7 +90,6 @@ def _pow2(x: int) -> bool:
 # ---- tables ----
 
 TABLE_VERSION = 2
-PATHS = ("decode", "prefill")
 #: Environment variable naming the user table directory (checked before the shipped tables).
 CONFIG_DIR_ENV = envs.CONFIG_DIR.name
 
@@ -122,16 +118,16 @@ class ConfigTableError(ValueError):
 
 @dataclass(frozen=True)
 class TableEntry:
-    """One bucket of a table: the kernel ``path`` ("decode" | "prefill") and that path's config
-    (``KernelConfig`` | ``PrefillConfig``)."""
+    """One bucket of a table: the kernel ``path`` (a name in ``paths``: "decode", "prefill", ...)
+    and that path's config (its ``config_type``)."""
 
     path: str
     config: object
 
     def __post_init__(self):
-        if self.path not in PATHS:
-            raise ValueError(f"TableEntry.path must be one of {PATHS}, got {self.path!r}")
-        want = _config_class(self.path)
+        if self.path not in paths.names():
+            raise ValueError(f"TableEntry.path must be one of {paths.names()}, got {self.path!r}")
+        want = paths.get(self.path).config_type
         if not isinstance(self.config, want):
             raise TypeError(
                 f"TableEntry: path {self.path!r} needs a {want.__name__}, "
@@ -140,10 +136,6 @@ class TableEntry:
 
     def to_dict(self) -> dict:
         return {"path": self.path, "config": self.config.to_dict()}
-
-
-def _config_class(path: str):
-    return KernelConfig if path == "decode" else PrefillConfig
 
 
 def _file_name(device_name: str) -> str:
@@ -242,10 +234,11 @@ def parse_table(raw, source: str = "<table>") -> tuple[str, dict]:
                         f"{entry!r:.120}"
                     )
                 path, cfg = entry["path"], entry["config"]
-                if path not in PATHS:
-                    raise ConfigTableError(f"{where}, field 'path': must be one of {PATHS}, "
-                                           f"got {path!r}")
-            entries[int(b)] = TableEntry(path, _parse_config(_config_class(path), cfg, where))
+                if path not in paths.names():
+                    raise ConfigTableError(f"{where}, field 'path': must be one of "
+                                           f"{paths.names()}, got {path!r}")
+            cls = paths.get(path).config_type
+            entries[int(b)] = TableEntry(path, _parse_config(cls, cfg, where))
         out[key] = dict(sorted(entries.items()))
     return device, out
 
@@ -310,10 +303,10 @@ _OVERRIDE = None
 def set_config_override(cfg) -> None:
     """Test/benchmark only: force ``cfg`` for every call until :func:`reset_config_override`.
 
-    A :class:`KernelConfig` forces the decode path, a ``PrefillConfig`` the prefill path."""
+    A config forces the path whose config type it is (``KernelConfig``: decode)."""
     global _OVERRIDE
-    if cfg is not None and not isinstance(cfg, (KernelConfig, PrefillConfig)):
-        raise TypeError(f"expected a KernelConfig or PrefillConfig, got {type(cfg).__name__}")
+    if cfg is not None:
+        paths.path_of(cfg)  # raises on a type no path owns
     _OVERRIDE = cfg
 
 
@@ -377,35 +370,33 @@ def select(T: int, shape: MoEShape, target: Target | None = None) -> TableEntry:
 
     Depends only on (``token_bucket(T)``, shape, target), so a captured graph keeps its path."""
     if _OVERRIDE is not None:
-        return TableEntry("decode" if isinstance(_OVERRIDE, KernelConfig) else "prefill", _OVERRIDE)
+        return TableEntry(paths.path_of(_OVERRIDE).name, _OVERRIDE)
     target = target or current_target()
     entry = table_entry(T, shape, target)
     if entry is not None:
         return entry
-    if heuristic_path(T, shape, target) == "prefill":
-        return TableEntry("prefill", prefill_heuristic_config(T, shape, target))
-    return TableEntry("decode", heuristic_config(T, shape, target))
+    name = heuristic_path(T, shape, target)
+    return TableEntry(name, paths.get(name).heuristic(T, shape, target))
 
 
-def _path_config(path: str, T: int, shape: MoEShape, target: Target | None):
+def path_config(path: str, T: int, shape: MoEShape, target: Target | None = None):
     """``path``'s config for ``T`` tokens: override of that path's type, else the tuned entry if
     the table puts ``T`` on ``path``, else ``path``'s heuristic."""
-    if isinstance(_OVERRIDE, _config_class(path)):
+    kernel_path = paths.get(path)
+    if type(_OVERRIDE) is kernel_path.config_type:
         return _OVERRIDE
     target = target or current_target()
     entry = table_entry(T, shape, target)
     if entry is not None and entry.path == path:
         return entry.config
-    if path == "decode":
-        return heuristic_config(T, shape, target)
-    return prefill_heuristic_config(T, shape, target)
+    return kernel_path.heuristic(T, shape, target)
 
 
-def config_for(T: int, shape: MoEShape, target: Target | None = None) -> KernelConfig:
+def config_for(T: int, shape: MoEShape, target: Target | None = None):
     """The decode config for ``T`` tokens: override, else tuned decode entry, else heuristic."""
-    return _path_config("decode", T, shape, target)
+    return path_config("decode", T, shape, target)
 
 
 def prefill_config_for(T: int, shape: MoEShape, target: Target | None = None):
     """The prefill config for ``T`` tokens: override, else tuned prefill entry, else heuristic."""
-    return _path_config("prefill", T, shape, target)
+    return path_config("prefill", T, shape, target)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from sglang_fp4ext import target_info
+from sglang_fp4ext.moe.shape import current_target
 from sglang_fp4ext.moe.weights import MoEWeights
 
 __all__ = ["expert_path", "prepare_experts", "run_experts"]
@@ -20,9 +21,7 @@ __all__ = ["expert_path", "prepare_experts", "run_experts"]
 
 def expert_path(device: torch.device) -> str:
     """``triton`` where our kernels run (CUDA, SM80+), else ``reference``."""
-    if device.type == "cuda" and target_info.supports_triton_w4a16(
-        target_info.device_capability(device)
-    ):
+    if device.type == "cuda" and target_info.supports_triton_w4a16(current_target(device).capability):
         return "triton"
     return "reference"
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import time
 import weakref
@@ -37,8 +36,8 @@ from pathlib import Path
 import torch
 
 from sglang_fp4ext import envs, target_info
+from sglang_fp4ext.moe import paths
 from sglang_fp4ext.moe.config import TableEntry
-from sglang_fp4ext.moe.prefill_config import w4a16_twin_config
 
 __all__ = [
     "CHECK_SHAPE",
@@ -56,10 +55,10 @@ __all__ = [
 
 logger = logging.getLogger("sglang_fp4ext")
 
-#: (E, H, I, T) of the check: 6 K chunks for GEMM1 (every ring depth, 2 or 3, divides them: a
-#: static ring unrolls by it), one for GEMM2; a handful of tokens. :func:`check_hidden` widens H
-#: for configs that need more K chunks.
-CHECK_SHAPE = dict(E=16, H=1536, I=256, T_decode=5, T_prefill=64)
+#: (E, H, I) of the check: 6 K chunks for GEMM1 (every ring depth, 2 or 3, divides them: a
+#: static ring unrolls by it), one for GEMM2. Its tokens are the path's ``check_tokens``, and
+#: :func:`check_hidden` widens H for configs that need more K chunks.
+CHECK_SHAPE = dict(E=16, H=1536, I=256)
 #: A kernel that is right runs at rms_rel ~2.4e-3 (bf16 rounding of the intermediate and the
 #: output); a wrong expert, slot, scale or tile gives errors of order 1.
 RMS_REL, MAX_REL = 2e-2, 5e-2
@@ -149,38 +148,22 @@ def clear(disk: bool = False) -> None:
 # ---- the check ----
 
 
-def _launch(entry: TableEntry, x, pw, ids, tw, out):
-    if entry.path == "prefill":
-        from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
-
-        return fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=entry.config)
-    from sglang_fp4ext.moe.decode import fused_moe_nvfp4
-
-    return fused_moe_nvfp4(x, pw, ids, tw, out=out, config=entry.config)
-
-
 def check_hidden(entry: TableEntry) -> int:
-    """H of ``entry``'s check: :data:`CHECK_SHAPE`'s, or, for a decode config with GEMM1's K
-    splits stacked on one program (``kstack1``: the splits must be equal), the smallest multiple of
-    it whose K chunks (of 256) ``split_k1`` also divides (8 splits: 24 chunks, H = 6144)."""
-    h = CHECK_SHAPE["H"]
-    cfg = entry.config
-    if entry.path == "decode" and getattr(cfg, "kstack1", 0):
-        kc = h // 256
-        h = 256 * kc * cfg.split_k1 // math.gcd(kc, cfg.split_k1)
-    return h
+    """H of ``entry``'s check: :data:`CHECK_SHAPE`'s, widened where the path asks for more K
+    (``KernelPath.check_hidden``)."""
+    return paths.get(entry.path).check_hidden(entry.config, CHECK_SHAPE["H"])
 
 
 def _run_check(entry: TableEntry, top_k: int, device: torch.device) -> Verdict:
-    from sglang_fp4ext.bench import random_packed_weights
+    from sglang_fp4ext.moe.synthetic import random_packed_weights
     from sglang_fp4ext.moe.prepared import PreparedMoEWeights
     from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-    from sglang_fp4ext.testing.compare import error_stats
+    from sglang_fp4ext.compare import error_stats
 
     t0 = time.perf_counter()
-    s = CHECK_SHAPE
-    E, H, I = max(s["E"], top_k), check_hidden(entry), s["I"]
-    T = s["T_prefill"] if entry.path == "prefill" else s["T_decode"]
+    path = paths.get(entry.path)
+    E, H, I = max(CHECK_SHAPE["E"], top_k), check_hidden(entry), CHECK_SHAPE["I"]
+    T = path.check_tokens
     g = torch.Generator(device=device).manual_seed(20261201)
     try:
         w = random_packed_weights(E, H, I, device=device, generator=g)
@@ -189,14 +172,14 @@ def _run_check(entry: TableEntry, top_k: int, device: torch.device) -> Verdict:
         ids[0, -1] = -1  # a dropped slot, as EP sends
         tw = torch.rand(T, top_k, device=device, generator=g)
         x = torch.randn(T, H, device=device, generator=g).to(torch.bfloat16)
-        w4a4 = entry.path == "prefill" and entry.config.kernels == "w4a4"
+        w4a4 = path.nvfp4_activations(entry.config)
         if w4a4:  # static activation scales, calibrated on this input as ModelOpt does
-            from sglang_fp4ext.bench.peers import calibrate_input_scales
+            from sglang_fp4ext.moe.synthetic import calibrate_input_scales
 
             w.w13_input_scale, w.w2_input_scale = calibrate_input_scales(w, x)
         pw = PreparedMoEWeights.from_moe_weights(w)
         out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device=device)
-        _launch(entry, x, pw, ids.contiguous(), tw, out)
+        path.run(x, pw, ids.contiguous(), tw, out=out, config=entry.config)
         if w4a4:  # like with like: the twin with NVFP4 activations
             from sglang_fp4ext.moe.prepared import w4a4_twin_weights
 
@@ -242,14 +225,9 @@ def _verdict(entry: TableEntry, top_k: int, device: torch.device) -> Verdict | N
 
 
 def _fallbacks(entry: TableEntry) -> list[TableEntry]:
-    cfg = entry.config
-    out = [entry]
-    if entry.path == "decode" and getattr(cfg, "kernels", "dot") != "dot":
-        out.append(TableEntry("decode", cfg.reform(kernels="dot")))  # the same tiles on tl.dot
-    if entry.path == "prefill" and cfg.kernels in ("wgmma", "w4a4"):
-        out.append(TableEntry("prefill", w4a16_twin_config(cfg)))
-    return out
-
+    """``entry``, then its path's fallbacks for its config, in order."""
+    more = paths.get(entry.path).fallbacks(entry.config)
+    return [entry] + [TableEntry(entry.path, c) for c in more]
 
 
 _DECIDED: dict = {}  # (entry, top_k, device, mode) -> the entry to run: the per-call fast path

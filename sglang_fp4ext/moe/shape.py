@@ -88,22 +88,47 @@ class MoEShape:
 
 @dataclass(frozen=True)
 class Target:
-    """What the heuristic may know about the GPU: ``arch`` like ``"sm_90"``, device name, SMs."""
+    """What the heuristic may know about the GPU: ``arch`` like ``"sm_90"``, device name, SMs.
+    Every device fact a launcher or a policy needs is asked through it (:func:`current_target`)
+    and the named predicates of ``target_info`` on :attr:`capability`."""
 
     arch: str
     device_name: str | None
     num_sms: int
+
+    @property
+    def capability(self) -> tuple[int, int]:
+        from sglang_fp4ext import target_info
+
+        return target_info.arch_capability(self.arch)
 
 
 #: Used without a GPU (CPU interpreter, AOT tests): an H200-sized machine.
 DEFAULT_TARGET = Target("sm_90", None, 132)
 
 
-@functools.cache
 def current_target(device=None) -> Target:
-    """The Target of a CUDA device (cached per device), or DEFAULT_TARGET without a GPU."""
+    """The Target of a CUDA device (a ``torch.device``, an index or None for the current one;
+    cached per device), or DEFAULT_TARGET without a GPU."""
+    if device is not None and getattr(device, "type", "cuda") != "cuda":
+        return DEFAULT_TARGET
+    index = getattr(device, "index", device)
+    if index is None:
+        from sglang_fp4ext import target_info
+
+        if not target_info.has_cuda_gpu():
+            return DEFAULT_TARGET
+        import torch
+
+        index = torch.cuda.current_device()
+    return _device_target(index)
+
+
+@functools.cache
+def _device_target(index: int) -> Target:
     from sglang_fp4ext import target_info
 
+    device = index
     cap = target_info.device_capability(device)
     if cap is None:
         return DEFAULT_TARGET

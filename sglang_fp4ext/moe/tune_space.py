@@ -1,4 +1,4 @@
-"""The search space of ``fp4ext tune`` (the flow: ``moe/tune.py``): candidate decode and
+"""The search space of ``fp4ext tune`` (the flow: ``sglang_fp4ext/tune.py``): candidate decode and
 prefill kernel configs per token bucket and the constants that bound them.
 
 **Search space** (deterministic: a function of bucket, shape and target; every candidate passes
@@ -56,7 +56,6 @@ __all__ = [
     "decode_candidates",
     "gemm1_reg_cap",
     "prefill_candidates",
-    "search_space",
 ]
 
 #: Decode candidates up to this bucket: beyond it the decode kernels only lose more (H200,
@@ -170,8 +169,8 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
                    warps1=2 if b == 4 else 1, block_n1=64 if b == 4 else 32))
         if base.kernels == "gluon" and b <= 4 and kc1 % 2 == 0 else None,
         wide1,
-        # from 32 tokens both GEMM1s under their register cap (the closing run's H200 winners at
-        # 64-128 tokens: 4.2-8.1% per layer; the Gluon K loops have no stages to time instead)
+        # from 32 tokens both GEMM1s under their register cap (the H200 table's winners at 64-128
+        # tokens: 4.2-8.1% per layer; the Gluon K loops have no stages to time instead)
         lambda: capped(base),
         lambda: capped(wide1()),
         lambda: r(base, split_k1=split1(2 * sk1)),
@@ -234,11 +233,11 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             lambda: r(base, l2_prefetch1=0 if base.l2_prefetch1 else 2,
                       l2_prefetch2=0 if base.l2_prefetch2 else 2),
             # The routing weight in GEMM1's epilogue with GEMM2's epilogue loads hoisted (the
-            # heuristic's since step 7), flipped together.
+            # heuristic's), flipped together.
             lambda: r(base, tw1=1 - base.tw1, hoist2=0 if base.tw1 else int(base.accs2 == 2)),
             # GEMM2 at I = 256 on M tiles of 2 sub-tiles that share each decoded row block, 4
             # blocks per program (msub2, the heuristic's from 2 M tiles of rows per expert),
-            # flipped (off: step 7's 8 blocks).
+            # flipped (off: 8 blocks per program).
             lambda: (r(base, msub2=1, group_n2=8) if base.msub2 > 1 else
                      r(base, msub2=2, group_n2=4))
             if (base.accs2, base.code_ring2, base.hoist2, base.smem_epi2) == (2, 1, 1, 1) else None,
@@ -263,9 +262,10 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             lambda: r(base, stages1=5 - base.stages1),
             lambda: r(base, group_n2=12 - base.group_n2),
             lambda: r(base, stages2=3),
-            # GEMM2 at I = 256: step 1's two warpgroups with one accumulator (the heuristic runs
-            # one warpgroup with two); deeper code prefetch (lost everywhere in step 2's sweeps,
-            # prefill_v2_step2/: kept as the one candidate that can say otherwise on a new GPU).
+            # GEMM2 at I = 256: two warpgroups with one accumulator (the heuristic runs one
+            # warpgroup with two); deeper code prefetch (lost in every H200 sweep,
+            # benchmarks/results/prefill_v2_step2/: kept as the one candidate that can say
+            # otherwise on a new GPU).
             # (hoist2 is the two accumulators' epilogue: off with one.)
             lambda: r(base, block_n2=128, warps2=8, accs2=1, code_ring2=0, hoist2=0)
             if shape.I == K_CHUNK else None,
@@ -307,26 +307,3 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
     ]
     return _unique_valid(make, min(limit, MAX_CANDIDATES))
 
-
-def search_space(
-    T: int,
-    shape: MoEShape,
-    target: Target,
-    *,
-    limit: int = MAX_CANDIDATES,
-    decode_max: int = DECODE_MAX_BUCKET,
-    prefill_min: int = PREFILL_MIN_BUCKET,
-) -> dict[str, list]:
-    """``{"decode": [...], "prefill": [...]}`` for bucket ``token_bucket(T)``; a path outside its
-    bucket range gets no candidates. At least one path always has some."""
-    b = token_bucket(T)
-    dec = b <= decode_max
-    pre = b >= prefill_min
-    if not dec and not pre:
-        raise ValueError(
-            f"bucket {b} is neither <= decode_max={decode_max} nor >= prefill_min={prefill_min}"
-        )
-    return {
-        "decode": decode_candidates(b, shape, target, limit) if dec else [],
-        "prefill": prefill_candidates(b, shape, target, limit) if pre else [],
-    }

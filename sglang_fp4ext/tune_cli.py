@@ -5,7 +5,7 @@ the config table the dispatcher reads (format and lookup order: ``moe/config.py`
     fp4ext tune --preset glm5-tp8,glm5-ep8 --quick --out configs/ --log tune.json
 
 Exit status: 0 every bucket tuned and checked; 1 a bucket had no passing candidate; 2 no GPU
-(nothing is written) or bad arguments. The flow is ``moe/tune.py``, the candidates
+(nothing is written) or bad arguments. The flow is ``tune.py``, the candidates
 ``moe/tune_space.py``.
 
 ``add_tune_parser(subparsers)`` adds the sub-command to ``fp4ext``; ``main(argv)`` runs it alone.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from sglang_fp4ext.moe.shape import token_bucket
-from sglang_fp4ext.moe.tune import DEFAULT_BUCKETS, tune
+from sglang_fp4ext.tune import DEFAULT_BUCKETS, tune
 from sglang_fp4ext.moe.tune_space import DECODE_MAX_BUCKET, PREFILL_MIN_BUCKET, QUICK_CANDIDATES
 
 __all__ = ["add_tune_parser", "main", "model_shape", "run_cli"]
@@ -116,7 +116,7 @@ def run_cli(args) -> int:
     log = tune(
         shapes, args.buckets, out=args.out, log_path=args.log, budget_s=args.budget_s,
         quick=args.quick, copies=args.copies, replays=args.replays, seed=args.seed,
-        decode_max=args.decode_max, prefill_min=args.prefill_min,
+        ranges={"decode": (1, args.decode_max), "prefill": (args.prefill_min, 1 << 30)},
     )  # fmt: skip
     return 0 if log["ok"] else 1
 

@@ -6,10 +6,11 @@ explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
 
 1. random NVFP4 layer copies and inputs rotated beyond the L2 (``bench.layer.Layer``), uniform
    routing as rank 0 of the layout sees it (EP: other ranks' ids are -1);
-2. every candidate of ``tune_space.search_space`` timed as CUDA-graph replay
-   (``bench.timing.time_graph_replay``): the decode path's candidates while the bucket is
-   ``<= decode_max`` (default ``tune_space.DECODE_MAX_BUCKET``), the prefill path's from
-   ``prefill_min`` (default ``tune_space.PREFILL_MIN_BUCKET``); the first candidate of each path
+2. every candidate of :func:`search_space` timed as CUDA-graph replay
+   (``bench.timing.time_graph_replay``): each kernel path's candidates (``paths.KernelPath``)
+   while the bucket is in that path's range (``ranges``, else its ``tune_buckets``: decode up to
+   ``tune_space.DECODE_MAX_BUCKET``, prefill from ``tune_space.PREFILL_MIN_BUCKET``); the first
+   candidate of each path
    (its heuristic) always runs, and so does the **incumbent**, the entry the tables already give
    this bucket on this GPU (shipped or user table, when its path is in range): a re-tune never
    writes a config slower than the one it replaces (the tables hold configs from hand sweeps that
@@ -29,7 +30,7 @@ explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
    existing table at the same place (other shapes and buckets kept), plus an optional log JSON.
 
 The candidates per path, in priority order, are in ``moe/tune_space.py``; the command line
-(flags, exit status) in ``moe/tune_cli.py``.
+(flags, exit status) in ``tune_cli.py``.
 
 The **switch point** of a shape (in the log and the table's ``meta``) is the smallest bucket of
 the written table from which the prefill path wins every larger bucket (``null`` if it never
@@ -58,18 +59,14 @@ from sglang_fp4ext.moe.config import (
     table_document,
     user_table_path,
 )
-from sglang_fp4ext.moe.shape import Target, token_bucket
-from sglang_fp4ext.moe.tune_space import (
-    DECODE_MAX_BUCKET,
-    MAX_CANDIDATES,
-    PREFILL_MIN_BUCKET,
-    QUICK_CANDIDATES,
-    search_space,
-)
+from sglang_fp4ext.moe import paths
+from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
+from sglang_fp4ext.moe.tune_space import MAX_CANDIDATES, QUICK_CANDIDATES
 from sglang_fp4ext.progress import best_postfix
 
 __all__ = [
     "DEFAULT_BUCKETS",
+    "search_space",
     "tune",
     "write_table",
     "switch_point",
@@ -100,23 +97,38 @@ def _gpu_timer(replays: int, warmup_ms: float):
     return timer
 
 
-def _runner(path: str):
-    if path == "decode":
-        from sglang_fp4ext.moe.decode import fused_moe_nvfp4
-
-        return fused_moe_nvfp4
-    from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
-
-    return fused_moe_nvfp4_prefill
+def search_space(
+    T: int,
+    shape: MoEShape,
+    target: Target,
+    *,
+    limit: int = MAX_CANDIDATES,
+    ranges: dict[str, tuple[int, int]] | None = None,
+) -> dict[str, list]:
+    """``{path: [configs]}`` for bucket ``token_bucket(T)``, every registered path in order
+    (heuristic first); a path outside its bucket range (``ranges[path]``, else its
+    ``tune_buckets``) gets none. At least one path always has some."""
+    b = token_bucket(T)
+    ranges = ranges or {}
+    out = {}
+    for name in paths.names():
+        path = paths.get(name)
+        lo, hi = ranges.get(name, path.tune_buckets)
+        out[name] = path.candidates(b, shape, target, limit) if lo <= b <= hi else []
+    if not any(out.values()):
+        spans = ", ".join(f"{n} {ranges.get(n, paths.get(n).tune_buckets)}" for n in out)
+        raise ValueError(f"bucket {b} is in no kernel path's tuning range ({spans})")
+    return out
 
 
 def _check(layer, T: int, path: str, cfg) -> dict:
     from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-    from sglang_fp4ext.testing.compare import error_stats
+    from sglang_fp4ext.compare import error_stats
 
     xs, routes, outs = layer.inputs(T)
     outs[0].fill_(float("nan"))
-    _runner(path)(xs[0], layer.prepared[0], routes[0][0], routes[0][1], out=outs[0], config=cfg)
+    paths.get(path).run(xs[0], layer.prepared[0], routes[0][0], routes[0][1], out=outs[0],
+                        config=cfg)
     ref = fused_moe_nvfp4_torch(xs[0], layer.packs[0], routes[0][0], routes[0][1])
     st = error_stats(outs[0], ref)
     ok = st.nonfinite == 0 and st.rms_rel <= RMS_REL and st.max_rel <= MAX_REL
@@ -137,7 +149,7 @@ def bar_postfix(T: int, n_timed: int, n_total: int, timings: Sequence[dict]) -> 
     """The progress bar's postfix while bucket ``T`` is timed: candidates timed so far and the
     fastest time of each path among them (``timings``: the bucket log's records)."""
     best = {p: min((t["us"] for t in timings if t["path"] == p and "us" in t), default=None)
-            for p in ("decode", "prefill")}  # fmt: skip
+            for p in paths.names()}  # fmt: skip
     tail = best_postfix(best)
     return f"T={T} {n_timed}/{n_total}" + (f" {tail}" if tail else "")
 
@@ -147,7 +159,7 @@ def heuristic_over_best(timings: Sequence[dict]) -> dict[str, float]:
     candidate timed for that path (1.0: the heuristic won; a lower bound when the budget cut the
     candidates short): what a shape without a tuned table gives away by running the heuristic."""
     out = {}
-    for p in ("decode", "prefill"):
+    for p in paths.names():
         us = [t["us"] for t in timings if t["path"] == p and "us" in t]
         hu = [t["us"] for t in timings if t["path"] == p and "us" in t and t.get("heuristic")]
         if us and hu:
@@ -172,7 +184,7 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None, incumbent
     copies = layer.copies
 
     def step_for(path, cfg):
-        run = _runner(path)
+        run = paths.get(path).launcher()
 
         def step(i):
             ids, tw, _ = routes[i]
@@ -181,16 +193,17 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None, incumbent
         return step
 
     # Heuristics first (always), then the paths' candidates alternately while time remains.
-    order = [(p, space[p][0]) for p in ("decode", "prefill") if space[p]]
+    names = list(space)
+    order = [(p, space[p][0]) for p in names if space[p]]
     inc = None
     if incumbent is not None and space[incumbent.path]:
         inc = incumbent.config
         if inc != space[incumbent.path][0]:  # else the heuristic's record is the incumbent's
             order.append((incumbent.path, inc))
     rest = [[c for c in space[p][1:] if not (inc is not None and p == incumbent.path and c == inc)]
-            for p in ("decode", "prefill")]  # fmt: skip
+            for p in names]  # fmt: skip
     for i in range(max(len(x) for x in rest)):
-        order += [(p, x[i]) for p, x in zip(("decode", "prefill"), rest) if i < len(x)]
+        order += [(p, x[i]) for p, x in zip(names, rest) if i < len(x)]
     timings = []
     for n, (path, cfg) in enumerate(order):
         heuristic = cfg is space[path][0]
@@ -226,7 +239,7 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None, incumbent
         t["check"] = check
         if check["ok"]:
             best = {p: min((x["us"] for x in ranked if x["path"] == p), default=None)
-                    for p in ("decode", "prefill")}  # fmt: skip
+                    for p in names}  # fmt: skip
             log.update(winner=t["path"], us=t["us"], config=t["config"], check=check,
                        best_us=best)  # fmt: skip
             return TableEntry(t["path"], cfg)
@@ -245,8 +258,7 @@ def tune(
     copies: int = 4,
     replays: int | None = None,
     seed: int = 2026,
-    decode_max: int = DECODE_MAX_BUCKET,
-    prefill_min: int = PREFILL_MIN_BUCKET,
+    ranges: dict[str, tuple[int, int]] | None = None,
     device="cuda",
     timer: Callable | None = None,
     target: Target | None = None,
@@ -273,7 +285,7 @@ def tune(
     buckets = sorted(set(buckets))
     device = torch.device(device)
     if target is None:
-        target = current_target(device) if device.type == "cuda" else current_target()
+        target = current_target(device)
     device_name = target.device_name or "unknown"
     limit = QUICK_CANDIDATES if quick else MAX_CANDIDATES
     replays = replays or (5 if quick else 10)
@@ -288,8 +300,10 @@ def tune(
         "versions": {"sglang_fp4ext": __version__, "torch": torch.__version__,
                      "triton": triton.__version__},  # fmt: skip
         "settings": {"buckets": buckets, "quick": quick, "budget_s": budget_s, "copies": copies,
-                     "replays": replays, "seed": seed, "decode_max": decode_max,
-                     "prefill_min": prefill_min, "max_rel": MAX_REL, "rms_rel": RMS_REL,
+                     "replays": replays, "seed": seed,
+                     "ranges": {n: list((ranges or {}).get(n, paths.get(n).tune_buckets))
+                                for n in paths.names()},
+                     "max_rel": MAX_REL, "rms_rel": RMS_REL,
                      "timing": "CUDA-graph replay, inputs rotated beyond L2 (bench.layer.Layer)"
                      if device.type == "cuda" else "wall clock (CPU test run)"},  # fmt: skip
         "shapes": {},
@@ -313,8 +327,7 @@ def tune(
             t0 = time.monotonic()
             left = total - done
             deadline = t0 + max(0.0, (t_end - t0) / left)
-            space = search_space(b, mshape, target, limit=limit, decode_max=decode_max,
-                                 prefill_min=prefill_min)  # fmt: skip
+            space = search_space(b, mshape, target, limit=limit, ranges=ranges)
             blog = {"candidates": {p: len(c) for p, c in space.items()}}
             slog["buckets"][str(b)] = blog
             incumbent = _incumbent(device_name, mshape.key(), b)
@@ -327,7 +340,7 @@ def tune(
             else:
                 entries[b] = entry
                 best = blog["best_us"]
-                parts = [f"{p} {best[p]:.1f} us" for p in ("decode", "prefill") if best[p]]
+                parts = [f"{p} {best[p]:.1f} us" for p in best if best[p]]
                 c = blog["check"]
                 hob = blog["heuristic_over_best"].get(entry.path)
                 msg = (f"{', '.join(parts)} -> {entry.path}; check rms_rel {c['rms_rel']:.1e} "
