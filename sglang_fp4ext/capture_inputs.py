@@ -1,70 +1,18 @@
 """What the capture policy is computed from: the model's MoE facts and the server's layout.
 
-:class:`MoEModel` (from a Hugging Face ``config.json``, or the :data:`PRESETS`) and the frozen
+:class:`MoEModel` (``model_shapes``: from a Hugging Face ``config.json``, or ``MODELS``) and the frozen
 :class:`PolicyInputs` that ``capture_policy.compute_policy`` reads (``eval(repr(x)) == x``),
 including the per-rank MoE shape the kernels see. Imports no SGLang.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from sglang_fp4ext.model_shapes import GLM5, MODELS, MoEModel
 from sglang_fp4ext.moe.shape import FUSED_SHARED_ROUTED_EXPERTS, MoEShape
 
-__all__ = ["GLM5", "PRESETS", "MoEModel", "PolicyInputs"]
-
-
-@dataclass(frozen=True)
-class MoEModel:
-    """The MoE facts of a model that the policy and its description need (global, unsharded)."""
-
-    name: str
-    n_routed_experts: int
-    top_k: int
-    n_shared_experts: int
-    hidden_size: int
-    moe_intermediate_size: int
-    use_mla: bool
-
-    def __post_init__(self):
-        for f in ("n_routed_experts", "top_k", "hidden_size", "moe_intermediate_size"):
-            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
-                raise ValueError(f"MoEModel.{f} must be a positive int, got {getattr(self, f)!r}")
-        if self.top_k > self.n_routed_experts:
-            raise ValueError(
-                f"MoEModel.top_k={self.top_k} exceeds n_routed_experts={self.n_routed_experts}"
-            )
-
-    @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any], name: str | None = None) -> MoEModel:
-        """From a Hugging Face ``config.json`` dict (DeepSeek/GLM/Qwen MoE key names)."""
-
-        def pick(*keys, default=None):
-            for k in keys:
-                if cfg.get(k) is not None:
-                    return cfg[k]
-            if default is not None:
-                return default
-            raise ValueError(f"model config has none of {keys}: not an MoE config?")
-
-        arch = (cfg.get("architectures") or [cfg.get("model_type", "model")])[0]
-        return cls(
-            name=name or arch,
-            n_routed_experts=int(pick("n_routed_experts", "num_experts", "num_local_experts")),
-            top_k=int(pick("num_experts_per_tok", "moe_topk")),
-            n_shared_experts=int(pick("n_shared_experts", "num_shared_experts", default=0)),
-            hidden_size=int(pick("hidden_size")),
-            moe_intermediate_size=int(pick("moe_intermediate_size", "intermediate_size")),
-            use_mla=cfg.get("kv_lora_rank") is not None,
-        )
-
-
-#: GLM-5 (hardware-and-model.md section 5): 256 routed experts, top-8, 1 shared, hidden 6144,
-#: expert FFN 2048, MLA attention.
-GLM5 = MoEModel("glm-5", 256, 8, 1, 6144, 2048, True)
-PRESETS: dict[str, MoEModel] = {"glm-5": GLM5}
+__all__ = ["GLM5", "MODELS", "MoEModel", "PolicyInputs"]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_fp4ext.capture_inputs import PRESETS, MoEModel, PolicyInputs
+from sglang_fp4ext.capture_inputs import MODELS, MoEModel, PolicyInputs
+from sglang_fp4ext.model_shapes import PRESETS
 from sglang_fp4ext.moe.shape import token_bucket
 
 __all__ = [
@@ -267,15 +268,18 @@ def _resolve_model(model: str | MoEModel | Mapping[str, Any] | Path) -> MoEModel
     if isinstance(model, Mapping):
         return MoEModel.from_hf_config(model)
     key = str(model).lower()
-    if key in PRESETS:
-        return PRESETS[key]
+    if key in MODELS:
+        return MODELS[key]
+    if key in PRESETS:  # a layout preset names its model too (the same names as tune and bench)
+        return MODELS[PRESETS[key].model]
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
         return MoEModel.from_hf_config(json.loads(path.read_text()), name=str(model))
     raise ValueError(
-        f"unknown model {model!r}: give a preset ({', '.join(PRESETS)}), a config.json path or "
+        f"unknown model {model!r}: give a model ({', '.join(MODELS)}), a layout preset "
+        f"({', '.join(PRESETS)}), a config.json path or "
         "its directory, or a config dict"
     )
 

@@ -1,13 +1,20 @@
-"""Model presets: an MoE layer as one GPU sees it (:class:`ModelShape`) and the sourced
-:data:`PRESETS` (GLM-5 TP8 / TP8 with the fused shared expert / EP8, DeepSeek-R1 and
-Qwen3-Coder-480B NVFP4 TP8) that ``fp4ext bench``, ``fp4ext tune`` and the benchmarks run.
+"""The model registry: every model and layout fp4ext knows, defined once.
+
+:class:`MoEModel` holds a model's global MoE facts (from a Hugging Face ``config.json``, or the
+sourced :data:`MODELS`: GLM-5, DeepSeek-R1, Qwen3-Coder-480B). :class:`ModelShape` is one of them
+as one GPU sees it under a layout (TP, EP, shared-expert fusion); :data:`PRESETS` names the layouts
+that ``fp4ext bench``, ``fp4ext tune``, the capture policy and the benchmarks run (GLM-5 TP8, TP8
+with the fused shared expert, EP8; DeepSeek-R1 and Qwen3-Coder-480B NVFP4 TP8). The kernels' own
+per-rank key is ``moe.shape.MoEShape``.
 
 Bytes, FLOPs and expected distinct experts of a shape come from ``roofline.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sglang_fp4ext.roofline import (
     bytes_floor,
@@ -16,7 +23,60 @@ from sglang_fp4ext.roofline import (
     nvfp4_expert_bytes,
 )
 
-__all__ = ["PRESETS", "ModelShape", "preset"]
+__all__ = ["GLM5", "MODELS", "PRESETS", "MoEModel", "ModelShape", "preset"]
+
+
+@dataclass(frozen=True)
+class MoEModel:
+    """The MoE facts of a model that the policy and its description need (global, unsharded)."""
+
+    name: str
+    n_routed_experts: int
+    top_k: int
+    n_shared_experts: int
+    hidden_size: int
+    moe_intermediate_size: int
+    use_mla: bool
+
+    def __post_init__(self):
+        for f in ("n_routed_experts", "top_k", "hidden_size", "moe_intermediate_size"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+                raise ValueError(f"MoEModel.{f} must be a positive int, got {getattr(self, f)!r}")
+        if self.top_k > self.n_routed_experts:
+            raise ValueError(
+                f"MoEModel.top_k={self.top_k} exceeds n_routed_experts={self.n_routed_experts}"
+            )
+
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any], name: str | None = None) -> MoEModel:
+        """From a Hugging Face ``config.json`` dict (DeepSeek/GLM/Qwen MoE key names)."""
+
+        def pick(*keys, default=None):
+            for k in keys:
+                if cfg.get(k) is not None:
+                    return cfg[k]
+            if default is not None:
+                return default
+            raise ValueError(f"model config has none of {keys}: not an MoE config?")
+
+        arch = (cfg.get("architectures") or [cfg.get("model_type", "model")])[0]
+        return cls(
+            name=name or arch,
+            n_routed_experts=int(pick("n_routed_experts", "num_experts", "num_local_experts")),
+            top_k=int(pick("num_experts_per_tok", "moe_topk")),
+            n_shared_experts=int(pick("n_shared_experts", "num_shared_experts", default=0)),
+            hidden_size=int(pick("hidden_size")),
+            moe_intermediate_size=int(pick("moe_intermediate_size", "intermediate_size")),
+            use_mla=cfg.get("kv_lora_rank") is not None,
+        )
+
+
+#: GLM-5 (zai-org/GLM-5-FP8 config.json): 256 routed experts, top-8, 1 shared, hidden 6144,
+#: expert FFN 2048, MLA attention, layers 3-77 MoE.
+GLM5 = MoEModel("glm-5", 256, 8, 1, 6144, 2048, True)
+DEEPSEEK_R1 = MoEModel("deepseek-r1", 256, 8, 1, 7168, 2048, True)
+QWEN3_CODER_480B = MoEModel("qwen3-coder-480b", 160, 8, 0, 6144, 2560, False)
+MODELS: dict[str, MoEModel] = {m.name: m for m in (GLM5, DEEPSEEK_R1, QWEN3_CODER_480B)}
 
 
 @dataclass(frozen=True)
@@ -41,6 +101,7 @@ class ModelShape:
     ep: int = 1
     fuse_shared: bool = False
     source: str = ""
+    model: str = ""  # its MODELS name, for the presets
 
     def __post_init__(self):
         if self.tp < 1 or self.ep < 1 or (self.tp > 1 and self.ep > 1):
@@ -61,6 +122,13 @@ class ModelShape:
         if self.fuse_shared and (self.n_shared < 1 or self.ep > 1):
             raise ValueError(f"{self.name}: fuse_shared needs n_shared >= 1 and ep == 1")
         nvfp4_expert_bytes(self.hidden, self.I_local)  # validates NVFP4 divisibility
+
+    @classmethod
+    def of(cls, model: MoEModel, name: str, n_moe_layers: int, **layout) -> ModelShape:
+        """``model`` under ``layout`` (``tp``, ``ep``, ``fuse_shared``, ``source``)."""
+        return cls(name, model.n_routed_experts, model.top_k, model.hidden_size,
+                   model.moe_intermediate_size, n_moe_layers, n_shared=model.n_shared_experts,
+                   model=model.name, **layout)  # fmt: skip
 
     @property
     def E_local(self) -> int:
@@ -114,24 +182,11 @@ _QCODER_SRC = (
 PRESETS: dict[str, ModelShape] = {
     s.name: s
     for s in (
-        ModelShape("glm5-tp8", 256, 8, 6144, 2048, 75, n_shared=1, tp=8, source=_GLM5_SRC),
-        ModelShape(
-            "glm5-tp8-fused-shared",
-            256,
-            8,
-            6144,
-            2048,
-            75,
-            n_shared=1,
-            tp=8,
-            fuse_shared=True,
-            source=_GLM5_SRC,
-        ),
-        ModelShape("glm5-ep8", 256, 8, 6144, 2048, 75, n_shared=1, ep=8, source=_GLM5_SRC),
-        ModelShape(
-            "deepseek-r1-nvfp4-tp8", 256, 8, 7168, 2048, 58, n_shared=1, tp=8, source=_DSR1_SRC
-        ),
-        ModelShape("qwen3-coder-480b-nvfp4-tp8", 160, 8, 6144, 2560, 62, tp=8, source=_QCODER_SRC),
+        ModelShape.of(GLM5, "glm5-tp8", 75, tp=8, source=_GLM5_SRC),
+        ModelShape.of(GLM5, "glm5-tp8-fused-shared", 75, tp=8, fuse_shared=True, source=_GLM5_SRC),
+        ModelShape.of(GLM5, "glm5-ep8", 75, ep=8, source=_GLM5_SRC),
+        ModelShape.of(DEEPSEEK_R1, "deepseek-r1-nvfp4-tp8", 58, tp=8, source=_DSR1_SRC),
+        ModelShape.of(QWEN3_CODER_480B, "qwen3-coder-480b-nvfp4-tp8", 62, tp=8, source=_QCODER_SRC),
     )
 }
 
