@@ -39,7 +39,6 @@ from sglang_fp4ext.moe.prefill import (
     num_bins,
 )
 from sglang_fp4ext.moe.prefill_config import (
-    GEMM2_COMBINES,
     PrefillConfig,
     prefill_heuristic_config,
     w4a16_twin_config,
@@ -325,7 +324,7 @@ def test_wgmma_config_rules():
         (dict(stages2=5), "stages2 must be in"),
         (dict(block_m=128, stages1=4), "within 232448"),
         (dict(block_m=256), "block_m and block_m1 must be <= 128"),
-        (dict(combine="atomic"), "the fused or the group combine, not the atomic one"),
+        (dict(combine="atomic"), "the ordered combine, not the atomic one"),
         (dict(kernels="gluon"), "kernels must be one of"),
         (dict(prefetch1=4), "prefetch1 must be 1, 2 or 3"),
         (dict(prefetch2=0), "prefetch2 must be 1, 2 or 3"),
@@ -367,11 +366,8 @@ def test_wgmma_config_rules():
         (dict(block_m=128, accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, hoist2=1,
               smem_epi2=1, msub2=4), "msub2 x block_m x 512 B = 262144 B"),
         (dict(kernels="dot", block_k2=128, msub2=2), "knobs of the wgmma kernels"),
-        (dict(kernels="dot", block_k2=128, combine="fused"), "combine='fused' is the wgmma"),
-        (dict(kernels="w4a4", combine="fused"), "combine='fused' is the wgmma"),
-        (dict(kernels="dot", block_k2=128, combine="group"), "combine='group' is the wgmma"),
-        (dict(kernels="w4a4", combine="group"), "combine='group' is the wgmma"),
-        (dict(combine="sum"), "'ordered', 'atomic', 'fused' or 'group'"),
+        (dict(combine="fused"), "'ordered' or 'atomic'"),
+        (dict(combine="sum"), "'ordered' or 'atomic'"),
     ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_WG | bad))
@@ -390,10 +386,6 @@ def test_wgmma_config_rules():
                                            tail1=32, **_WG)).tail1 == 0
     moved = PrefillConfig(block_m=64, accs2=2, group_n2=8, tw1=1, hoist2=1, **_WG)
     assert eval(repr(moved)) == moved
-    fused = replace(moved, combine="fused")  # the fallback runs the same sums in their own pass
-    assert eval(repr(fused)) == fused and w4a16_twin_config(fused).combine == "ordered"
-    group = replace(moved, combine="group")
-    assert eval(repr(group)) == group and w4a16_twin_config(group).combine == "ordered"
     assert (w4a16_twin_config(moved).tw1, w4a16_twin_config(moved).hoist2) == (0, 0)
 
 
@@ -431,69 +423,6 @@ def test_wgmma_static_ring_needs_stages_dividing_the_k_chunks():
             _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
     ok = PrefillConfig(block_m=16, block_p=16, static_ring1=1, stages1=3, static_ring2=1, **_WG)
     assert len(_plan(x, pw, ids, tw, torch.empty_like(x), ok, False)) == 7
-
-
-def test_wgmma_group_combine_plan():
-    """``combine="group"``: no combine pass; GEMM2 on a 1-D grid of every column group's M tiles
-    (the bound ``max_m_tiles``) and combine items (64 tokens each), with a zeroed ticket and one
-    arrival counter per group; ``_permute_k`` writes no zero rows (the items write every row)."""
-    from sglang_fp4ext.moe import _prefill_gluon_kernels as G
-    from sglang_fp4ext.moe.prefill import _plan, max_m_tiles
-
-    _, pw = _weights(4, 1280, 256)
-    g = torch.Generator().manual_seed(7)
-    T = 130
-    x = torch.randn(T, 1280, generator=g).to(torch.bfloat16).to(DEV)
-    ids, tw = (t.to(DEV) for t in _routing(T, 4, 2, g))
-    cfg = PrefillConfig(block_m=32, block_p=16, block_n2=64, warps2=4, accs2=2, group_n2=8,
-                        code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, combine="group", **_WG)
-    launches = _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
-    names = [L.kernel for L in launches]
-    assert "_prefill_combine" not in names and names[-1] == "_wgmma_gemm2", names
-    L = launches[-1]
-    ngrp, nmt = -(-(1280 // 64) // 8), max_m_tiles(T * 2, 4, 32)  # 3 groups (the last ragged)
-    assert L.grid == (ngrp * (nmt + -(-T // G.GROUP_TOKENS)),)
-    assert (L.constexprs["CB"], L.constexprs["KT"], L.constexprs["CTB"]) == (4, 2, 64)
-    cnt = L.args[-6]
-    assert cnt.dtype == torch.int32 and cnt.shape == (1 + ngrp,) and not cnt.any()
-    assert L.args[-2:] == (T, nmt)
-    assert launches[names.index("_permute_k")].constexprs["ZERO"] is False
-
-
-def _group_item_model(tk, NMT, nci, ngrp):
-    """``_prefill_gluon_kernels._group_item`` transcribed to Python ints (the GPU tests run the
-    kernel; this checks the order's properties on many sizes)."""
-    L, S = min(ngrp, 2), NMT + nci
-    u = tk - L * NMT
-    j, r = divmod(max(u, 0), S)
-    v = max(u - (ngrp - L) * S, 0)
-    if u < 0:
-        return tk // NMT, tk % NMT, False
-    if j < ngrp - L:
-        return (j, r, True) if r < nci else (j + L, r - nci, False)
-    return ngrp - L + v // nci, v % nci, True
-
-
-@pytest.mark.parametrize("nmt, nci, ngrp", [(1, 1, 1), (7, 3, 1), (3, 5, 2), (375, 64, 24),
-                                            (55, 18, 12), (2, 1, 5)])
-def test_group_combine_ticket_order(nmt, nci, ngrp):
-    """Every ticket maps to one work item and every item to one ticket; a combine item comes after
-    every M tile of its group (it waits only on earlier tickets: deadlock-free for any number of
-    resident programs), and at least a group's worth of tiles after the last of them when there
-    is a later group (its tiles mostly done when it starts)."""
-    seen = {}
-    for tk in range(ngrp * (nmt + nci)):
-        g, m, ci = _group_item_model(tk, nmt, nci, ngrp)
-        assert 0 <= g < ngrp and 0 <= m < (nci if ci else nmt), (tk, g, m, ci)
-        assert (g, m, ci) not in seen
-        seen[g, m, ci] = tk
-    assert len(seen) == ngrp * (nmt + nci)
-    for (g, m, ci), tk in seen.items():
-        if ci:
-            last_tile = max(seen[g, mm, False] for mm in range(nmt))
-            assert last_tile < tk
-            if g + 1 < ngrp:
-                assert tk - last_tile > nmt
 
 
 def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
@@ -637,12 +566,9 @@ def test_w4a4_needs_input_scales_and_k_multiples_of_256():
             PrefillConfig(**(_W4 | bad))
 
 
-@pytest.mark.parametrize("zero", [False, True])
-def test_permute_k_matches_its_twin(zero, seed):
+def test_permute_k_matches_its_twin(seed):
     """``_permute_k`` (the wgmma GEMM1's input pass) against ``layout.to_mma_k_order``, on a
-    strided input, NaN-poisoned output, T not a multiple of the program's rows. ``ZERO``
-    (``combine="fused"``): the tokens whose top-k ids are all outside [0, E) (dropped, another
-    EP rank's, or past E) get zero rows of ``out``; the other rows are not touched."""
+    strided input, NaN-poisoned output, T not a multiple of the program's rows."""
     from sglang_fp4ext.moe import _prefill_kernels as K
     from sglang_fp4ext.moe.layout import mma_k_order, to_mma_k_order
 
@@ -651,22 +577,10 @@ def test_permute_k_matches_its_twin(zero, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(13, 640, generator=g).to(torch.bfloat16).to(DEV)[:, :512]
     y = torch.full((13, 512), float("nan"), dtype=torch.bfloat16, device=DEV)
-    E, k = 6, 3
-    ids = torch.randint(0, E, (13, k), generator=g)
-    gone = torch.tensor([1, 4, 5, 12])  # no valid slot: -1, -1 / E, past E
-    ids[gone] = torch.tensor([[-1, -1, -1], [-1, E, 7], [E, E, E], [-1, 9, -1]])
-    ids[7] = torch.tensor([-1, -1, 2])  # one valid slot: not zeroed
-    ids = ids.to(torch.int32).to(DEV)
-    out = torch.full((13, 512), float("nan"), dtype=torch.bfloat16, device=DEV)
-    K._permute_k[(2, 4)](x, y, ids, out, 13, 512, E, k, x.stride(0), out.stride(0), BT=8,
-                         ZERO=zero)
+    K._permute_k[(2, 4)](x, y, 13, 512, x.stride(0), BT=8)
     assert torch.equal(y, to_mma_k_order(x))
     inv = mma_k_order().argsort().to(DEV)
     assert torch.equal(y[:, 128:256][:, inv], x[:, 128:256])  # position s holds element order[s]
-    want = torch.zeros(13, dtype=torch.bool)
-    want[gone] = zero
-    assert torch.equal((out == 0).all(1).cpu(), want)
-    assert out[~want.to(DEV)].isnan().all()
 
 
 def test_heuristic_is_deterministic_and_never_atomic(monkeypatch):
@@ -892,11 +806,11 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
             r["l2_prefetch"] = "prefetch.global.L2" in ptx
             # The code ring: its scale codes are the only 8-byte cp.async copies.
             r["code_ring"] = ", 0x8, 0x8;" in ptx
-            # combine="fused": GPU-scope fence, then the arrivals (acq_rel atomics).
+            # No atomics, GPU-scope fences, acquire loads or L2 discards: the combine is a pass
+            # of its own.
             r["arrivals"] = sorted({w for l in ptx.splitlines() for w in l.split()
                                     if w.startswith("atom.")})
             r["fence_gpu"] = "fence.acq_rel.gpu" in ptx
-            # combine="group": the combine items' waits (acquire) and L2 discards.
             r["acquire"] = sorted({w for l in ptx.splitlines() for w in l.split()
                                    if ".acquire" in w})
             r["discard_l2"] = ptx.count("discard.global.L2")
@@ -1005,23 +919,6 @@ _KNOBS = [
     (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=128, "
                "warps2=8, accs2=2, group_n2=2, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
                "msub2=3"),
-    # The top-k combine in GEMM2 (combine="fused", prefill step 9) on each GEMM2 form: the
-    # shipped TP8 T = 4096 config (2 sub-tiles), one sub-tile, and EP8's K loop (I = 2048).
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
-               "msub2=2, combine='fused'"),
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
-               "combine='fused'"),
-    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1, "
-               "tw1=1, combine='fused'"),
-    # The combine as work items in GEMM2's grid (combine="group", prefill step 10): the shipped
-    # TP8 T = 4096 config and EP8's K loop.
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
-               "msub2=2, combine='group'"),
-    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1, "
-               "tw1=1, combine='group'"),
 ]
 # GEMM1's tail at 128 + 32 rows (2 stages: shared memory), TP8 and EP8, and the shipped 16-row
 # tails at 3 stages (TP8 64 + 16 and 128 + 16, EP8 128 + 16): GPU-checked (the compile checks of
@@ -1128,36 +1025,15 @@ def _check_wgmma_design(rows, where):
         if r["kernel"] == "_wgmma_gemm2" and "tw1=1" in r["config"]:
             stores = [int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)]
             msub = int(re.search(r"msub2=(\d+)", r["config"]).group(1))
-            # combine="fused": ptxas keeps a few of the combine's arguments on the stack across
-            # the GEMM (stored and loaded once per program): 8 / 44 B with Triton 3.8, none 3.6.
-            # combine="group" likewise: 16 B at EP8 with Triton 3.8, none 3.6 (2026-12-04).
-            fused = 64 if re.search(r"combine='(fused|group)'", r["config"]) else 0
-            assert max(stores, default=0) <= (0 if msub <= 2 else 600) + fused, r
+            assert max(stores, default=0) <= (0 if msub <= 2 else 600), r
     assert any("accs2=2" in r["config"] for r in gl), f"{where}: no two-accumulator GEMM2 compiled"
     for r in gl:  # GEMM2's staged epilogue: only 16-byte global stores; else 4-byte ones
         if r["kernel"] == "_wgmma_gemm2":
             st = dict(r["st_global"])
             want = ".v4" if "smem_epi2=1" in r["config"] else ""
-            fused = "combine='fused'" in r["config"]
-            # combine="fused": the arrivals (GPU-scope fence, acq_rel atomic add) and one 4-byte
-            # store, the compacted token list (the sums are stored 16 bytes per thread).
-            group = "combine='group'" in r["config"]
-            assert r["fence_gpu"] == (fused or group), (where, r["config"])
-            # combine="group": the ticket (relaxed), one arrival per tile (release), the items'
-            # wait (an acquire load) and their L2 discards; the items store 16 bytes per thread.
-            arrivals = (["atom.global.gpu.acq_rel.add.u32"] if fused else
-                        ["atom.global.gpu.relaxed.add.u32", "atom.global.gpu.release.add.u32"]
-                        if group else [])
-            assert r["arrivals"] == arrivals, (where, r["arrivals"], r["config"])
-            assert r["acquire"] == (["ld.global.gpu.acquire.b32"] if group else []), (
-                where, r["acquire"], r["config"])
-            assert (r["discard_l2"] > 0) == group, (where, r["config"])
-            if fused and want:
-                assert st[""] == 1, (where, st, r["config"])
-                st[""] = 0
+            assert not r["fence_gpu"] and r["arrivals"] == r["acquire"] == [], (where, r)
+            assert r["discard_l2"] == 0, (where, r["config"])
             assert st[want] and sum(st.values()) == st[want], (where, st, r["config"])
-    assert any("combine='fused'" in r["config"] for r in gl), f"{where}: no fused combine"
-    assert any("combine='group'" in r["config"] for r in gl), f"{where}: no group combine"
     assert any("smem_epi2=1" in r["config"] for r in gl), f"{where}: no staged GEMM2 epilogue"
     for r in gl:  # the L2 code prefetch where asked for, and only there
         i = r["kernel"][-1]
@@ -1439,52 +1315,6 @@ def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
         PrefillConfig(block_m=32, stages1=stages, stages2=2, static_ring1=1, static_ring2=1,
                       group_n2=4, code_ring1=ring * cr, code_ring2=2 * cr, **_WG)
         for cr in (0, 1)], seed)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("I, knobs", [
-    (256, dict(block_n2=64, warps2=4, accs2=2, group_n2=4, code_ring2=1, hoist2=1, smem_epi2=1,
-               msub2=2)),
-    (256, dict(block_n2=64, warps2=4, accs2=2, group_n2=8, code_ring2=1, hoist2=1,
-               smem_epi2=1)),
-    (512, dict(group_n2=4, smem_epi2=1))])
-@pytest.mark.parametrize("combine", GEMM2_COMBINES)
-def test_wgmma_combine_in_gemm2_equals_the_ordered_combine(combine, I, knobs, seed):
-    """``combine="fused"`` / ``"group"`` add the same bf16 partial rows in the same slot order as
-    the ordered combine's pass, in GEMM2's grid: the outputs are equal bit for bit on each GEMM2
-    form (2 sub-tiles, one, the K loop at I = 512). H = 1280: the last column group of each M
-    tile is ragged (10 or 20 row blocks over 4 or 8 per program; "group": a group's combine
-    items over 256 or 512 columns and the ragged last, 5 token blocks of 64 with a partial
-    last); then graph replay equals eager."""
-    _assert_knob_keeps_bits(1280, I, [
-        PrefillConfig(block_m=32, tw1=1, combine=c, **knobs, **_WG)
-        for c in ("ordered", combine)], seed)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kind", ("routed",) + glm5_cases.ADVERSARIAL)
-@pytest.mark.parametrize("name,T", [("tp8_shared", 4096), ("ep8", 1100)])
-@pytest.mark.parametrize("combine", GEMM2_COMBINES)
-def test_wgmma_combine_in_gemm2_glm5(combine, name, T, kind, seed):
-    """The combine in GEMM2's grid on the config a GLM-5 call uses, against the ordered combine
-    bit for bit (NaN-poisoned outputs) on its routing and the adversarial ones (tokens with no
-    local expert: "fused" has ``_permute_k`` write their zero rows, "group" its items; duplicate
-    ids: two arrivals from one tile), and three repeated runs equal."""
-    _, pw = glm5_cases.weights(name)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x, ids, tw = glm5_cases.inputs(name, T, g)
-    if kind != "routed":
-        ids = glm5_cases.adversarial(kind, T, pw.num_experts, ids.shape[1], g)
-    cfg = _cfg(pw, ids, "wgmma")
-    outs = []
-    for c in (cfg, replace(cfg, combine=combine), replace(cfg, combine=combine)):
-        out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=c)
-        outs.append(out)
-    for out in outs[1:]:
-        assert torch.equal(out.view(torch.int16), outs[0].view(torch.int16)), (name, T, kind)
-    if kind == "all_dropped":
-        assert torch.equal(outs[1], torch.zeros_like(outs[1]))
 
 
 @pytest.mark.gpu

@@ -632,15 +632,6 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
 
 
 @gluon.jit
-def _wait_ready(p, n):
-    """Spin until ``*p >= n`` (acquire), then let the whole CTA read what it guards."""
-    r = gl.atomic_add(p, 0, sem="acquire")
-    while r < n:
-        r = gl.atomic_add(p, 0, sem="acquire")
-    barrier()
-
-
-@gluon.jit
 def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, t, nb, E, H, I, NP,
                     stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
                     K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr,

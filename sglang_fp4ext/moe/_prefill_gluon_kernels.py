@@ -25,10 +25,7 @@ scheduler-cycle, tensor pipe 38%). Here the loop is software-pipelined by hand:
   adds two more per chunk (``_ring``); ``SR`` (``PrefillConfig.static_ring*``) avoids them.
 
 K (``H`` for GEMM1, ``I`` for GEMM2) must be a multiple of 256 (``prefill_config`` checks); the
-grid is ``(Np / BN, m_tiles)`` as in v1. GEMM2 can also run the top-k combine in its own grid
-(``PrefillConfig.combine``): ``"fused"`` per token by its last arrival (``_combine_tail``) or
-``"group"`` as work items per column group (``_group_item``, ``_group_combine``). Gluon kernels
-do not run under the Triton interpreter; the CPU tier compiles them ahead of time and the GPU
+grid is ``(Np / BN, m_tiles)`` as in v1. Gluon kernels do not run under the Triton interpreter; the CPU tier compiles them ahead of time and the GPU
 tier checks them against the torch twin.
 """
 
@@ -54,7 +51,6 @@ from sglang_fp4ext.moe._decode_gluon_kernels import (
     _prefetch_rows,
     _read_codes,
     _scale_slot,
-    _wait_ready,
     ring_layouts,
     weight_layout,
 )
@@ -77,24 +73,6 @@ def layouts(BN: int, BM: int, W: int) -> dict:
         # The code ring (``CR``): CP, SP, CW (``ring_layouts``).
         **ring_layouts(BN, W),
     )
-
-
-#: Tokens per combine item of ``combine="group"`` (``_group_combine``).
-GROUP_TOKENS = 64
-
-
-@functools.cache
-def combine_layouts(rows: int, W: int, combine: str, top_k: int) -> dict:
-    """``_wgmma_gemm2``'s constexprs of the combine in its grid (``CB``: 1 ``combine="fused"``,
-    4 ``"group"``, else 0 and the rest unused) over M tiles of ``rows`` rows on ``W`` warps:
-    ``RL`` one tile row per thread (no replicated atomics), ``OL`` [``RC`` tokens, 64 columns]
-    with 16 bytes of a partial row per thread; ``KT`` the top-k (its slot loops unrolled, so a
-    token's slots load together); ``CTB`` tokens per combine item (``"group"``)."""
-    R = max(1 << (rows - 1).bit_length(), 32 * W)
-    cb = {"fused": 1, "group": 4}.get(combine, 0)
-    return dict(CB=cb, KT=top_k if cb else 1, RR=R,
-                RL=gl.BlockedLayout([R // (32 * W)], [32], [W], [0]), RC=4 * W,
-                OL=gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0]), CTB=GROUP_TOKENS)
 
 
 @gluon.jit
@@ -194,58 +172,23 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
 @gluon.jit
 def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr,
                  K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                 s_e_stride, s_chunk_stride, ids_ptr, out_ptr, cnt_ptr, work_ptr, E, stride_out,
-                 T, NMT, NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
+                 s_e_stride, s_chunk_stride,
+                 NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
                  NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, ACCS: gl.constexpr,
                  SR: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
                  ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
                  SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
-                 HO: gl.constexpr, TW: gl.constexpr, MS: gl.constexpr, CB: gl.constexpr,
-                 RR: gl.constexpr, RL: gl.constexpr, RC: gl.constexpr, OL: gl.constexpr,
-                 KT: gl.constexpr, CTB: gl.constexpr):
+                 HO: gl.constexpr, TW: gl.constexpr, MS: gl.constexpr):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)`` over M tiles of ``MS * BM`` rows. ``ACCS == 2``:
     ``_one_chunk_2acc`` (``K`` = 256), or ``_one_chunk_msub`` with ``MS`` > 1 (``msub2``).
     ``EPI``: the epilogue's form, ``smem_epi2`` (``_epilogue``). ``TW`` (``tw1``): GEMM1 applied
-    the routing weight. ``HO`` (``hoist2``, ``ACCS == 2``): the epilogue's loads hoisted.
-
-    ``CB`` (``combine="fused"``): the grid is ``(m_tiles, cdiv(Np2 / BN, NG))``, every M tile
-    of one column group in flight together, and the top-k combine is this kernel's last step
-    (``_combine_tail``: ``ids``, ``out``, the arrival counters ``cnt`` (T, groups) int32, zero,
-    and ``work`` (programs, ``RR``) int32 scratch; layouts ``RL`` over ``RR`` >= the tile's rows,
-    one per thread, and ``OL`` over [``RC`` tokens, 64 columns], ``combine_layouts``).
-
-    ``CB`` 4 / 5 (``combine="group"``, with / without dropping the read lines from L2): a 1-D
-    grid of work items taken from the ticket ``cnt[0]`` in ``_group_item``'s order: the
-    ``NMT`` M tiles (the grid's bound; empty ones too) of each column group, each arriving on
-    ``cnt[1 + g]`` once its partial rows are stored, and the combine items of each group
-    (``_group_combine``: ``T`` tokens in blocks of ``CTB``), each waiting for all ``NMT``
-    arrivals of its group. ``cnt`` (1 + groups) int32, zero. Deadlock-free for any residency:
-    an item waits only on tiles with earlier tickets, every one held by a program that finishes
-    it without waiting. Without ``CB`` the ``ids`` .. ``NMT`` arguments are unused."""
-    if CB >= 4:
-        ngrp = (NP // BN + NG - 1) // NG
-        nci = (T + CTB - 1) // CTB
-        tk = gl.atomic_add(cnt_ptr, 1, sem="relaxed")
-        pid_n, pid_m, is_ci = _group_item(tk, NMT, nci, ngrp)
-        if is_ci:
-            _wait_ready(cnt_ptr + 1 + pid_n, NMT)
-            c0 = pid_n * NG * BN
-            _group_combine(ids_ptr, dst_ptr, out_ptr, pid_m * CTB, T, c0,
-                           gl.minimum(c0 + NG * BN, NOUT), E, stride_dst, stride_out, RC, OL, CL,
-                           CB == 4, KT, CTB)
-            return
-    elif CB:
-        pid_m = gl.program_id(0)
-        pid_n = gl.program_id(1)
-    else:
-        pid_m = gl.program_id(1)
-        pid_n = gl.program_id(0)
+    the routing weight. ``HO`` (``hoist2``, ``ACCS == 2``): the epilogue's loads hoisted."""
+    pid_m = gl.program_id(1)
+    pid_n = gl.program_id(0)
     nb0 = pid_n * NG
     e, row0, nrows = _tile_of(counts_ptr, pid_m, NBINS, BM * MS, CL)
     if nrows <= 0:
-        if CB >= 4:  # an empty tile arrives too: its group's items wait for NMT arrivals
-            gl.atomic_add(cnt_ptr + 1 + pid_n, 1, sem="release")
         return
     if MS > 1:
         _one_chunk_msub(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
@@ -261,182 +204,6 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
                        nb0, K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
                        s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, EPI, WL,
                        ML, AL, XS, CL, SL, CP, SP, CW, 0, ML, TW)
-    if CB >= 4:  # the tile's partial rows are stored (each thread fenced), then one arrival
-        _fence_gpu()
-        barrier()
-        gl.atomic_add(cnt_ptr + 1 + pid_n, 1, sem="release")
-    elif CB != 0 and CB != 2:  # 2: the fused grid order alone (prefill._FUSED_MODE)
-        c1 = gl.minimum((nb0 + NG) * BN, NOUT)
-        _combine_tail(sorted_ptr, ids_ptr, dst_ptr, out_ptr, cnt_ptr,
-                      work_ptr + (pid_m * gl.num_programs(1) + pid_n).to(gl.int64) * RR,
-                      row0, nrows, pid_n, gl.num_programs(1), nb0 * BN, c1, E, stride_dst,
-                      stride_out, RR, RL, RC, OL, CB == 1, KT)
-
-
-@gluon.jit
-def _fence_gpu():
-    """``fence.acq_rel.gpu``: this thread's stores are ordered before what it does next at GPU
-    scope (each thread's partials before the CTA barrier that precedes the arrivals)."""
-    gl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _valid_slots(ids_ptr, tok, tm, E, TOP_K: gl.constexpr):
-    """Per token ``tok`` (where ``tm``): bit ``j`` set where its slot ``j`` holds an id in
-    [0, E) (a pair GEMM2 wrote a partial row for). The ``TOP_K`` id loads issue together."""
-    vb = gl.zeros_like(tok).to(gl.int32)
-    for j in gl.static_range(TOP_K):
-        idj = gl.load(ids_ptr + tok * TOP_K + j, mask=tm, other=-1).to(gl.int32)
-        vb = vb | (((idj >= 0) & (idj < E)).to(gl.int32) << j)
-    return vb
-
-
-@gluon.jit
-def _slot_sum(part_ptr, tok, tm, vb, h, c1, stride_part, RC: gl.constexpr, OL: gl.constexpr,
-              TOP_K: gl.constexpr):
-    """[``RC`` tokens, 64 columns ``h``] fp32: the sum in slot order of the tokens' valid slots'
-    partial rows (``vb``, ``_valid_slots``; invalid slots and columns past ``c1`` add 0.0):
-    ``_prefill_kernels._prefill_combine``'s arithmetic. Read through L2 (``.cg``); the loads
-    issue together (the slot loop is unrolled)."""
-    hm = gl.expand_dims(h < c1, 0)
-    o = gl.zeros([RC, 64], gl.float32, OL)
-    for j in gl.static_range(TOP_K):  # fixed order
-        vj = gl.expand_dims(tm & (((vb >> j) & 1) != 0), 1) & hm
-        pp = part_ptr + gl.expand_dims((tok * TOP_K + j) * stride_part, 1)
-        o += gl.load(pp + gl.expand_dims(h, 0), mask=vj, other=0.0,
-                     cache_modifier=".cg").to(gl.float32)
-    return o
-
-
-@gluon.jit
-def _group_item(tk, NMT, nci, ngrp):
-    """Work item of ticket ``tk`` under ``combine="group"``: (column group, M tile or token
-    block, whether it is a combine item). Order: the M tiles of the first ``L`` = min(groups, 2)
-    groups, then for each group ``j`` its ``nci`` combine items followed by the M tiles of group
-    ``j + L``, the last ``L`` groups' combine items at the end. So an item's group has been
-    handed out a group's worth of tiles earlier: its tiles are mostly done when it starts, and
-    its partial rows, written that recently, are still in L2."""
-    L = gl.minimum(ngrp, 2)
-    S = NMT + nci
-    u = tk - L * NMT
-    uc = gl.maximum(u, 0)
-    j = uc // S
-    r = uc - j * S
-    v = gl.maximum(u - (ngrp - L) * S, 0)
-    mid_ci = r < nci
-    g = gl.where(u < 0, tk // NMT,
-                 gl.where(j < ngrp - L, gl.where(mid_ci, j, j + L), ngrp - L + v // nci))
-    m = gl.where(u < 0, tk % NMT,
-                 gl.where(j < ngrp - L, gl.where(mid_ci, r, r - nci), v % nci))
-    ci = (u >= 0) & ((j >= ngrp - L) | mid_ci)
-    return g, m, ci
-
-
-@gluon.jit
-def _discard_l2(ptrs, on):
-    """``discard.global.L2`` where ``on`` (int32, non-zero): drop the 128-byte lines at ``ptrs``
-    from L2 without writing them back (their contents become undefined): for partial rows that
-    were read for the last time."""
-    gl.inline_asm_elementwise(
-        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;"
-        "\n\tmov.u32 $0, 0;\n\t}", "=r,l,r", [ptrs, on], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _group_combine(ids_ptr, part_ptr, out_ptr, t0, T, c0, c1, E, stride_part, stride_out,
-                   RC: gl.constexpr, OL: gl.constexpr, CL: gl.constexpr, DISCARD: gl.constexpr,
-                   TOP_K: gl.constexpr, CTB: gl.constexpr):
-    """A combine item of ``combine="group"``: ``out[t, c0 .. c1]`` for tokens ``t0 ..`` (up to
-    ``CTB``) = the fp32 sum in slot order of their valid slots' partial rows (invalid slots add
-    0.0), rounded once to bf16: ``_prefill_kernels._prefill_combine``'s arithmetic, so the same
-    bits; a token with no valid slot gets zeros. Partials read through L2 (``.cg``); each
-    token's valid slots as a bit mask (its ``TOP_K`` id loads once per token block, not per
-    column chunk). With ``DISCARD``, after a barrier (every load of the item has returned),
-    every 128-byte line of the item's valid partial rows is dropped from L2 (``_discard_l2``):
-    read for the last time, its write-back to DRAM is not needed."""
-    ti = gl.arange(0, RC, layout=gl.SliceLayout(1, OL))
-    hi = gl.arange(0, 64, layout=gl.SliceLayout(0, OL))
-    tend = gl.minimum(t0 + CTB, T)
-    for i0 in range(t0, tend, RC):
-        tm = i0 + ti < tend
-        tok = (i0 + ti).to(gl.int64)
-        vb = _valid_slots(ids_ptr, tok, tm, E, TOP_K)
-        op = out_ptr + gl.expand_dims(tok * stride_out, 1)
-        om = gl.expand_dims(tm, 1)
-        for h0 in range(c0, c1, 128):  # two 64-column halves: 2 x TOP_K loads in flight
-            ha = h0 + hi
-            hb = ha + 64
-            # both halves' sums before either store (a store could alias the next loads)
-            oa = _slot_sum(part_ptr, tok, tm, vb, ha, c1, stride_part, RC, OL, TOP_K)
-            ob = _slot_sum(part_ptr, tok, tm, vb, hb, c1, stride_part, RC, OL, TOP_K)
-            gl.store(op + gl.expand_dims(ha, 0), oa.to(gl.bfloat16),
-                     mask=om & gl.expand_dims(ha < c1, 0))
-            gl.store(op + gl.expand_dims(hb, 0), ob.to(gl.bfloat16),
-                     mask=om & gl.expand_dims(hb < c1, 0))
-    if DISCARD:
-        barrier()  # every thread's loads of the item have returned (their sums are stored)
-        NL: gl.constexpr = 32 * gl.num_warps()
-        per_row = (c1 - c0) // 64  # 64 bf16 columns = one line; c0, c1 are multiples of 64
-        n = (tend - t0) * TOP_K * per_row
-        li = gl.arange(0, NL, layout=CL)
-        for l0 in range(0, n, NL):
-            ln = l0 + li
-            row = (t0 * TOP_K + ln // per_row).to(gl.int64)  # pair row t * TOP_K + j
-            # only the rows GEMM2 wrote: a valid slot (EP8: 1 in 8; the others hold nothing)
-            idr = gl.load(ids_ptr + row, mask=ln < n, other=-1).to(gl.int32)
-            on = ((ln < n) & (idr >= 0) & (idr < E)).to(gl.int32)
-            _discard_l2(part_ptr + row * stride_part + c0 + (ln % per_row) * 64, on)
-
-
-@gluon.jit
-def _combine_tail(sorted_ptr, ids_ptr, part_ptr, out_ptr, cnt_ptr, work, row0, nrows, g, NGRP,
-                  c0, c1, E, stride_part, stride_out, R: gl.constexpr, RL: gl.constexpr,
-                  RC: gl.constexpr, OL: gl.constexpr, FENCE: gl.constexpr, TOP_K: gl.constexpr):
-    """The top-k combine of ``combine="fused"``, after a program stored its tile's partial rows
-    over columns ``c0 .. c1`` (its column group ``g`` of ``NGRP``): one arrival per tile row on
-    its token's counter ``cnt[t, g]``; the program whose arrival is a token's last (its valid
-    slots counted from ``ids``) sums that token's partial rows over the group's columns in slot
-    order, as ``_prefill_kernels._prefill_combine`` does (fp32 from 0.0, invalid slots adding
-    0.0: the same bits as the ordered combine) and stores ``out[t, c0 .. c1]``. Tokens that
-    complete here are compacted through ``work`` (this program's ``R`` int32 slots), so the
-    sums run on dense [``RC`` tokens, 64 columns] tiles: about one row in ``TOP_K`` of a tile
-    completes a token. Release / acquire as the decode kernels' counter
-    combine (``_decode_gluon_kernels._gemm2``), partials read through L2 (``.cg``). The slot
-    loops are unrolled (``TOP_K`` constexpr) so that a chunk's slot loads issue together: in a
-    loop (the form timed in prefill step 9) each waited on its id's load, 4 slots at a time;
-    the ids of a block of completed tokens are read once (``_valid_slots``), not per chunk."""
-    if FENCE:
-        _fence_gpu()
-    barrier()  # every thread's partial rows are written (and fenced) before any arrival
-    r = gl.arange(0, R, layout=RL)
-    ok = r < nrows
-    p = gl.load(sorted_ptr + row0 + gl.minimum(r, nrows - 1))
-    t = p // TOP_K
-    old = gl.atomic_add(cnt_ptr + t * NGRP + g, gl.full([R], 1, gl.int32, RL), mask=ok,
-                        sem="acq_rel")
-    nval = gl.zeros([R], gl.int32, RL)
-    for j in gl.static_range(TOP_K):
-        idj = gl.load(ids_ptr + t.to(gl.int64) * TOP_K + j, mask=ok, other=-1).to(gl.int32)
-        nval += ((idj >= 0) & (idj < E)).to(gl.int32)
-    last = ok & (old == nval - 1)
-    n = gl.sum(last.to(gl.int32), 0)
-    if n > 0:
-        at = gl.associative_scan(last.to(gl.int32), 0, _add) - 1  # the token's place in work
-        gl.store(work + at, t, mask=last)
-        barrier()  # work written before every thread reads it
-        ti = gl.arange(0, RC, layout=gl.SliceLayout(1, OL))
-        hi = gl.arange(0, 64, layout=gl.SliceLayout(0, OL))
-        for i0 in range(0, n, RC):
-            tm = i0 + ti < n
-            tok = gl.load(work + i0 + ti, mask=tm, other=0).to(gl.int64)
-            vb = _valid_slots(ids_ptr, tok, tm, E, TOP_K)
-            for h0 in range(c0, c1, 64):
-                h = h0 + hi
-                o = _slot_sum(part_ptr, tok, tm, vb, h, c1, stride_part, RC, OL, TOP_K)
-                op = out_ptr + gl.expand_dims(tok * stride_out, 1) + gl.expand_dims(h, 0)
-                gl.store(op, o.to(gl.bfloat16),
-                         mask=gl.expand_dims(tm, 1) & gl.expand_dims(h < c1, 0))
 
 
 @gluon.jit

@@ -144,27 +144,15 @@ def _tile_of(counts_ptr, m, NBINS: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def _permute_k(x_ptr, y_ptr, ids_ptr, out_ptr, T, K, E, TOP_K, stride_x, stride_out,
-               BT: tl.constexpr, ZERO: tl.constexpr):
+def _permute_k(x_ptr, y_ptr, T, K, stride_x, BT: tl.constexpr):
     """y (T, K) bf16 contiguous = x with each 128-wide K block in ``layout.mma_k_order``: position
-    ``s = 16b + 8c1 + 2q + c0`` takes element ``32q + 4b + 2c1 + c0``. Grid (cdiv(T, BT), K / 128).
-    ``ZERO`` (``combine="fused"``, where no combine pass writes every row): also ``out[t, :]`` =
-    0 for the tokens with no valid slot in ``ids`` (T, TOP_K) (no GEMM2 program arrives for
-    them)."""
+    ``s = 16b + 8c1 + 2q + c0`` takes element ``32q + 4b + 2c1 + c0``. Grid (cdiv(T, BT), K / 128)."""
     t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
     s = tl.arange(0, 128)
     src = tl.program_id(1) * 128 + 32 * ((s // 2) % 4) + 4 * (s // 16) + 2 * ((s // 8) % 2) + s % 2
     m = t[:, None] < T
     v = tl.load(x_ptr + t[:, None] * stride_x + src[None, :], mask=m)
     tl.store(y_ptr + t[:, None] * K + tl.program_id(1) * 128 + s[None, :], v, mask=m)
-    if ZERO:
-        nval = tl.zeros([BT], dtype=tl.int32)
-        for j in range(0, TOP_K):
-            idj = tl.load(ids_ptr + t * TOP_K + j, mask=t < T, other=-1).to(tl.int32)
-            nval += ((idj >= 0) & (idj < E)).to(tl.int32)
-        zm = m & (nval == 0)[:, None]
-        tl.store(out_ptr + t[:, None] * stride_out + tl.program_id(1) * 128 + s[None, :],
-                 tl.zeros([BT, 128], dtype=tl.bfloat16), mask=zm)
 
 
 # ---- grouped W4A16 GEMM ----

@@ -1,4 +1,4 @@
-"""NVFP4 fused-MoE prefill path: validate -> config -> workspaces -> 6 or 7 launches.
+"""NVFP4 fused-MoE prefill path: validate -> config -> workspaces -> 6 to 8 launches.
 
 Three GEMM families, chosen by ``PrefillConfig.kernels``: ``dot`` (W4A16, ``tl.dot``, the launches
 below), ``wgmma`` (W4A16, Gluon, sm_90: ``_plan_wgmma``) and ``w4a4`` (NVFP4 activations,
@@ -38,9 +38,7 @@ workspace         shape, dtype                    meaning
 with ``P = T * top_k``, ``NB = cdiv(P, block_p)``, ``NBINS = next_pow2(E + 1)``. The ordered
 partials cost ``2 P H`` bytes (906 MB at T = 8192, top_k = 9, H = 6144), as SGLang's Triton MoE.
 
-Determinism: the default ``combine="ordered"`` is bit-identical run to run, and so are the
-wgmma family's ``"fused"`` and ``"group"`` (the same sums in GEMM2's grid, the same bits; no pass
-of their own). ``combine="atomic"`` (opt-in, never chosen by the heuristic) adds the top-k rows
+Determinism: the default ``combine="ordered"`` is bit-identical run to run. ``combine="atomic"`` (opt-in, never chosen by the heuristic) adds the top-k rows
 with fp32 ``atomic_add`` in arrival order.
 """
 
@@ -81,16 +79,6 @@ _QUANT_BT = 8
 _SCAN_ROWS = 16
 # Tests set this: fill the float workspaces with NaN so a read of an unwritten row shows up.
 _POISON_WORKSPACES = False
-# Experiments set this (prefill step 9): how a ``combine="fused"`` call runs GEMM2 -- "full"
-# (the combine in GEMM2), "no_fence" (its arrivals without the GPU-scope fence before them:
-# the decode kernels' counter combine orders the partials by the CTA barrier and the acq_rel
-# atomic alone) or "order_only" (GEMM2's grid in the fused order, the combine a pass of its own).
-_FUSED_MODE = "full"
-_FUSED_CB = {"full": 1, "order_only": 2, "no_fence": 3}
-# Experiments set this (prefill step 10): whether a ``combine="group"`` item drops the partial
-# rows it read from L2 ("discard", the default) or leaves them to be written back ("keep").
-_GROUP_MODE = "discard"
-_GROUP_CB = {"discard": 4, "keep": 5}
 
 
 def _pow2(x) -> bool:
@@ -319,8 +307,8 @@ def _check_k_chunks(family: str, H: int, I: int) -> None:
 
 def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, config: PrefillConfig):
     """The wgmma family's 7 launches: grouping (3), ``x`` into MMA K order, the two Gluon GEMMs
-    (``inter`` stays in MMA K order between them), the ordered combine (6 with
-    ``combine="fused"`` or ``"group"``: GEMM2 does the combine)."""
+    (``inter`` stays in MMA K order between them), the ordered combine (8 with GEMM1's tail:
+    two GEMM1 launches)."""
     from sglang_fp4ext.moe import _prefill_gluon_kernels as G
 
     T, H = x.shape
@@ -360,33 +348,16 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     if _POISON_WORKSPACES:
         inter.fill_(float("nan"))
         partial.fill_(float("nan"))
-    fused = config.combine == "fused"  # the combine in GEMM2 (_combine_tail): no pass of its own
-    group = config.combine == "group"  # the combine as work items in GEMM2's grid
-    order_only = False
     launches.append(
         _Launch(
             "_permute_k",
             (-(-T // _PERMUTE_BT), H // 128),
-            (x, xk, topk_ids, out, T, H, E, top_k, x.stride(0), out.stride(0)),
-            dict(BT=_PERMUTE_BT, ZERO=fused),
+            (x, xk, T, H, x.stride(0)),
+            dict(BT=_PERMUTE_BT),
             4,
             1,
         )
     )
-    ngrp = -(-(w2.n_pad // config.block_n2) // config.group_n2)  # GEMM2's column groups
-    cl = G.combine_layouts(config.block_m * config.msub2, config.warps2, config.combine, top_k)
-    nmt2 = max_m_tiles(P, E, config.block_m * config.msub2)  # GEMM2's M tiles (a bound)
-    if group:
-        cl = dict(cl, CB=_GROUP_CB[_GROUP_MODE])
-        cnt = torch.zeros(1 + ngrp, dtype=torch.int32, device=dev)  # ticket, arrivals per group
-    if fused:
-        cl = dict(cl, CB=_FUSED_CB[_FUSED_MODE])
-        if _FUSED_MODE == "order_only":
-            fused = False
-            order_only = True
-    if fused:
-        cnt = torch.zeros(T, ngrp, dtype=torch.int32, device=dev)
-        work = torch.empty(nmt2 * ngrp, cl["RR"], dtype=torch.int32, device=dev)
     for i, (w, src, dst, K, nout, ng) in enumerate(
         ((w13, xk, inter, H, I, 1), (w2, inter, partial, I, H, config.group_n2)), start=1
     ):
@@ -396,16 +367,10 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         tm = bm + bt if i == 1 else bm * config.msub2  # GEMM2: msub2 sub-tiles of bm rows
         # GEMM1 with the tail: two launches over the same tiles of bm + bt rows, one compiled
         # with the tail for the tiles with rows past bm, one without it for the others.
-        extra = ()  # GEMM2's combine arguments (unused without it: ``counts`` stands in)
-        if i == 2:
-            extra = (topk_ids, out, cnt if fused or group else counts, work if fused else counts,
-                     E, out.stride(0), T, nmt2)
         for tail in (bt, 0) if bt else (0,):
             launches.append(
                 _Launch(
                     f"_wgmma_gemm{i}",
-                    (ngrp * (nmt2 + -(-T // G.GROUP_TOKENS)),) if i == 2 and group else
-                    (max_m_tiles(P, E, tm), ngrp) if i == 2 and (fused or order_only) else
                     (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, tm)),
                     (
                         src,
@@ -426,7 +391,6 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                         w.q.stride(1),
                         w.scale.stride(0),
                         w.scale.stride(1),
-                        *extra,
                     ),
                     dict(
                         NBINS=nbins,
@@ -438,7 +402,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                         CR=getattr(config, f"code_ring{i}"),
                         SR=getattr(config, f"static_ring{i}"),
                         **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2, HO=config.hoist2,
-                                MS=config.msub2, **cl)
+                                MS=config.msub2)
                            if i == 2 else dict(BT=tail, MT=G.layouts(bn, tail or bm, warps)["ML"],
                                                TM=tm)),
                         TW=config.tw1,
@@ -449,8 +413,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                     gluon=True,
                 )
             )
-    if not (fused or group):
-        launches.append(_combine_launch(partial, topk_ids, out, E, False, False))
+    launches.append(_combine_launch(partial, topk_ids, out, E, False, False))
     return launches
 
 

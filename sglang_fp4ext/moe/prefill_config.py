@@ -16,7 +16,6 @@ from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 from sglang_fp4ext.moe.shape import ConfigDict, MoEShape, Target
 
 __all__ = [
-    "GEMM2_COMBINES",
     "PREFILL_KERNEL_FAMILIES",
     "PrefillConfig",
     "default_prefill_family",
@@ -43,17 +42,10 @@ WGMMA_KNOBS_OFF = dict(prefetch1=1, prefetch2=1, accs2=1, static_ring1=0, static
                        tail1=0, tw1=0, hoist2=0, msub2=1)
 
 
-#: The combines that run in the wgmma GEMM2's own grid (no pass of their own): ``fused`` (the
-#: last program to store a token's partials sums them) and ``group`` (work items that sum each
-#: column group once all its M tiles are stored).
-GEMM2_COMBINES = ("fused", "group")
-
-
 def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
-    return replace(cfg, kernels="dot", block_k2=128, block_m1=0, **WGMMA_KNOBS_OFF,
-                   combine="ordered" if cfg.combine in GEMM2_COMBINES else cfg.combine)
+    return replace(cfg, kernels="dot", block_k2=128, block_m1=0, **WGMMA_KNOBS_OFF)
 
 
 def prefill_activations() -> str:
@@ -102,20 +94,11 @@ class PrefillConfig(ConfigDict):
     intermediate columns). ``block_k*``: K per main-loop step, 256 (one layout chunk) or 128 (half
     a chunk). ``warps*``/``stages*``: Triton ``num_warps``/``num_stages``. Suffix 1 = GEMM1, 2 =
     GEMM2. ``block_p``: pair slots per grouping program (sorted in registers). ``combine``:
-    ``"ordered"`` (deterministic), ``"atomic"`` (fp32 atomics, opt-in, dot) or ``"fused"``
-    (wgmma: the ordered combine's sums, to the bit, done by GEMM2 itself: the last program to
-    store a token's partials over a column group adds them up in slot order while they are in
-    L2, with GEMM2's M tiles of one column group in flight together; no pass of its own) or
-    ``"group"`` (wgmma: the same sums, to the bit, as work items in GEMM2's grid: a ticket
-    counter hands out every M tile of column groups 0 and 1, then for each group ``g`` its
-    combine items (``T / 64`` token blocks) followed by the M tiles of group ``g + 2``; an item
-    waits until all of its group's tiles have arrived, reads the group's partial rows from L2
-    and drops each line from L2 after its read, so the dirty lines are not written back; no
-    pass of its own). ``kernels``: the GEMMs'
-    family, ``"dot"`` (``_prefill_kernels``, v1, every GPU and the interpreter) or ``"wgmma"``
+    ``"ordered"`` (deterministic) or ``"atomic"`` (fp32 atomics, opt-in, dot). ``kernels``: the
+    GEMMs' family, ``"dot"`` (``_prefill_kernels``, v1, every GPU and the interpreter) or ``"wgmma"``
     (``_prefill_gluon_kernels``, sm_90 only: ``block_n*`` 128 weight rows on 8 warps,
     ``block_k*`` 256, ``stages*`` the activation ring's depth 2-4,
-    ``block_m`` <= 128, the ordered, fused or group combine; H and I multiples of 256) or ``"w4a4"``
+    ``block_m`` <= 128, the ordered combine; H and I multiples of 256) or ``"w4a4"``
     (``_prefill_w4a4_kernels``, sm_100/sm_120 and the interpreter: NVFP4 activations with the
     static input scales, ``block_k*`` 256, the ordered combine, ``group_n2`` unused; H and I
     multiples of 256). Under the interpreter a ``"wgmma"`` config runs the ``"dot"`` kernels.
@@ -238,10 +221,9 @@ class PrefillConfig(ConfigDict):
                 )
         if not 16 <= self.block_p <= 4096:
             raise ValueError(f"PrefillConfig.block_p must be in [16, 4096], got {self.block_p}")
-        if self.combine not in ("ordered", "atomic", *GEMM2_COMBINES):
+        if self.combine not in ("ordered", "atomic"):
             raise ValueError(
-                f"PrefillConfig.combine must be 'ordered', 'atomic', 'fused' or 'group' (wgmma), "
-                f"got {self.combine!r}"
+                f"PrefillConfig.combine must be 'ordered' or 'atomic', got {self.combine!r}"
             )
         if self.kernels not in PREFILL_KERNEL_FAMILIES:
             raise ValueError(
@@ -250,11 +232,6 @@ class PrefillConfig(ConfigDict):
         if self.kernels == "wgmma":
             self._check_wgmma()
         else:
-            if self.combine in GEMM2_COMBINES:
-                raise ValueError(
-                    f"PrefillConfig(kernels={self.kernels!r}): combine={self.combine!r} is the "
-                    f"wgmma kernels' (GEMM2 does the combine); use 'ordered'"
-                )
             wrong = {k: getattr(self, k) for k, off in WGMMA_KNOBS_OFF.items()
                      if getattr(self, k) != off}
             if wrong:
@@ -398,8 +375,8 @@ class PrefillConfig(ConfigDict):
                 f"hoist2={self.hoist2}, smem_epi2={self.smem_epi2}"
             )
         if self.combine == "atomic":
-            raise ValueError("PrefillConfig(kernels='wgmma') has the ordered, the fused or the "
-                             "group combine, not the atomic one")
+            raise ValueError("PrefillConfig(kernels='wgmma') has the ordered combine, not the "
+                             "atomic one")
 
 def _datacenter_mma(arch: str) -> bool:
     """sm_90 / sm_10x: warpgroup (wgmma) or tcgen05 MMA with an operand in shared memory and
