@@ -2,7 +2,7 @@
 tagged. The rows are in ``hardware_table.py``; the types (``GPUSpec``, ``Peaks``, ``Source``,
 the precisions and source kinds) in ``gpu_spec.py``.
 
-Why this exists: a peak that is guessed makes every efficiency number wrong (issue 7). NVIDIA's
+Why this exists: a peak that is guessed makes every efficiency number wrong. NVIDIA's
 headline tensor figures are **2:4-sparse**; the dense figure is half. Efficiency in this project
 is only ever computed against a **dense** peak or against bandwidth measured in the same run
 (see ``roofline.py``); sparse peaks are listed so that a quoted marketing number can be

@@ -8,8 +8,7 @@ GeForce parts run FP8/BF16 with FP32 accumulate at half the FP16-accumulate rate
 1830 MHz, not the 1980 MHz maximum boost; the tests reproduce each dense peak as
 ``sms x boost_clock x flop_per_clk_per_sm`` to keep the table honest.
 
-Reference-doc citations are to ``/work/shared/reference/hardware-and-model.md`` (``HM``) and
-``kernel-techniques.md``.
+Reference-doc citations are to ``/work/shared/reference/hardware-and-model.md`` (``HM``).
 """
 
 from __future__ import annotations
@@ -40,7 +39,8 @@ _CUDA_GUIDE = (
 _SMEM_SM120 = Source(
     VENDOR,
     f"{_CUDA_GUIDE}: 99 KB/block for 12.0; {_HM} §1: 101,376 B reported by "
-    "https://github.com/Dao-AILab/quack/pull/118 (RTX 5060) and flashinfer#2786",
+    "https://github.com/Dao-AILab/quack/pull/118 (RTX 5060) and "
+    "https://github.com/flashinfer-ai/flashinfer/issues/2786",
 )
 _SMEM_227K = Source(VENDOR, f"{_CUDA_GUIDE}: 227 KB/block opt-in for 9.0 and 10.0")
 _PRO6000_DIE = (
@@ -310,7 +310,7 @@ SPECS: tuple[GPUSpec, ...] = (
             "l2_mb": Source(
                 MEASURED,
                 "torch.cuda.get_device_properties().L2_cache_size = 62,914,560 B (60 MiB) on the "
-                f"project's H200 (Nov 2026); {_HM} §2 assumed the H100 SXM's 50 MB, which "
+                f"project's H200; {_HM} §2 assumed the H100 SXM's 50 MB, which "
                 "the driver does not report for this part",
             ),
             "smem_per_block_optin": _SMEM_227K,

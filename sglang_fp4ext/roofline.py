@@ -1,7 +1,7 @@
 """MoE decode roofline: bytes that must move, the time floor, efficiencies and projections.
 
-Decode MoE is bound by bandwidth and latency, not FLOPs (kernel-techniques.md §5). Per MoE layer,
-per decode step, per GPU:
+Decode MoE is bound by bandwidth and latency, not FLOPs: each weight byte read serves only the
+few tokens routed to its expert. Per MoE layer, per decode step, per GPU:
 
 * ``D(B) = E·(1 − (1 − k/E)^B)``: expected distinct experts that ``B`` tokens touch with top-``k``
   of ``E`` under uniform routing (real routing is skewed, so measured ``D`` is usually smaller;

@@ -31,7 +31,8 @@ __all__ = [
 Capability = tuple[int, int]
 
 #: Opt-in shared memory per block on SM120 (RTX PRO 6000 / RTX 50): 99 KiB. Every config that may
-#: run there must fit (kernel-techniques §2; quack#118 reports shared_memory_per_block_optin=101376).
+#: run there must fit (https://github.com/Dao-AILab/quack/pull/118 reports
+#: shared_memory_per_block_optin=101376 on an RTX 5060).
 SM120_SMEM_PER_BLOCK = 101_376
 
 

@@ -894,8 +894,8 @@ def _store_staged(y, sorted_ptr, dst_ptr, row0, nrows, nstore, nb, NOUT, stride_
     ``convert_layout`` (Triton's shared-memory round trip) to ``SL``, where each thread holds 16
     contiguous bytes of one pair row: 16-byte stores filling whole sectors, and one pair index
     per row and thread instead of one per accumulator column (``_store_weighted``: 4-byte stores,
-    8 of every 32 bytes a sector moves; step 2's Nsight Compute put 18% of GEMM2's stall samples
-    on that address chain). Same values as ``_store_weighted``: one rounding of the same fp32."""
+    8 of every 32 bytes a sector moves; Nsight Compute put 18% of GEMM2's stall samples on that
+    address chain). Same values as ``_store_weighted``: one rounding of the same fp32."""
     yb = y.to(gl.bfloat16)
     # MMA row 16a + 8h + g is weight row 16a + 2g + h (_phys_row): a register renaming.
     yb = gl.reshape(gl.permute(gl.reshape(yb, [BN // 16, 2, 8, BM]), [0, 2, 1, 3]), [BN, BM])

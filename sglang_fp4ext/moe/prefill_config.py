@@ -260,10 +260,11 @@ class PrefillConfig(ConfigDict):
             bm = self.gemm1_block_m if i == 1 else self.block_m
             one_wg = i == 2 and (bn, w, ns) == (64, 4, 2)
             if (bn, w) != (128, 8) and not one_wg:
-                # One warpgroup (64 rows, 4 warps) was wrong in step 1's first A/B
-                # (prefill_v2_step1/wgmma_ab_1_h200.json), the run that also read unwritten
-                # sorted slots past a tile's end; right in every step-2 run. Allowed where the
-                # GPU tier checks it (GEMM2 at 2 stages) and where it won (GEMM2 at I = 256).
+                # One warpgroup (64 rows, 4 warps) was wrong in one H200 A/B
+                # (benchmarks/results/prefill_v2_step1/wgmma_ab_1_h200.json, a run that also read
+                # unwritten sorted slots past a tile's end) and right in every later one. Allowed
+                # where the GPU tier checks it (GEMM2 at 2 stages) and where it won (GEMM2 at
+                # I = 256).
                 gemm2 = " or, for GEMM2, 64 on 4 warps at 2 stages" if i == 2 else ""
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): block_n{i} must be 128 on 8 warps (two "
@@ -418,7 +419,7 @@ def wgmma_gemm1_knobs(block_m: int, shape: MoEShape, rows: float | None = None) 
 def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
     """The wgmma family's default (sm_90), from the same-run A/B on the H200
     (``benchmarks/results/prefill_v2_step1/wgmma_ab_final_h200.json``: GLM-5 TP8, TP8 with the
-    fused shared expert, EP8 and DeepSeek-R1 TP8, T = 512..8192, 2026-12-01):
+    fused shared expert, EP8 and DeepSeek-R1 TP8, T = 512..8192):
 
     * ``block_m`` (``_wgmma_block_m``): the expected rows per local expert ``rows`` (EP-aware),
       rounded to the nearest power of two, at least 32, at most 64 when ``I`` <= 512 and 128
@@ -451,14 +452,14 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
       897 / 1,424 / 2,461 us.
     * GEMM2's staged epilogue (``smem_epi2``) at ``I`` = 256 and at ``block_m`` 128, and at
       ``I`` = 256 every row block's codes copied when a program starts (``code_ring2=1``)
-      (``prefill_v2_step4/prefill_sorted_tw_{tp8,ep8}_h200.json``, same run, 2026-12-03): TP8
+      (``prefill_v2_step4/prefill_sorted_tw_{tp8,ep8}_h200.json``, same run): TP8
       GEMM2 at T = 1024 / 2048 / 4096 / 8192 248 / 421 / 688 / 1,233 us -> 228 / 329 / 536 / 935
       staged, 224 / 289 / 460 / 817 with both; EP8 (I = 2048) staged at T = 4096 / 8192 489 /
       742 -> 447 / 669, but 268 -> 280 at T = 2048 (``block_m`` 64) and a tie at 1024. The L2
       code prefetch (``l2_prefetch1/2`` = 2) lost in both (TP8 T = 4096 1,501 vs 1,465 us).
     * The routing weight in GEMM1's epilogue (``tw1``) everywhere, and at ``I`` = 256 GEMM2's
       epilogue loads hoisted (``hoist2``) (``prefill_v2_step7/prefill_step7_{tp8,ep8,fused}
-      _h200.json``, same run, 2026-12-03): TP8 T = 1024 / 2048 / 4096 / 8192 542 / 711 / 1,114
+      _h200.json``, same run): TP8 T = 1024 / 2048 / 4096 / 8192 542 / 711 / 1,114
       / 2,016 us -> 506 / 648 / 1,030 / 1,875 (GEMM2 463 -> 370 at 4096); the fused shared expert
       781 / 1,230 / 2,224 -> 715 / 1,137 / 2,098 at 2048 / 4096 / 8192; EP8 (``tw1`` alone: no
       spills in GEMM2) 1,062 / 1,814 -> 1,010 / 1,748 at 4096 / 8192, 532 -> 529 at 1024, and
@@ -466,7 +467,7 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
     * At ``I`` = 256 where an expert expects at least two M tiles of rows (``rows`` >= 2
       ``block_m``): GEMM2's M tiles of 2 sub-tiles that share each decoded row block
       (``msub2``) on 4 blocks per program (``prefill_v2_step8/prefill_step8{,b}_tp8_h200.json``,
-      and ``prefill_step8_off_*``: three sweep processes, 2026-12-03): TP8 T = 4096 1,037.5 /
+      and ``prefill_step8_off_*``: three sweep processes): TP8 T = 4096 1,037.5 /
       1,035.6 / 1,036.8 -> 1,022.1 / 1,024.1 / 1,020.6 us, 8192 1,900.0 / 1,911.0 / 1,913.7 ->
       1,861.9 / 1,859.1 / 1,864.1 (GEMM2 ~672 -> ~628); the fused shared expert 1,147.1 /
       2,136.8 -> 1,127.1 / 2,070.6, DeepSeek-R1 TP8 1,373.8 / 2,385.9 -> 1,363.0 / 2,318.9 at

@@ -76,7 +76,7 @@ def install_cpu_workarounds() -> None:
     wide, latent 576) the shapes would not even match; with a tiny model where ``kv_lora_rank ==
     qk_nope_head_dim == v_head_dim`` it silently attends over the latent. Decode takes the
     absorbed-MLA path and is right, so prefill and decode of the same tokens disagree. Measured
-    on the tiny DeepSeek-V3 (2026-11-30): at the first prefill position, where attention is a
+    on the tiny DeepSeek-V3: at the first prefill position, where attention is a
     copy of V, SGLang's log-probabilities differed from transformers' by up to 4.9 (max over the
     vocabulary); with this workaround its top-5 tokens there equal transformers' to 0.01.
 

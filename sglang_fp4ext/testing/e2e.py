@@ -130,14 +130,14 @@ def hf_choice_gaps(model_dir, prompts: list[list[int]], outputs: list[list[int]]
 # ---- the checks behind `fp4ext check` ----
 
 #: A served token may sit this far (in logits) below the oracle's best token: bf16 activations and
-#: a different MoE summation order flip near-ties. Measured 2026-11-29 on two tiny GLM-4.5
-#: checkpoints (4 prompts x 16 tokens each, logit std ~1.0) against transformers in float32:
-#: SGLang serving the *dequantised* weights with its own bf16 MoE picked tokens up to 0.22 below
-#: the best; fp4ext on the NVFP4 checkpoint up to 0.14. With the routed scaling applied twice
-#: (SGLang's GLM-4.5 CPU path, see README) fp4ext missed by 1.9-2.6. Tiny DeepSeek-V3 (fused
-#: NVFP4 shared expert, grouped routing; 2026-11-30): fp4ext 0.03 below SGLang's own MoE and 0.11
-#: below transformers; with the fused shared expert dropped 2.35, with gate/up swapped 2.28,
-#: without ``install_cpu_workarounds`` 3.5 (4.4 against transformers).
+#: a different MoE summation order flip near-ties. Measured on two tiny GLM-4.5 checkpoints (4
+#: prompts x 16 tokens each, logit std ~1.0) against transformers in float32: SGLang serving the
+#: *dequantised* weights with its own bf16 MoE picked tokens up to 0.22 below the best; fp4ext on
+#: the NVFP4 checkpoint up to 0.14. With the routed scaling applied twice (SGLang's GLM-4.5 CPU
+#: path, see README) fp4ext missed by 1.9-2.6. Tiny DeepSeek-V3 (fused NVFP4 shared expert,
+#: grouped routing): fp4ext 0.03 below SGLang's own MoE and 0.11 below transformers; with the
+#: fused shared expert dropped 2.35, with gate/up swapped 2.28, without
+#: ``install_cpu_workarounds`` 3.5 (4.4 against transformers).
 GAP_TOLERANCE = 0.5
 
 
@@ -204,7 +204,7 @@ def check_checkpoint_against_oracle(
     when the server log shows fp4ext serving exactly the model's MoE layers.
     ``progress(kind, text)`` hears each phase ("phase") and the servers' start-up ("start",
     "wait", "retry", "up"). The two servers run one after the other. Measured together on the
-    2-core CPU machine (2026-12-01): both up in 76.5 s against 42.6 + 40.1 s one after the
+    2-core CPU machine: both up in 76.5 s against 42.6 + 40.1 s one after the
     other, but 16 tokens took 17.4 s next to the idle oracle against 2.9 s alone, and the
     glm45 e2e fixture 221 s against 89 s.
     """
