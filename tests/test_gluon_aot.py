@@ -272,27 +272,49 @@ def test_triton_36_compiles_them_too(compiled):
             _check_pdl(r, cc)
 
 
-@pytest.mark.parametrize("role", ["gemm1", "gemm2_tok", "gemm2"])
-def test_both_families_take_the_launchers_arguments(role):
-    """The launcher passes one argument list to either family (``decode._kernel``): the Gluon
-    kernel of each role takes the dot kernel's arguments, its layouts instead of COMPUTE_F32."""
-    from sglang_fp4ext.moe import decode
-    from sglang_fp4ext.moe.decode_config import KernelConfig
+def _plan(cfg, family="gluon", *, E=8, H=512, top_k=2, pdl=0, T=3):
+    """``decode.plan`` of one call on CPU tensors (nothing is launched)."""
+    import torch
 
-    cfg = KernelConfig(kernels="gluon")
-    g, g_extra = decode._kernel("gluon", role, 64, cfg, 2, 3)
-    d, d_extra = decode._kernel("dot", role, 64, cfg, 2, 3)
-    assert [a for a in d.arg_names if a != "COMPUTE_F32"] == [
-        a for a in g.arg_names
-        if a not in ("WL", "XL", "ML", "COMBINE", "SPLIT_T", "PDL")
-    ]
-    assert set(g_extra) - {"COMBINE", "SPLIT_T"} == {"num_warps", "WL", "XL", "ML", "BT"}
-    assert ("SPLIT_T" in g_extra) == (role != "gemm2_tok")
-    assert ("COMBINE" in g_extra) == (role == "gemm2") and "COMPUTE_F32" in d_extra
-    assert g_extra["BT"] == d_extra["BT"] == cfg.block_t
+    from sglang_fp4ext.moe import decode
+    from sglang_fp4ext.moe.prepared import PreparedMoEWeights
+    from sglang_fp4ext.moe.weights import random_moe_weights
+
+    pw = PreparedMoEWeights.from_moe_weights(random_moe_weights(E, H, 64))
+    x = torch.randn(T, H).to(torch.bfloat16)
+    ids = torch.arange(T * top_k, dtype=torch.int32).reshape(T, top_k) % E
+    out = torch.empty(T, H, dtype=torch.bfloat16)
+    return decode.plan(x, pw, ids, torch.rand(T, top_k), out, cfg, family, pdl), pw
 
 
 _LAUNCH_OPTIONS = {"num_warps", "num_stages", "launch_pdl", "maxnreg"}  # Triton's
+
+
+def _assert_named_fully(launch):
+    """Every argument by name, each naming a parameter of the kernel, and only Triton's options
+    beside them (an unknown keyword fails only at launch, on a GPU)."""
+    assert not launch.args and set(launch.kwargs) == set(launch.fn().arg_names), (
+        launch.kernel, set(launch.kwargs) ^ set(launch.fn().arg_names))
+    assert set(launch.options) <= _LAUNCH_OPTIONS, launch.options
+
+
+@pytest.mark.parametrize("gemm2", ["tokens", "pairs"])
+def test_both_families_take_the_launchers_arguments(gemm2):
+    """The plan passes one argument set to either family: each Gluon kernel takes the dot
+    kernel's arguments, its layouts (and COMBINE, SPLIT_T, PDL) instead of COMPUTE_F32."""
+    from sglang_fp4ext.moe.decode_config import KernelConfig
+
+    cfg = KernelConfig(kernels="gluon", gemm2=gemm2, combine="counter")
+    gluon, _ = _plan(cfg, "gluon")
+    dot, _ = _plan(cfg, "dot")
+    assert len(gluon) == len(dot) == 2
+    for g, d in zip(gluon, dot):
+        _assert_named_fully(g)
+        _assert_named_fully(d)
+        assert set(d.kwargs) - {"COMPUTE_F32"} == set(g.kwargs) - {
+            "WL", "XL", "ML", "COMBINE", "SPLIT_T", "PDL"}
+        assert g.kwargs["BT"] == d.kwargs["BT"] == cfg.block_t and g.grid[:2] == d.grid[:2]
+        assert g.options["num_warps"] == d.options["num_warps"] and "num_stages" in d.options
 
 
 @pytest.mark.parametrize("knobs", [
@@ -305,57 +327,50 @@ _LAUNCH_OPTIONS = {"num_warps", "num_stages", "launch_pdl", "maxnreg"}  # Triton
     dict(gemm2="pairs", maxnreg1=128, split_t=2),
 ])
 def test_every_launch_keyword_is_a_kernel_parameter(knobs):
-    """Every keyword the launcher passes (``decode._kernel``) names a parameter of the kernel it
-    launches, for each role under each knob (Triton rejects a launch with an unknown keyword with
-    a KeyError, and only on a GPU: a keyword meant for one role must not reach another)."""
-    from sglang_fp4ext.moe import decode
+    """Each launch of the plan, for each knob, names every parameter of the kernel it launches
+    and nothing else (a keyword meant for one role must not reach another)."""
     from sglang_fp4ext.moe.decode_config import KernelConfig
 
     cfg = KernelConfig(kernels="gluon", **knobs)
-    for role in ("gemm1", "gemm2_tok" if cfg.gemm2 == "tokens" else "gemm2"):
-        bn = cfg.block_n1 if role == "gemm1" else cfg.block_n2
-        w = cfg.warps1 if role == "gemm1" else cfg.warps2
-        fn, extra = decode._kernel("gluon", role, bn, cfg, w, 3, pdl=cfg.pdl, top_k=8)
-        assert set(extra) - _LAUNCH_OPTIONS <= set(fn.arg_names), (role, fn.__name__, extra.keys())
+    launches, _ = _plan(cfg, "gluon", H=2048, top_k=8, pdl=cfg.pdl)
+    assert len(launches) == (3 if cfg.combine == "kernel" else 2)
+    for launch in launches:
+        _assert_named_fully(launch)
+        assert ("launch_pdl" in launch.options) == bool(cfg.pdl)
+    assert ("maxnreg" in launches[0].options) == bool(cfg.maxnreg1)
 
 
 def test_slot_parallel_token_gemm2_takes_the_same_arguments():
     """``slots2=1`` swaps the token GEMM2 for ``_gemm2_tok_slots`` under the same launch: the
     same arguments, up to 8 times the warps and rows, an MMA column per slot of a round."""
-    from sglang_fp4ext.moe import decode
     from sglang_fp4ext.moe import _decode_gluon_kernels as G
     from sglang_fp4ext.moe.decode_config import KernelConfig
 
     cfg = KernelConfig(kernels="gluon", gemm2="tokens", slots2=1, block_n2=32, warps2=2)
-    g, extra = decode._kernel("gluon", "gemm2_tok", 32, cfg, 2, 3, top_k=9)
-    assert g is G._gemm2_tok_slots and g.arg_names == G._gemm2_tok.arg_names
-    assert extra["num_warps"] == 16 and extra["BT"] == 8  # 8 slots a round, 2 rounds
-    assert extra["WL"] == G.weight_layout(8 * 32, 16)
+    (_, g), _ = _plan(cfg, E=16, top_k=9)
+    assert g.kernel == "_gemm2_tok_slots" and g.fn().arg_names == G._gemm2_tok.arg_names
+    assert g.options["num_warps"] == 16 and g.kwargs["BT"] == 8  # 8 slots a round, 2 rounds
+    assert g.kwargs["WL"] == G.weight_layout(8 * 32, 16)
     with pytest.raises(ValueError, match="more than 32"):
-        decode._kernel("gluon", "gemm2_tok", 128, dataclasses.replace(cfg, warps2=8, block_n2=128),
-                       8, 3, top_k=9)
+        _plan(dataclasses.replace(cfg, warps2=8, block_n2=128), E=16, top_k=9)
 
 
 def test_split_stacked_gemm1_takes_the_same_arguments():
     """``kstack1=1`` swaps GEMM1 for ``_gemm1_kstack`` under the same launch: the same arguments,
     ``split_k1`` times the warps and rows in one program, 8 MMA columns, and no K splits left
-    on the grid (``launch_grids``)."""
-    from sglang_fp4ext.moe import decode
+    on the grid; GEMM1's K chunks must divide into the splits."""
     from sglang_fp4ext.moe import _decode_gluon_kernels as G
     from sglang_fp4ext.moe.decode_config import KernelConfig
-    from sglang_fp4ext.moe.prepared import PreparedMoEWeights
-    from sglang_fp4ext.moe.weights import random_moe_weights
 
     cfg = KernelConfig(kernels="gluon", split_k1=8, kstack1=1, block_n1=32, warps1=1)
-    g, extra = decode._kernel("gluon", "gemm1", 32, cfg, 1, 3)
-    assert g is G._gemm1_kstack
-    assert [a for a in g.arg_names if a != "KS"] == [
+    (g, _), pw = _plan(cfg, H=2048)
+    assert g.kernel == "_gemm1_kstack"
+    assert [a for a in g.fn().arg_names if a != "KS"] == [
         a for a in G._gemm1.arg_names if a != "SPLIT_T"]
-    assert extra["num_warps"] == 8 and extra["BT"] == 8 and extra["KS"] == 8
-    assert extra["WL"] == G.weight_layout(8 * 32, 8)
-    shape = MoEShape(8, 512, 64, 2)
-    pw = PreparedMoEWeights.from_moe_weights(random_moe_weights(8, 512, 64))
-    g1, _ = decode.launch_grids(3, shape, cfg, pw, "gluon")
-    assert g1 == (6, pw.w13.n_pad // 32, 1)
-    g1, _ = decode.launch_grids(3, shape, cfg, pw, "dot")  # the dot family splits across programs
-    assert g1 == (6, pw.w13.n_pad // 32, 8)
+    assert g.options["num_warps"] == 8 and g.kwargs["BT"] == 8 and g.kwargs["KS"] == 8
+    assert g.kwargs["WL"] == G.weight_layout(8 * 32, 8)
+    assert g.grid == (6, pw.w13.n_pad // 32, 1)
+    (d, _), _ = _plan(cfg, "dot", H=2048)  # the dot family splits across programs
+    assert d.grid == (6, pw.w13.n_pad // 32, 8)
+    with pytest.raises(ValueError, match="to divide into split_k1=8 equal splits"):
+        _plan(cfg, H=512)

@@ -1,4 +1,5 @@
-"""Public NVFP4 fused-MoE decode entry point: validate -> config -> workspaces -> 2 or 3 launches.
+"""Public NVFP4 fused-MoE decode entry point: validate -> config -> plan (workspaces and 2 or 3
+launches, as :class:`~sglang_fp4ext.moe.launch.Launch` records) -> run.
 
 ``fused_moe_nvfp4(hidden_states, weights, topk_ids, topk_weights)`` returns the routed (and fused
 shared) experts' sum ``out[t] = sum_j topk_weights[t, j] * FFN_{topk_ids[t, j]}(x[t])`` as
@@ -25,11 +26,12 @@ from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.config import config_for
 from sglang_fp4ext.moe.decode_config import KernelConfig
 from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
+from sglang_fp4ext.moe.launch import Launch
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target
 
-__all__ = ["fused_moe_nvfp4", "launch_grids"]
+__all__ = ["fused_moe_nvfp4", "launch_family", "launch_grids", "plan"]
 
 
 # ---- workspaces (cached per device, grown only outside graph capture) ----
@@ -104,226 +106,162 @@ def fused_moe_nvfp4(
     """
     validate_moe_inputs("fused_moe_nvfp4", hidden_states, weights, topk_ids, topk_weights, out)
     T, H = hidden_states.shape
-    top_k = topk_ids.shape[1]
     dev = hidden_states.device
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     if T == 0:
         return out
-    shape = weights.shape(top_k)
     if config is None:
-        config = config_for(
-            T, shape, target or (current_target(dev) if dev.type == "cuda" else None)
-        )
-    w13, w2 = weights.w13, weights.w2
-    E, I = shape.E, shape.I
+        config = config_for(T, weights.shape(topk_ids.shape[1]), target or current_target(dev))
+    family = launch_family(config)
+    for launch in plan(hidden_states, weights, topk_ids, topk_weights, out, config, family,
+                       _pdl(family, config, dev)):  # fmt: skip
+        launch.run()
+    corrupt_if_asked("decode", family, out)
+    return out
+
+
+def launch_family(config: KernelConfig) -> str:
+    """The kernel family that runs ``config``: the interpreter runs only the ``tl.dot`` family,
+    so a Gluon config runs its tiles there."""
+    return "gluon" if config.kernels == "gluon" and not target_info.is_interpreter() else "dot"
+
+
+def plan(x, w: PreparedMoEWeights, ids, tw, out, config: KernelConfig, family: str,
+         pdl: int = 0) -> list[Launch]:
+    """The 2-3 launches of one call (GEMM1; the token GEMM2, or the pairs GEMM2 and, with
+    ``combine="kernel"``, its combine) with the workspaces they share, as data. ``family``: the
+    one that runs (:func:`launch_family`); ``pdl``: the programmatic dependent launch the Gluon
+    kernels run with (0 without)."""
+    T, H = x.shape
+    top_k = ids.shape[1]
+    shape = w.shape(top_k)
     P = T * top_k
-    # The interpreter runs only the tl.dot family: a Gluon config runs its tiles there.
-    family = "gluon" if config.kernels == "gluon" and not target_info.is_interpreter() else "dot"
-    (g1, g2) = launch_grids(T, shape, config, weights, family)
-    kc1, kc2 = w13.k_pad // K_CHUNK, w2.k_pad // K_CHUNK
-    cps1, cps2 = -(-kc1 // config.split_k1), -(-kc2 // config.split_k2)
+    g1, g2 = launch_grids(T, shape, config, w, family)
     kstack1 = family == "gluon" and config.kstack1
+    kc1 = w.w13.k_pad // K_CHUNK
     if kstack1 and kc1 % config.split_k1:
         raise ValueError(
             f"fused_moe_nvfp4: KernelConfig.kstack1=1 needs GEMM1's {kc1} K chunks of "
             f"{K_CHUNK} (H={H}) to divide into split_k1={config.split_k1} equal splits"
         )
-
-    inter = _workspace(dev, "inter", P * I, torch.bfloat16, zero=False)
-    ws1 = _workspace(
-        dev,
-        "ws1",
-        config.split_k1 * P * w13.n_pad if config.split_k1 > 1 and not kstack1 else 1,
-        torch.float32,
-        zero=False,
-    )
-    cnt1 = _workspace(dev, "cnt1", g1[0] * g1[1], torch.int32, zero=True)
+    dev = x.device
     pairs2 = config.gemm2 == "pairs"
-    ws2 = _workspace(
-        dev, "ws2", P * config.split_k2 * w2.n_pad if pairs2 else 1, torch.float32, zero=False
+    nb2 = w.w2.n_pad // config.block_n2
+    ws1_numel = config.split_k1 * P * w.w13.n_pad if config.split_k1 > 1 and not kstack1 else 1
+    ws = dict(
+        inter_ptr=_workspace(dev, "inter", P * shape.I, torch.bfloat16, zero=False),
+        ws1=_workspace(dev, "ws1", ws1_numel, torch.float32, zero=False),
+        cnt1=_workspace(dev, "cnt1", g1[0] * g1[1], torch.int32, zero=True),
+        ws2=_workspace(dev, "ws2", P * config.split_k2 * w.w2.n_pad if pairs2 else 1,
+                       torch.float32, zero=False),
+        cnt2=_workspace(dev, "cnt2", T * nb2, torch.int32, zero=True),
+        # Routing lists: GEMM1 writes every entry GEMM2 reads, so no clearing is needed.
+        plist_ptr=_workspace(dev, "plist", shape.E * P, torch.int32, zero=False),
+        pcnt_ptr=_workspace(dev, "pcnt", shape.E, torch.int32, zero=False),
     )
-    nb2 = w2.n_pad // config.block_n2
-    cnt2 = _workspace(dev, "cnt2", T * nb2, torch.int32, zero=True)
-    # Routing lists: GEMM1 writes every entry GEMM2 reads, so no clearing is needed.
-    plist = _workspace(dev, "plist", E * P, torch.int32, zero=False)
-    pcnt = _workspace(dev, "pcnt", E, torch.int32, zero=False)
+    dims = dict(E=shape.E, H=H, I=shape.I, TOP_K=top_k)
+    gemm1 = _launch(family, "gemm1", config, g1, pdl, top_k, dict(
+        x_ptr=x, ids_ptr=ids, inter_ptr=ws["inter_ptr"], ws_ptr=ws["ws1"], cnt_ptr=ws["cnt1"],
+        plist_ptr=ws["plist_ptr"], pcnt_ptr=ws["pcnt_ptr"], P=P, stride_x=x.stride(0),
+        **_matrix(w.w13, config.split_k1), SPLIT_K=config.split_k1,
+        SLOT_MODE=config.grid == "slots", BN=config.block_n1, BLOCK_P=config.block_p, **dims,
+    ))  # fmt: skip
+    common2 = dict(inter_ptr=ws["inter_ptr"], ids_ptr=ids, tw_ptr=tw, out_ptr=out, T=T,
+                   stride_out=out.stride(0), K_POW2=triton_next_pow2(top_k),
+                   BN=config.block_n2, **dims)  # fmt: skip
+    if not pairs2:
+        tok = _matrix(w.w2, 1)
+        del tok["CPS"]
+        return [gemm1, _launch(family, "gemm2_tok", config, g2, pdl, top_k, dict(**common2, **tok))]
+    gemm2 = _launch(family, "gemm2", config, g2, pdl, top_k, dict(
+        **common2, ws_ptr=ws["ws2"], cnt_ptr=ws["cnt2"], plist_ptr=ws["plist_ptr"],
+        pcnt_ptr=ws["pcnt_ptr"], P=P, NB=nb2, **_matrix(w.w2, config.split_k2),
+        SPLIT_K=config.split_k2, NT=config.tiles2, SLOT_MODE=config.grid == "slots",
+    ))  # fmt: skip
+    if not (family == "gluon" and config.combine == "kernel"):
+        return [gemm1, gemm2]
+    combine = Launch(
+        _GLUON, "_combine", (T, -(-H // _COMBINE_BLOCK)),
+        kwargs=dict(ws_ptr=ws["ws2"], ids_ptr=ids, out_ptr=out, E=shape.E, H=H, NP=w.w2.n_pad,
+                    stride_out=out.stride(0), TOP_K=top_k, SPLIT_K=config.split_k2,
+                    BLOCK=_COMBINE_BLOCK, PDL=pdl),
+        options=dict(num_warps=4, **_pdl_options(pdl)),
+    )  # fmt: skip
+    return [gemm1, gemm2, combine]
 
-    pdl = _pdl(family, config, dev)
-    gemm1, extra1 = _kernel(family, "gemm1", config.block_n1, config, config.warps1,
-                            config.stages1, pdl)
-    role2 = "gemm2_tok" if config.gemm2 == "tokens" else "gemm2"
-    gemm2, extra2 = _kernel(family, role2, config.block_n2, config, config.warps2,
-                            config.stages2, pdl, top_k)
-    gemm1[g1](
-        hidden_states,
-        topk_ids,
-        w13.q,
-        w13.scale,
-        w13.alpha,
-        inter,
-        ws1,
-        cnt1,
-        plist,
-        pcnt,
-        P,
-        E,
-        H,
-        I,
-        w13.n_pad,
-        hidden_states.stride(0),
-        w13.q.stride(0),
-        w13.q.stride(1),
-        w13.scale.stride(0),
-        w13.scale.stride(1),
-        kc1,
-        cps1,
-        top_k,
-        config.split_k1,
-        SLOT_MODE=config.grid == "slots",
-        BN=config.block_n1,
-        BLOCK_P=config.block_p,
-        **extra1,
-    )
-    if config.gemm2 == "tokens":
-        gemm2[g2](
-            inter,
-            topk_ids,
-            topk_weights,
-            w2.q,
-            w2.scale,
-            w2.alpha,
-            out,
-            T,
-            E,
-            H,
-            I,
-            w2.n_pad,
-            out.stride(0),
-            w2.q.stride(0),
-            w2.q.stride(1),
-            w2.scale.stride(0),
-            w2.scale.stride(1),
-            kc2,
-            top_k,
-            K_POW2=triton_next_pow2(top_k),
-            BN=config.block_n2,
-            **extra2,
-        )
-        corrupt_if_asked("decode", family, out)
-        return out
-    gemm2[g2](
-        inter,
-        topk_ids,
-        topk_weights,
-        w2.q,
-        w2.scale,
-        w2.alpha,
-        out,
-        ws2,
-        cnt2,
-        plist,
-        pcnt,
-        T,
-        P,
-        E,
-        H,
-        I,
-        w2.n_pad,
-        nb2,
-        out.stride(0),
-        w2.q.stride(0),
-        w2.q.stride(1),
-        w2.scale.stride(0),
-        w2.scale.stride(1),
-        kc2,
-        cps2,
-        top_k,
-        config.split_k2,
-        config.tiles2,
-        K_POW2=triton_next_pow2(top_k),
-        SLOT_MODE=config.grid == "slots",
-        BN=config.block_n2,
-        **extra2,
-    )
-    if family == "gluon" and config.combine == "kernel":  # (the token GEMM2 returned above)
-        from sglang_fp4ext.moe import _decode_gluon_kernels as G
 
-        G._combine[(T, -(-H // _COMBINE_BLOCK))](
-            ws2, topk_ids, out, E, H, w2.n_pad, out.stride(0), top_k, config.split_k2,
-            BLOCK=_COMBINE_BLOCK, num_warps=4, **_pdl_args(pdl),
-        )
-    corrupt_if_asked("decode", family, out)
-    return out
+def _matrix(m, split_k: int) -> dict:
+    """One weight matrix's kernel arguments (codes, scale codes, alphas, their strides, the K
+    chunks and the chunks per split)."""
+    kc = m.k_pad // K_CHUNK
+    return dict(q_ptr=m.q, s_ptr=m.scale, a_ptr=m.alpha, NP=m.n_pad, q_e_stride=m.q.stride(0),
+                q_row_stride=m.q.stride(1), s_e_stride=m.scale.stride(0),
+                s_chunk_stride=m.scale.stride(1), KC=kc, CPS=-(-kc // split_k))  # fmt: skip
 
 
 _COMBINE_BLOCK = 1024
-_PDL_DEVICE: dict[int, bool] = {}
-
-
-def _pdl(family: str, cfg: KernelConfig, dev: torch.device) -> int:
-    """The programmatic dependent launch this call's Gluon kernels run with: ``cfg.pdl`` on a GPU
-    that has it (asked once per device), else 0."""
-    if family != "gluon" or not cfg.pdl:
-        return 0
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    if idx not in _PDL_DEVICE:
-        _PDL_DEVICE[idx] = target_info.supports_pdl(target_info.device_capability(idx))
-    return cfg.pdl if _PDL_DEVICE[idx] else 0
-
-
-def _pdl_args(pdl: int) -> dict:
-    """A PDL kernel's constexpr and Triton's launch option (the launch attribute)."""
-    return dict(PDL=pdl, launch_pdl=True) if pdl else {}
-
-
-#: Each family's kernel of each role (module ``_decode_<family>_kernels``).
+_DOT = "_decode_dot_kernels"
+_GLUON = "_decode_gluon_kernels"
+#: Each family's kernel of each role.
 _KERNELS = {
     "dot": {"gemm1": "_moe_gemm1", "gemm2_tok": "_moe_gemm2_tok", "gemm2": "_moe_gemm2"},
     "gluon": {"gemm1": "_gemm1", "gemm2_tok": "_gemm2_tok", "gemm2": "_gemm2"},
 }
 
 
-def _kernel(family: str, role: str, block_n: int, cfg: KernelConfig, warps: int, stages: int,
-            pdl: int = 0, top_k: int = 1):
-    """The kernel of ``role`` in ``family`` and its launch-only arguments (Triton is imported
-    only when launching; ``BT`` included where the launch decides it); ``pdl``: Gluon with
-    programmatic dependent launch (``_pdl``); ``top_k``: the call's, for the slot-parallel token
-    GEMM2 (``cfg.slots2``). ``cfg.kstack1`` swaps GEMM1 for its split-stacked form."""
-    if family == "gluon":
-        from sglang_fp4ext.moe import _decode_gluon_kernels as G
+def _pdl(family: str, cfg: KernelConfig, dev: torch.device) -> int:
+    """The programmatic dependent launch this call's Gluon kernels run with: ``cfg.pdl`` on a GPU
+    that has it, else 0."""
+    if family != "gluon" or not cfg.pdl:
+        return 0
+    return cfg.pdl if target_info.supports_pdl(current_target(dev).capability) else 0
 
-        if role == "gemm2_tok" and cfg.slots2:
-            # Up to 8 slots side by side, one MMA column each (BT = 8), in 1-2 rounds.
-            sp = min(triton_next_pow2(top_k), 8)
-            if sp * warps > 32:
-                raise ValueError(
-                    f"KernelConfig.slots2=1 with warps2={warps} runs {sp * warps} warps per "
-                    f"program at top_k={top_k}: more than 32"
-                )
-            lay = G.layouts(sp * block_n, 8, sp * warps)
-            extra = dict(num_warps=sp * warps, BT=8, **lay, **_pdl_args(pdl))
-            return G._gemm2_tok_slots, extra
-        if role == "gemm1" and cfg.kstack1:
-            # The K splits stacked along the MMA rows, 8 columns shared by their pairs.
-            ks = cfg.split_k1
-            lay = G.layouts(ks * block_n, 8, ks * warps)
-            extra = dict(num_warps=ks * warps, BT=8, KS=ks, **lay, **_pdl_args(pdl))
-            return G._gemm1_kstack, extra
-        lay = G.layouts(block_n, cfg.block_t, warps)
-        extra = dict(num_warps=warps, BT=cfg.block_t, **lay, **_pdl_args(pdl))
-        if role != "gemm2_tok":
-            extra["SPLIT_T"] = cfg.split_t
-        if role == "gemm1" and cfg.maxnreg1:
-            extra["maxnreg"] = cfg.maxnreg1  # a launch option (Triton's), not a kernel argument
-        if role == "gemm2":
-            extra["COMBINE"] = cfg.combine == "counter"
-        return getattr(G, _KERNELS[family][role]), extra
-    from sglang_fp4ext.moe import _decode_dot_kernels as K
 
-    interp = target_info.is_interpreter()
-    extra = dict(COMPUTE_F32=interp, num_warps=warps, num_stages=stages, BT=cfg.block_t)
-    return getattr(K, _KERNELS[family][role]), extra
+def _pdl_options(pdl: int) -> dict:
+    return dict(launch_pdl=True) if pdl else {}  # Triton's launch attribute
+
+
+def _launch(family: str, role: str, cfg: KernelConfig, grid, pdl: int, top_k: int,
+            kwargs: dict) -> Launch:
+    """The launch of ``role`` in ``family`` with the arguments every family takes (``kwargs``),
+    plus what this family and config add: ``BT``, the Gluon layouts, PDL, the forms that swap a
+    kernel (``kstack1``: GEMM1 with its K splits stacked on one program's warps; ``slots2``: the
+    token GEMM2 with a token's slots side by side) and the launch options."""
+    gemm1 = role == "gemm1"
+    warps = cfg.warps1 if gemm1 else cfg.warps2
+    if family == "dot":
+        stages = cfg.stages1 if gemm1 else cfg.stages2
+        return Launch(_DOT, _KERNELS["dot"][role], grid,
+                      kwargs=dict(kwargs, BT=cfg.block_t, COMPUTE_F32=target_info.is_interpreter()),
+                      options=dict(num_warps=warps, num_stages=stages))  # fmt: skip
+    from sglang_fp4ext.moe import _decode_gluon_kernels as G  # the layouts are Gluon objects
+
+    block_n = cfg.block_n1 if gemm1 else cfg.block_n2
+    kernel, rows, bt = _KERNELS["gluon"][role], 1, cfg.block_t
+    extra = {}
+    if role == "gemm2_tok" and cfg.slots2:
+        # Up to 8 slots side by side, one MMA column each (BT = 8), in 1-2 rounds.
+        kernel, rows, bt = "_gemm2_tok_slots", min(triton_next_pow2(top_k), 8), 8
+        if rows * warps > 32:
+            raise ValueError(
+                f"KernelConfig.slots2=1 with warps2={warps} runs {rows * warps} warps per "
+                f"program at top_k={top_k}: more than 32"
+            )
+    elif gemm1 and cfg.kstack1:
+        # The K splits stacked along the MMA rows, 8 columns shared by their pairs.
+        kernel, rows, bt = "_gemm1_kstack", cfg.split_k1, 8
+        extra["KS"] = cfg.split_k1
+    elif role != "gemm2_tok":
+        extra["SPLIT_T"] = cfg.split_t
+    if role == "gemm2":
+        extra["COMBINE"] = cfg.combine == "counter"
+    options = dict(num_warps=rows * warps, **_pdl_options(pdl))
+    if gemm1 and cfg.maxnreg1:
+        options["maxnreg"] = cfg.maxnreg1
+    return Launch(_GLUON, kernel, grid, kwargs=dict(
+        kwargs, BT=bt, **G.layouts(rows * block_n, bt, rows * warps), **extra, PDL=pdl,
+    ), options=options)  # fmt: skip
 
 
 def triton_next_pow2(n: int) -> int:

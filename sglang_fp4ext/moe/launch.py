@@ -1,0 +1,36 @@
+"""A kernel launch as data: what a launcher plans, tests inspect and both paths run.
+
+A path's launcher builds the list of :class:`Launch` records of one call (``decode.plan``,
+``prefill``'s plan) and runs them in order. Arguments go by name where the kernel's parameters
+are shared across families (a keyword the kernel does not take fails at launch, and the CPU
+tier checks every planned keyword against the kernel's parameters). Triton is imported only
+when a launch runs or its kernel is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+__all__ = ["Launch"]
+
+
+@dataclass(frozen=True, eq=False)
+class Launch:
+    """``sglang_fp4ext.moe.<module>.<kernel>[grid](*args, **kwargs, **options)``: ``kwargs`` are
+    kernel arguments (constexprs and layouts included), ``options`` Triton's launch options
+    (``num_warps``, ``num_stages``, ``launch_pdl``, ``maxnreg``)."""
+
+    module: str
+    kernel: str
+    grid: tuple
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+    def fn(self):
+        """The ``@triton.jit`` / ``@gluon.jit`` function."""
+        return getattr(importlib.import_module(f"sglang_fp4ext.moe.{self.module}"), self.kernel)
+
+    def run(self) -> None:
+        self.fn()[self.grid](*self.args, **self.kwargs, **self.options)
