@@ -70,7 +70,8 @@ if SHARED:
 import io, logging
 served_log = io.StringIO()
 fp4ext_logger = logging.getLogger("sglang_fp4ext")
-fp4ext_logger.addHandler(logging.StreamHandler(served_log))
+served_handler = logging.StreamHandler(served_log)
+fp4ext_logger.addHandler(served_handler)
 fp4ext_logger.setLevel(logging.INFO)
 out = layer.forward(x, topk_output)
 layer.forward(x, topk_output)  # served before: logs nothing more
@@ -81,18 +82,19 @@ if {REDUCE}:
     out = tensor_model_parallel_all_reduce(out.contiguous())
 ref = fused_moe_nvfp4_torch(x, w, ids.to(torch.int32), weights)
 st = error_stats(out.float(), ref)
-print(json.dumps({{"loaded": loaded, "max_rel": st.max_rel, "rms_rel": st.rms_rel,
-                   "out_dtype": str(out.dtype), "shape": list(out.shape),
-                   "path": layer._fp4ext_quant_info.path,
-                   "input_scales": [float(layer._fp4ext_quant_info.weights.w13_input_scale.max()),
-                                    float(layer._fp4ext_quant_info.weights.w2_input_scale.max())],
-                   "input_scales_want": [float(w.w13_input_scale.max()),
-                                         float(w.w2_input_scale.max())],
-                   "swizzled_freed": layer.w13_blockscale_swizzled is None,
-                   "local_experts": int(layer.w13_weight.shape[0]),
-                   "ep_size": layer._fp4ext_quant_info.ep_size,
-                   "local_inter": int(layer.w2_weight.shape[2]) * 2,
-                   "ids": ids.tolist(), "served_log": served_log.getvalue()}}))
+RESULTS.append({{"loaded": loaded, "max_rel": st.max_rel, "rms_rel": st.rms_rel,
+                "out_dtype": str(out.dtype), "shape": list(out.shape),
+                "path": layer._fp4ext_quant_info.path,
+                "input_scales": [float(layer._fp4ext_quant_info.weights.w13_input_scale.max()),
+                                 float(layer._fp4ext_quant_info.weights.w2_input_scale.max())],
+                "input_scales_want": [float(w.w13_input_scale.max()),
+                                      float(w.w2_input_scale.max())],
+                "swizzled_freed": layer.w13_blockscale_swizzled is None,
+                "local_experts": int(layer.w13_weight.shape[0]),
+                "ep_size": layer._fp4ext_quant_info.ep_size,
+                "local_inter": int(layer.w2_weight.shape[2]) * 2,
+                "ids": ids.tolist(), "served_log": served_log.getvalue()}})
+fp4ext_logger.removeHandler(served_handler)
 """
 
 
@@ -105,26 +107,36 @@ def _assert_served_once(r, *, layer_id, path, local_experts):
     assert served == {layer_id: {(path, local_experts)}}, r["served_log"]
 
 
-@pytest.mark.parametrize("shared", [0, 1], ids=["routed-only", "fused-shared"])
-def test_fused_moe_layer_matches_reference(tmp_path, seed, shared):
+def _cases(bodies: list[str]) -> str:
+    """The bodies one after the other in one child (each builds its own layer, SGLang's state is
+    initialised once); the child prints their results as one JSON object."""
+    return "RESULTS = []\n" + "".join(bodies) + 'print(json.dumps({"cases": RESULTS}))\n'
+
+
+def test_fused_moe_layer_matches_reference(tmp_path, seed):
+    """Routed experts only, then with SGLang's fused shared expert: two layers, one process
+    (each layer's runner core logs and serves on its own)."""
     E, H, I, K, T = 8, 256, 128, 2, 5
-    code = prelude_cpu_layer(tiny_model_dir(tmp_path), "fp4ext", free_port()) + _LOAD_AND_RUN.format(
-        E=E, H=H, I=I, K=K, T=T, SHARED=shared, SEED=seed, REDUCE=False
-    )
-    r = run_child(code)
-    assert r["loaded"] == (E + shared) * 12  # 3 projections x 4 tensors per expert
-    assert r["path"] == "reference"  # no GPU here: the announced torch path
-    assert r["swizzled_freed"] is True
-    # The static input scales reach fp4ext (the W4A4 prefill path): the max over the experts.
-    assert r["input_scales"] == r["input_scales_want"], r
-    assert r["out_dtype"] == "torch.bfloat16" and r["shape"] == [T, H]
-    if shared:
-        assert all(row[-1] == E for row in r["ids"])
-    _assert_served_once(r, layer_id=0, path="reference", local_experts=E + shared)
-    # Same fp32 math on the same weights; the only difference is the final bf16 rounding of the
-    # output (relative 2^-9 per element), so RMS stays well under 1e-2 of the output RMS.
-    assert r["rms_rel"] < 5e-3, r
-    assert r["max_rel"] < 1e-2, r
+    bodies = [_LOAD_AND_RUN.format(E=E, H=H, I=I, K=K, T=T, SHARED=shared, SEED=seed, REDUCE=False)
+              for shared in (0, 1)]
+    code = prelude_cpu_layer(tiny_model_dir(tmp_path), "fp4ext", free_port()) + _cases(bodies)
+    cases = run_child(code)["cases"]
+    assert len(cases) == 2
+    for shared, r in enumerate(cases):
+        what = ("routed-only", "fused-shared")[shared]
+        assert r["loaded"] == (E + shared) * 12, what  # 3 projections x 4 tensors per expert
+        assert r["path"] == "reference"  # no GPU here: the announced torch path
+        assert r["swizzled_freed"] is True
+        # The static input scales reach fp4ext (the W4A4 prefill path): the max over the experts.
+        assert r["input_scales"] == r["input_scales_want"], (what, r)
+        assert r["out_dtype"] == "torch.bfloat16" and r["shape"] == [T, H]
+        if shared:
+            assert all(row[-1] == E for row in r["ids"])
+        _assert_served_once(r, layer_id=0, path="reference", local_experts=E + shared)
+        # Same fp32 math on the same weights; the only difference is the final bf16 rounding of
+        # the output (relative 2^-9 per element), so RMS stays well under 1e-2 of the output RMS.
+        assert r["rms_rel"] < 5e-3, (what, r)
+        assert r["max_rel"] < 1e-2, (what, r)
 
 
 @pytest.mark.parametrize("tp,ep", [(2, 1), (2, 2)], ids=["TP2", "EP2"])
@@ -135,12 +147,13 @@ def test_two_process_tp_ep_matches_single_process_reference(tmp_path, seed, tp, 
     E, H, I, K, T = 8, 256, 128, 2, 6
     port, model = free_port(), tiny_model_dir(tmp_path)
     body = _LOAD_AND_RUN.format(E=E, H=H, I=I, K=K, T=T, SHARED=0, SEED=seed, REDUCE=True)
-    codes = [prelude_cpu_layer(model, "fp4ext", port, tp=tp, ep=ep, rank=r) + body for r in range(tp)]
+    codes = [prelude_cpu_layer(model, "fp4ext", port, tp=tp, ep=ep, rank=r) + _cases([body])
+             for r in range(tp)]
     # No GPU: SGLang's CPU engine flag makes get_device() answer "cpu" (the EP dispatcher builds
     # its local-id map there), and pointing SGLang at no NCCL library makes PyNccl disable itself
     # so the groups run on gloo alone.
     env = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_NCCL_SO_PATH": str(tmp_path / "no-libnccl.so")}
-    results = run_children(codes, env=env)
+    results = [r["cases"][0] for r in run_children(codes, env=env)]
     for r in results:
         if ep == 1:
             assert (r["local_experts"], r["local_inter"]) == (E, I // tp)
