@@ -2,9 +2,10 @@
 
 Two tiny models, quantised and exported by NVIDIA ModelOpt, are served by ``python -m
 sglang.launch_server --quantization modelopt_fp4 --moe-runner-backend fp4ext`` and greedy-decoded
-over HTTP (4 prompts x 16 tokens):
+over HTTP (4 prompts x 16 tokens), each by one fp4ext server and one oracle server per module:
 
-* GLM-4.5 (``Glm4MoeForCausalLM``: sigmoid router with correction bias, bf16 shared expert);
+* GLM-4.5 (``Glm4MoeForCausalLM``: sigmoid router with correction bias, bf16 shared expert),
+  through ``python -m sglang_fp4ext check`` (the README's command, whose output is checked too);
 * DeepSeek-V3 (``DeepseekV3ForCausalLM``, the MoE block GLM-5 runs in SGLang: MLA with a yarn
   rope, grouped routing 4 groups / best 2, NVFP4 shared expert fused by SGLang as expert 16).
 
@@ -34,30 +35,62 @@ import time
 import pytest
 
 
-# name -> (make_tiny_checkpoint arguments, fp4ext-server-only flags)
-MODELS = {
-    "glm45": (dict(arch="glm4_moe", quantize_shared_experts=False), []),
-    # SGLang fuses shared experts by default only for 256/384 routed experts: force it, so the
-    # tiny model runs the fused-shared path GLM-5-NVFP4 and DeepSeek-V3 take at full size.
-    "dsv3": (dict(arch="deepseek_v3", quantize_shared_experts=True),
-             ["--enforce-shared-experts-fusion"]),
-}
+# The README's main command on its bundled tiny GLM-4.5 (glm4_moe, BF16 shared expert), with the
+# seed of this module's checkpoint. It serves the glm45 case of the assertions below as well:
+# the same model, servers and oracle the module would otherwise build a second time.
+CLI_GLM45 = ["check", "--prompts", "4", "--tokens", "16", "--seed", "1234"]
+# DeepSeek-V3 by hand (make_tiny_checkpoint arguments, fp4ext-server-only flags). SGLang fuses
+# shared experts by default only for 256/384 routed experts: force it, so the tiny model runs the
+# fused-shared path GLM-5-NVFP4 and DeepSeek-V3 take at full size.
+DSV3 = (dict(arch="deepseek_v3", quantize_shared_experts=True), ["--enforce-shared-experts-fusion"])
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def served_model(request, tmp_path_factory):
-    """One fp4ext server + one oracle server per model, shared by the assertions below."""
+@pytest.fixture(scope="module")
+def glm45_cli(tmp_path_factory):
+    """``python -m sglang_fp4ext check`` on the tiny GLM-4.5: its output and its result (written
+    by the check to ``result.json``), with the served tokens also scored by ``transformers``."""
+    from sglang_fp4ext.testing import e2e
+
+    root = tmp_path_factory.mktemp("glm45")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_fp4ext", *CLI_GLM45, "--work-dir", str(root)],
+        capture_output=True, text=True, timeout=1200,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    result = root / "result.json"  # written whether the check passes or not
+    assert result.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    r = json.loads(result.read_text())
+    r["moe_layers_served"] = {int(k): [tuple(x) for x in v]
+                              for k, v in r["moe_layers_served"].items()}
+    hf = e2e.hf_choice_gaps(root / "dequantized", r["prompts"], r["served"])
+    r["hf_gaps"] = [j["gaps"] for j in hf]
+    r["hf_max_gap"] = max(max(j["gaps"]) for j in hf)
+    return proc, root / "model", r
+
+
+@pytest.fixture(scope="module")
+def dsv3_served(tmp_path_factory):
     from sglang_fp4ext.testing import cpu_workarounds, e2e
     from sglang_fp4ext.testing.checkpoint import make_tiny_checkpoint
 
-    kwargs, fp4ext_args = MODELS[request.param]
-    root = tmp_path_factory.mktemp(request.param)
+    kwargs, fp4ext_args = DSV3
+    root = tmp_path_factory.mktemp("dsv3")
     ckpt = make_tiny_checkpoint(root / "model", seed=1234, routed_scaling_factor=1.0, **kwargs)
     args, env = cpu_workarounds.cpu_server_args()
     r = e2e.check_checkpoint_against_oracle(
         ckpt, n_prompts=4, max_new_tokens=16, extra_args=args, env=env, work_dir=root / "run",
         hf_oracle=True, fp4ext_args=fp4ext_args,
     )
+    return ckpt, r
+
+
+@pytest.fixture(scope="module", params=["dsv3", "glm45"])
+def served_model(request):
+    """One fp4ext server + one oracle server per model, shared by the assertions below."""
+    if request.param == "glm45":
+        _, ckpt, r = request.getfixturevalue("glm45_cli")
+    else:
+        ckpt, r = request.getfixturevalue("dsv3_served")
     return request.param, ckpt, r
 
 
@@ -91,17 +124,13 @@ def test_server_log_shows_every_moe_layer(served_model):
 
 @pytest.mark.sglang
 @pytest.mark.slow
-def test_fp4ext_check_cli(tmp_path):
+def test_fp4ext_check_cli(glm45_cli):
     """The README's main command, end to end, on the bundled tiny model."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "sglang_fp4ext", "check", "--work-dir", str(tmp_path),
-         "--prompts", "2", "--tokens", "8"],
-        capture_output=True, text=True, timeout=1200,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+    proc, _, r = glm45_cli
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "verdict: PASS" in proc.stdout
+    assert "verdict: PASS" in proc.stdout and r["ok"] is True
     assert "SGLang log says fp4ext served the MoE layers: yes" in proc.stdout
+    assert "prompts identical to the oracle's greedy tokens: " in proc.stdout
     # Every phase on its own line with the time since the start (issue 17), e.g.
     # "  [  14.4 s] starting fp4ext server on 127.0.0.1:18944".
     for phase in (r"quantizing and exporting the tiny model",

@@ -201,7 +201,8 @@ def check_checkpoint_against_oracle(
     ``--enforce-shared-experts-fusion``, which the bf16 oracle does not need).
     ``hf_oracle=True`` also scores the tokens with ``transformers`` in float32 (an independent
     model implementation: it checks the SGLang oracle itself). ``fp4ext_layers_logged`` is true
-    when the server log shows fp4ext serving exactly the model's MoE layers.
+    when the server log shows fp4ext serving exactly the model's MoE layers. The result is also
+    written to ``<work_dir>/result.json`` (layer ids as strings), next to the logs.
     ``progress(kind, text)`` hears each phase ("phase") and the servers' start-up ("start",
     "wait", "retry", "up"). The two servers run one after the other. Measured together on the
     2-core CPU machine: both up in 76.5 s against 42.6 + 40.1 s one after the
@@ -261,6 +262,7 @@ def check_checkpoint_against_oracle(
         hf = hf_choice_gaps(deq, prompts, outs)
         result["hf_gaps"] = [j["gaps"] for j in hf]
         result["hf_max_gap"] = max(max(j["gaps"]) for j in hf)
+    (work / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
 
