@@ -732,11 +732,14 @@ def omma_loop(cubin):
     return best
 
 
-def specialise(fn, launch):
+def specialise(launch):
     # What a launch specialises on (Triton's runtime rule): ints equal to 1 become constexprs,
     # multiples of 16 (and 16-byte-aligned pointers) get tt.divisibility = 16.
-    sig, consts, attrs = {}, dict(launch.constexprs), {}
-    for i, (name, v) in enumerate(zip(fn.arg_names, launch.args)):
+    sig, consts, attrs = {}, {}, {}
+    for i, name, v, const in launch.parameters():
+        if const:
+            sig[name], consts[name] = "constexpr", v
+            continue
         if isinstance(v, torch.Tensor):
             sig[name] = PTR[v.dtype]
             div = v.data_ptr() % 16 == 0
@@ -746,7 +749,6 @@ def specialise(fn, launch):
             sig[name], div = ("i32" if abs(v) < 2**31 else "i64"), v % 16 == 0
         if div:
             attrs[(i,)] = [["tt.divisibility", 16]]
-    sig.update({n: "constexpr" for n in launch.constexprs})
     return sig, consts, attrs
 
 
@@ -759,31 +761,26 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
     cfg = eval(cfg) if cfg else prefill_heuristic_config(T, shape, target)
     x, o = meta(torch.bfloat16, T, H), meta(torch.bfloat16, T, H)
     for L in _plan(x, w, meta(torch.int32, T, k), meta(torch.float32, T, k), o, cfg, False):
-        if L.gluon:
-            from triton.experimental.gluon._runtime import GluonASTSource
-            from sglang_fp4ext.moe import _prefill_gluon_kernels as G
-            fn, Source = getattr(G, L.kernel), GluonASTSource
-        elif L.module == "w4a4":
-            from sglang_fp4ext.moe import _prefill_w4a4_kernels as W
-            fn, Source = getattr(W, L.kernel), ASTSource
-        else:
-            fn, Source = getattr(K, L.kernel), ASTSource
-        sig, consts, attrs = specialise(fn, L)
+        from triton.experimental.gluon._runtime import GluonASTSource
+        gluon = L.is_gluon()
+        fn, Source = L.fn(), (GluonASTSource if gluon else ASTSource)
+        sig, consts, attrs = specialise(L)
+        warps, stages = L.options["num_warps"], L.options.get("num_stages")
         key = repr((L.kernel, sorted(sig.items()), sorted(map(repr, consts.items())),
-                    sorted(attrs), L.num_warps, L.num_stages))
+                    sorted(attrs), warps, stages))
         if key in seen:
             continue
         seen.add(key)
         c = triton.compile(Source(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
-                           options=dict(num_warps=L.num_warps, num_stages=L.num_stages))
+                           options=dict(L.options))
         ptx = c.asm["ptx"]
         mma = [m for m in ("tcgen05.mma", "wgmma", "mma.sync") if m in ptx]
         mma += ["mxf4nvf4"] if "kind::mxf4nvf4" in ptx else []
         r = dict(kernel=L.kernel, shape=[E, H, I, k], T=T, config=repr(cfg), triton=triton.__version__,
-                 shared=c.metadata.shared, mma=mma, warps=L.num_warps, stages=L.num_stages)
-        if L.gluon:  # the design: register-A wgmma, cp.async ring, proxy fence, inline decode
-            BM = r["block_m"] = L.constexprs["BM"]
-            r["tail"] = L.constexprs.get("BT", 0)
+                 shared=c.metadata.shared, mma=mma, warps=warps, stages=stages)
+        if gluon:  # the design: register-A wgmma, cp.async ring, proxy fence, inline decode
+            BM = r["block_m"] = L.kwargs["BM"]
+            r["tail"] = L.kwargs.get("BT", 0)
             r["wgmma_reg_a"] = ptx.count(f"wgmma.mma_async.sync.aligned.m64n{BM}k16.f32.bf16.bf16 {{") > 0
             r["wgmma_reg_a"] &= "}, {%r" in ptx  # A operand: 4 registers, not a descriptor
             r["cp_async16"] = "], 0x10, 0x10;" in ptx and "cp.async.cg.shared.global [" in ptx
@@ -815,7 +812,7 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
                                    if ".acquire" in w})
             r["discard_l2"] = ptx.count("discard.global.L2")
         if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per OMMA
-            r["block_m"] = L.constexprs["BM"]
+            r["block_m"] = L.kwargs["BM"]
             r["omma_loop"] = omma_loop(c.asm["cubin"])
         out.append(r)
 print(json.dumps(out))

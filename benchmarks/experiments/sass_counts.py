@@ -35,13 +35,6 @@ from triton.compiler import ASTSource
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
 from sglang_fp4ext.hardware import spec_by_key, spec_for_device_name
-from sglang_fp4ext.moe import (
-    _decode_dot_kernels,
-    _decode_gluon_kernels,
-    _prefill_gluon_kernels,
-    _prefill_kernels,
-    _prefill_w4a4_kernels,
-)
 from sglang_fp4ext.moe import decode as F
 from sglang_fp4ext.moe import prefill as PF
 from sglang_fp4ext.moe.config import config_for, prefill_config_for, read_table_file, table_path
@@ -84,44 +77,25 @@ def _weights(shape: MoEShape) -> PreparedMoEWeights:
                               w2_input_scale=_meta(torch.float32, 1))
 
 
+def _record(L) -> tuple:
+    """(kernel, grid, runtime args in order, constexprs, warps, stages, maxnreg) of a Launch."""
+    params = L.parameters()
+    o = L.options
+    return (L.fn(), L.grid, tuple(v for _, _, v, c in params if not c),
+            {n: v for _, n, v, c in params if c}, o["num_warps"], o.get("num_stages", 3),
+            o.get("maxnreg", 0))
+
+
 def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> list[tuple]:
-    """(kernel, grid, args, constexprs, warps, stages, maxnreg) of one ``fused_moe_nvfp4`` call, recorded
-    by running the real launcher against recording stand-ins for the kernels (both families;
-    the Gluon ones with PDL as configured)."""
+    """The launches of one ``fused_moe_nvfp4`` call as ``decode.plan`` makes them (the family
+    the config names, with its PDL as configured), on meta tensors."""
     w = _weights(shape)
-    calls = []
-
-    class _Rec:
-        def __init__(self, fn):
-            self.fn = fn
-
-        def __getitem__(self, grid):
-            def launch(*args, num_warps, num_stages=1, launch_pdl=False, maxnreg=0, **constexprs):
-                calls.append((self.fn, grid, args, constexprs, num_warps, num_stages, maxnreg))
-
-            return launch
-
-    mods = {_decode_dot_kernels: ("_moe_gemm1", "_moe_gemm2", "_moe_gemm2_tok"),
-            _decode_gluon_kernels: ("_gemm1", "_gemm2", "_gemm2_tok", "_combine",
-                                   "_gemm2_tok_slots", "_gemm1_kstack")}
-    saved = {(m, n): getattr(m, n) for m, names in mods.items() for n in names}
-    saved_f = F._workspace, F.validate_moe_inputs, F._pdl, torch.cuda.current_device
-    try:
-        for (m, n), fn in saved.items():
-            setattr(m, n, _Rec(fn))
-        F._workspace = lambda dev, name, n, dt, zero: _meta(dt, max(n, 1))
-        F.validate_moe_inputs = lambda *a, **k: None  # meta tensors are not on a CUDA device
-        F._pdl = lambda family, c, dev: c.pdl if family == "gluon" else 0
-        torch.cuda.current_device = lambda: 0
-        k = shape.top_k
-        x = _meta(torch.bfloat16, T, shape.H)
-        ids, tw = _meta(torch.int32, T, k), _meta(torch.float32, T, k)
-        F.fused_moe_nvfp4(x, w, ids, tw, out=x, config=cfg)
-    finally:
-        for (m, n), fn in saved.items():
-            setattr(m, n, fn)
-        F._workspace, F.validate_moe_inputs, F._pdl, torch.cuda.current_device = saved_f
-    return calls
+    k = shape.top_k
+    x = _meta(torch.bfloat16, T, shape.H)
+    family = "gluon" if cfg.kernels == "gluon" else "dot"
+    plan = F.plan(x, w, _meta(torch.int32, T, k), _meta(torch.float32, T, k), x, cfg, family,
+                  cfg.pdl if family == "gluon" else 0)
+    return [_record(L) for L in plan]
 
 
 def prefill_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
@@ -129,14 +103,7 @@ def prefill_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
     k = shape.top_k
     x = _meta(torch.bfloat16, T, shape.H)
     plan = PF._plan(x, w, _meta(torch.int32, T, k), _meta(torch.float32, T, k), x, cfg, False)
-    mods = {"w4a4": _prefill_w4a4_kernels}
-    return [
-        (getattr(_prefill_gluon_kernels if L.gluon else mods.get(L.module, _prefill_kernels),
-                 L.kernel), L.grid, L.args, dict(L.constexprs))
-        + (L.num_warps, L.num_stages)
-        for L in plan
-        if "gemm" in L.kernel
-    ]
+    return [_record(L) for L in plan if "gemm" in L.kernel]
 
 
 def _signature(fn, args, constexprs):
@@ -178,7 +145,7 @@ def count(fn, grid, args, constexprs, warps, stages, maxnreg=0, *, cc: int) -> d
     if maxnreg:  # Triton's launch option (KernelConfig.maxnreg1)
         opts["maxnreg"] = maxnreg
     sig, consts, attrs = _signature(fn, args, constexprs)
-    gluon = fn.__module__.endswith("_gluon_kernels")
+    gluon = fn.is_gluon()
     if gluon:
         from triton.experimental.gluon._runtime import GluonASTSource as Source
     else:

@@ -32,5 +32,16 @@ class Launch:
         """The ``@triton.jit`` / ``@gluon.jit`` function."""
         return getattr(importlib.import_module(f"sglang_fp4ext.moe.{self.module}"), self.kernel)
 
+    def parameters(self) -> list[tuple[int, str, object, bool]]:
+        """``(index, name, value, is_constexpr)`` of every argument given, in the kernel's
+        parameter order: what an ahead-of-time compile of this launch specialises on."""
+        fn = self.fn()
+        given = dict(zip(fn.arg_names, self.args)) | self.kwargs
+        const = set(fn.constexprs)
+        return [(i, n, given[n], i in const) for i, n in enumerate(fn.arg_names) if n in given]
+
+    def is_gluon(self) -> bool:
+        return self.fn().is_gluon()
+
     def run(self) -> None:
         self.fn()[self.grid](*self.args, **self.kwargs, **self.options)

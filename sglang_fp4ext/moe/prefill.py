@@ -45,13 +45,13 @@ with fp32 ``atomic_add`` in arrival order.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
 from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.config import prefill_config_for
 from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
+from sglang_fp4ext.moe.launch import Launch
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.prefill_config import (
     PrefillConfig,
@@ -114,39 +114,18 @@ def _validate(x, weights, topk_ids, topk_weights, out, config):
 # ---- launch plan ----
 
 
-@dataclass(frozen=True, eq=False)
-class _Launch:
-    """One kernel launch: ``_prefill_kernels.<kernel>[grid](*args, **constexprs, ...)``, or with
-    ``gluon`` ``_prefill_gluon_kernels.<kernel>`` (its layouts among the constexprs)."""
+_DOT, _WGMMA, _W4A4 = "_prefill_kernels", "_prefill_gluon_kernels", "_prefill_w4a4_kernels"
 
-    kernel: str
-    grid: tuple
-    args: tuple
-    constexprs: dict
-    num_warps: int
-    num_stages: int
-    gluon: bool = False
-    module: str = "dot"  # Triton kernels: "dot" (_prefill_kernels) or "w4a4" (_prefill_w4a4_kernels)
 
-    def run(self):
-        # triton (and Gluon) imported only when launching
-        if self.module == "w4a4":
-            from sglang_fp4ext.moe import _prefill_w4a4_kernels as W
-
-            getattr(W, self.kernel)[self.grid](
-                *self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
-            )
-            return
-        if self.gluon:
-            from sglang_fp4ext.moe import _prefill_gluon_kernels as G
-
-            getattr(G, self.kernel)[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps)
-            return
-        from sglang_fp4ext.moe import _prefill_kernels as K
-
-        getattr(K, self.kernel)[self.grid](
-            *self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
-        )
+def _launch(kernel: str, grid: tuple, args: tuple, constexprs: dict, num_warps: int,
+            num_stages: int, gluon: bool = False, module: str = "dot") -> Launch:
+    """One launch of ``_prefill_kernels`` (``module="w4a4"``: ``_prefill_w4a4_kernels``; with
+    ``gluon``: ``_prefill_gluon_kernels``, which take no stages): runtime arguments in order,
+    constexprs (the Gluon layouts among them) by name."""
+    if gluon:
+        return Launch(_WGMMA, kernel, grid, args, constexprs, dict(num_warps=num_warps))
+    return Launch(_W4A4 if module == "w4a4" else _DOT, kernel, grid, args, constexprs,
+                  dict(num_warps=num_warps, num_stages=num_stages))
 
 
 def _group_plan(ids: torch.Tensor, E: int, block_p: int, tw: torch.Tensor | None = None):
@@ -162,8 +141,8 @@ def _group_plan(ids: torch.Tensor, E: int, block_p: int, tw: torch.Tensor | None
     sorted_pair = ws[nb * nbins + 2 * nbins :][:P]
     sorted_tw = ws[nb * nbins + 2 * nbins + max(P, 1) :][:P].view(torch.float32)
     launches = [
-        _Launch("_group_count", (nb,), (ids, hist, P, E), dict(NBINS=nbins, BLOCK_P=block_p), 4, 1),
-        _Launch(
+        _launch("_group_count", (nb,), (ids, hist, P, E), dict(NBINS=nbins, BLOCK_P=block_p), 4, 1),
+        _launch(
             "_group_scan",
             (1,),
             (hist, counts, start, nb, E),
@@ -171,7 +150,7 @@ def _group_plan(ids: torch.Tensor, E: int, block_p: int, tw: torch.Tensor | None
             4,
             1,
         ),
-        _Launch(
+        _launch(
             "_group_scatter",
             (nb,),
             (ids, ids if tw is None else tw, hist, start, sorted_pair, sorted_tw, P, E),
@@ -191,7 +170,7 @@ def _plan(
     out,
     config: PrefillConfig,
     compute_f32: bool,
-) -> list[_Launch]:
+) -> list[Launch]:
     """Workspaces (allocated here, on ``x.device``) and the 6 launches of one call, ``T >= 1``
     (7 for the wgmma family, ``_plan_wgmma``).
 
@@ -224,7 +203,7 @@ def _plan(
     m_tiles, bm1 = max_m_tiles(P, E, config.block_m), config.gemm1_block_m
     common = dict(NBINS=nbins, BM=config.block_m, COMPUTE_F32=compute_f32)
     launches.append(
-        _Launch(
+        _launch(
             "_prefill_gemm1",
             (w13.n_pad // config.block_n1, max_m_tiles(P, E, bm1)),
             (
@@ -252,7 +231,7 @@ def _plan(
         )
     )
     launches.append(
-        _Launch(
+        _launch(
             "_prefill_gemm2",
             (-(-(w2.n_pad // config.block_n2) // config.group_n2), m_tiles),
             (
@@ -284,10 +263,10 @@ def _plan(
     return launches
 
 
-def _combine_launch(partial, topk_ids, out, E: int, atomic: bool, compute_f32: bool) -> _Launch:
+def _combine_launch(partial, topk_ids, out, E: int, atomic: bool, compute_f32: bool) -> Launch:
     """The last launch of every family: the top-k combine of the partials into ``out``."""
     T, H = out.shape
-    return _Launch(
+    return _launch(
         "_prefill_combine",
         (-(-T // _COMBINE_BT), -(-H // _COMBINE_BH)),
         (partial, topk_ids, out, T, H, E, topk_ids.shape[1], partial.stride(0), out.stride(0)),
@@ -349,7 +328,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         inter.fill_(float("nan"))
         partial.fill_(float("nan"))
     launches.append(
-        _Launch(
+        _launch(
             "_permute_k",
             (-(-T // _PERMUTE_BT), H // 128),
             (x, xk, T, H, x.stride(0)),
@@ -369,7 +348,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         # with the tail for the tiles with rows past bm, one without it for the others.
         for tail in (bt, 0) if bt else (0,):
             launches.append(
-                _Launch(
+                _launch(
                     f"_wgmma_gemm{i}",
                     (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, tm)),
                     (
@@ -450,11 +429,11 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
     m_tiles = max_m_tiles(P, E, config.block_m)
     common = dict(NBINS=nbins, BM=config.block_m, COMPUTE_F32=compute_f32)
     launches.append(
-        _Launch("_quant_act", (-(-T // _QUANT_BT), H // K_CHUNK), (x, xq, xs, gs1, T, H, x.stride(0)),
+        _launch("_quant_act", (-(-T // _QUANT_BT), H // K_CHUNK), (x, xq, xs, gs1, T, H, x.stride(0)),
                 dict(BT=_QUANT_BT), 4, 1, module="w4a4")
     )
     launches.append(
-        _Launch(
+        _launch(
             "_w4a4_gemm1",
             (w13.n_pad // config.block_n1, max_m_tiles(P, E, config.gemm1_block_m)),
             (xq, xs, sorted_pair, counts, w13.q, w13.scale, w13.alpha, gs1, gs2, iq, is_, I,
@@ -467,7 +446,7 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
         )
     )
     launches.append(
-        _Launch(
+        _launch(
             "_w4a4_gemm2",
             (w2.n_pad // config.block_n2, m_tiles),
             (iq, is_, sorted_pair, counts, sorted_tw, w2.q, w2.scale, w2.alpha, gs2, partial, H,
@@ -566,8 +545,7 @@ def fused_moe_nvfp4_prefill(
     if T == 0:
         return out
     if config is None:
-        target = current_target(dev) if dev.type == "cuda" else current_target()
-        config = prefill_config_for(T, weights.shape(topk_ids.shape[1]), target)
+        config = prefill_config_for(T, weights.shape(topk_ids.shape[1]), current_target(dev))
         config = served_prefill_config(config, weights.has_input_scales)
     interp = target_info.is_interpreter()
     if config.kernels in _FAMILY_GPUS and not interp and dev.type == "cuda":
