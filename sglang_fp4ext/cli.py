@@ -294,7 +294,7 @@ def _check_tiny(args: argparse.Namespace, launch: list[str], progress) -> int:
     if not target_info.has_cuda_gpu():
         extra, env = cpu_workarounds.cpu_server_args()
         # SGLang 0.5.23's GLM-4.5/DeepSeek MoE blocks multiply by routed_scaling_factor again on
-        # non-CUDA devices although NVFP4 folds it into the top-k weights (README, Measured facts).
+        # non-CUDA devices although NVFP4 folds it into the top-k weights (docs/measured-facts.md).
         dims["routed_scaling_factor"] = 1.0
         print("  no GPU: SGLang's CPU engine; tiny model with routed_scaling_factor 1.0 "
               "(SGLang applies the factor twice on CPU for NVFP4)")

@@ -5,8 +5,8 @@
 ``step(1)``, ... ``step(n_copies - 1)`` back to back (each index uses its own layer copy: weights
 and inputs), replays it, and reports microseconds per call. With ``n_copies`` layer copies whose
 weights together exceed the L2 (>= 4 copies of a GLM-5 layer: 4 x ~680 MB vs 50-60 MB of L2) every
-call streams its weights from DRAM, as in a real decode step, and no host launch gap is timed
-(kernel-techniques §8). ``capture_replay`` is the capture both timers share (the pytest-benchmark
+call streams its weights from DRAM, as in a real decode step, and no host launch gap is timed.
+``capture_replay`` is the capture both timers share (the pytest-benchmark
 suite keeps its graph for its rounds). Each call runs eagerly once first (compiles, grows
 workspaces).
 """

@@ -4,8 +4,8 @@
 checkpoints (gpt-oss): ``srt/layers/moe/topk.py`` ``routing()``,
 ``fused_moe_triton/triton_kernels_moe.py`` ``triton_kernel_fused_experts_with_bias`` and the
 weight swizzle ``srt/layers/quantization/mxfp4.py`` ``_swizzle_mxfp4``. This module ports the
-team's v3.6.0 peer harness (``matmul_ogs``, ``RoutingData``; its runs are in
-``benchmarks/results/peers_2026-12-01_v2*/``) to the 3.8 API
+team's v3.6.0 peer harness (``matmul_ogs``, ``RoutingData``; its runs are listed in
+``benchmarks/results/manifest.json``) to the 3.8 API
 (``matmul``, ragged-tensor metadata, ``b_mx_scale`` + ``b_microblock_size``), as SGLang calls it.
 
 What one call of :class:`TritonKernelsMXFP4MoE` runs (ids and weights as SGLang hands them to a

@@ -14,7 +14,7 @@ What Gluon changes is where the bytes go:
   into registers (``weight_layout``: 32 contiguous code bytes per row, two 16-byte loads), decodes
   them there with the same inline PTX as v1 and hands them to ``mma.sync`` (``mma_v2``). v1's
   pipeliner staged the codes through shared memory with ``cp.async`` in an unswizzled layout
-  (61-68% of the shared wavefronts bank-conflicted, MIO-throttled; README diagnosis); here the
+  (61-68% of the shared wavefronts bank-conflicted, MIO-throttled; docs/performance.md); here the
   shared-memory pipe is unused in the K loop.
 * **Register double buffering.** The next K chunk's codes, scales and activations are loaded
   before the current chunk is decoded, so their latency hides behind the decode and MMAs.

@@ -5,7 +5,7 @@ Same grouping, M tiles, workspaces and ordered combine as the ``tl.dot`` kernels
 ``_prefill_gemm1`` (GEMM1 + SiLU·mul) and ``_wgmma_gemm2`` ``_prefill_gemm2`` (routing weight,
 one bf16 partial row per pair slot); both run ``_grouped_wgmma``. What changes is how the decode and the tensor cores share the
 warps: v1's ``tl.dot`` waits for each ``wgmma`` before it decodes the next weights, so the FP4
-decode and the MMA serialise on the same warps (README diagnosis: 0.19-0.22 issued per
+decode and the MMA serialise on the same warps (docs/performance.md, Open misses: 0.19-0.22 issued per
 scheduler-cycle, tensor pipe 38%). Here the loop is software-pipelined by hand:
 
 * **Register A, asynchronous MMA.** The decoded weights are ``wgmma``'s register operand (the

@@ -1,6 +1,6 @@
 """fp4ext inside a ``transformers`` model: swap the routed experts of an HF MoE for fp4ext.
 
-For the GPU tier's model-level check (issue 9): a tiny ``GlmMoeDsaForCausalLM`` (GLM-5's own
+For the GPU tier's model-level check: a tiny ``GlmMoeDsaForCausalLM`` (GLM-5's own
 architecture, DSA attention included) built by ``transformers`` itself. :func:`quantize_experts`
 quantises every MoE layer's routed experts to NVFP4 with our codec (bit-exact with ModelOpt,
 tests/test_nvfp4_modelopt.py) and writes the *dequantised* values back into the model, so the
