@@ -6,6 +6,7 @@ loading and hook patching are process-global and irreversible.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -32,42 +33,7 @@ state = {
 """
 
 
-def test_sglang_loader_discovers_and_registers():
-    r = run_child(
-        "import logging\nlogging.basicConfig(level=logging.INFO)\n"
-        "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
-        + _STATE
-        + "print(json.dumps(state))"
-    )
-    assert r["choices"] == 1
-    assert r["factory"] is True
-    assert all(n == 1 for n in r["registered_hooks"].values()), r["registered_hooks"]
-    assert all(r["live_hooks"].values()), r["live_hooks"]
-    # One log line lists everything applied.
-    line = next(ln for ln in r["_stderr"].splitlines() if "sglang_fp4ext 0.1.0 registered" in ln)
-    for what in ("choice 'fp4ext'", "runner core 'fp4ext'", "ModelOptNvFp4FusedMoEMethod.apply"):
-        assert what in line
-
-
-def test_sglang_plugins_whitelist_excludes_fp4ext():
-    r = run_child(
-        "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
-        + _STATE
-        + "print(json.dumps(state))",
-        env={"SGLANG_PLUGINS": "some_other_plugin"},
-    )
-    assert r["choices"] == 0
-    assert r["factory"] is False
-    assert not any(r["registered_hooks"].values())
-    assert not any(r["live_hooks"].values())
-
-
-def test_register_twice_is_harmless():
-    r = run_child(
-        "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
-        "from sglang_fp4ext.plugin import register\nregister(); register()\n"
-        + _STATE
-        + """
+_DEPTH = """
 from sglang.srt.layers.quantization.modelopt_quant import ModelOptNvFp4FusedMoEMethod as M
 def depth(fn, hook):  # how many times our hook wraps the live method
     n = 0
@@ -75,24 +41,101 @@ def depth(fn, hook):  # how many times our hook wraps the live method
         n += any(getattr(c, 'cell_contents', None) is hook for c in (fn.__closure__ or ()))
         fn = getattr(fn, '__wrapped__', None)
     return n
+"""
+
+
+def test_sglang_loader_registers_once_cli_resolves_and_register_twice_is_harmless(tmp_path):
+    """One process (the SGLang import paid once): SGLang's loader discovers and registers the
+    plugin, logging one line that lists everything applied; ``--moe-runner-backend fp4ext``
+    parses and resolves to the registered backend; ``register()`` twice more changes nothing."""
+    model = tiny_model_dir(tmp_path)
+    r = run_child(
+        "import logging\nlogging.basicConfig(level=logging.INFO)\n"
+        "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
+        + _STATE
+        + f"""
+loaded = state
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.layers.moe.utils import RegisteredMoeRunnerBackend, resolve_moe_runner_backend
+sa = prepare_server_args(["--model-path", {str(model)!r}, "--device", "cpu",
+                          "--attention-backend", "torch_native", "--skip-tokenizer-init",
+                          "--moe-runner-backend", "fp4ext"])
+resolved = resolve_moe_runner_backend(sa.moe_runner_backend)
+cli = {{"flag": sa.moe_runner_backend,
+       "registered": resolved == RegisteredMoeRunnerBackend("fp4ext")}}
+from sglang_fp4ext.plugin import register
+register(); register()
+"""
+        + _STATE
+        + _DEPTH
+        + """
 state["apply_wraps"] = depth(M.apply, sb.hook_apply)
-print(json.dumps(state))
+print(json.dumps({"loaded": loaded, "cli": cli, "twice": state}))
 """
     )
-    assert r["choices"] == 1
-    assert r["factory"] is True
-    assert all(n == 1 for n in r["registered_hooks"].values()), r["registered_hooks"]
-    assert r["apply_wraps"] == 1
+    for what in ("loaded", "twice"):
+        st = r[what]
+        assert st["choices"] == 1, what
+        assert st["factory"] is True, what
+        assert all(n == 1 for n in st["registered_hooks"].values()), (what, st)
+        assert all(st["live_hooks"].values()), (what, st)
+    assert r["twice"]["apply_wraps"] == 1
+    # One log line lists everything applied.
+    line = next(ln for ln in r["_stderr"].splitlines() if "sglang_fp4ext 0.1.0 registered" in ln)
+    for what in ("choice 'fp4ext'", "runner core 'fp4ext'", "ModelOptNvFp4FusedMoEMethod.apply"):
+        assert what in line
+    assert r["cli"]["flag"] == "fp4ext"
+    assert r["cli"]["registered"] is True
+
+
+def test_sglang_plugins_whitelist_excludes_fp4ext_and_the_cli_rejects_it(tmp_path):
+    """``SGLANG_PLUGINS`` naming another plugin: nothing of fp4ext is registered, and SGLang's
+    argument parser rejects ``--moe-runner-backend fp4ext``."""
+    model = tiny_model_dir(tmp_path)
+    r = run_child(
+        "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
+        + _STATE
+        + f"""
+from sglang.srt.server_args import prepare_server_args
+try:
+    prepare_server_args(["--model-path", {str(model)!r}, "--moe-runner-backend", "fp4ext"])
+    state["exit"] = None
+except SystemExit as e:  # argparse's error exit; its message is on stderr
+    state["exit"] = e.code
+print(json.dumps(state))
+""",
+        env={"SGLANG_PLUGINS": "some_other_plugin"},
+    )
+    assert r["choices"] == 0
+    assert r["factory"] is False
+    assert not any(r["registered_hooks"].values())
+    assert not any(r["live_hooks"].values())
+    assert r["exit"] not in (None, 0)
+    assert "invalid choice: 'fp4ext'" in r["_stderr"]
 
 
 @pytest.mark.parametrize("version", ["0.5.22", "0.6.0", "not-a-version"])
-def test_unsupported_sglang_version_registers_nothing(version):
+def test_unsupported_sglang_version_is_refused(version, monkeypatch, caplog):
+    """``register()`` (what SGLang's loader calls) refuses each unsupported version with one
+    warning, before it imports SGLang; the child below shows the loader path registers nothing."""
+    from sglang_fp4ext import compat, plugin
+
+    monkeypatch.setenv("SGLANG_FP4EXT_SGLANG_VERSION", version)
+    assert compat.check_sglang().ok is False
+    with caplog.at_level(logging.WARNING, logger="sglang_fp4ext"):
+        plugin.register()
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "sglang_fp4ext"]
+    assert "sglang_fp4ext 0.1.0 is inactive" in msg and "fp4ext is not registered" in msg
+    assert version in msg
+
+
+def test_unsupported_sglang_version_registers_nothing():
     r = run_child(
         "import logging\nlogging.basicConfig(level=logging.WARNING)\n"
         "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
         + _STATE
         + "print(json.dumps(state))",
-        env={"SGLANG_FP4EXT_SGLANG_VERSION": version},
+        env={"SGLANG_FP4EXT_SGLANG_VERSION": "0.6.0"},
     )
     assert r["choices"] == 0
     assert r["factory"] is False
@@ -109,46 +152,6 @@ def test_hook_targets_resolve_on_installed_sglang():
     for spec in HOOKS:
         obj = pkgutil.resolve_name(spec.target)
         assert callable(obj), spec.target
-
-
-def test_cli_parser_accepts_fp4ext_and_resolves_registered_backend(tmp_path):
-    model = tiny_model_dir(tmp_path)
-    r = run_child(
-        f"""
-import json
-from sglang.srt.plugins import load_plugins
-load_plugins()
-from sglang.srt.server_args import prepare_server_args
-from sglang.srt.layers.moe.utils import RegisteredMoeRunnerBackend, resolve_moe_runner_backend
-sa = prepare_server_args(["--model-path", {str(model)!r}, "--device", "cpu",
-                          "--attention-backend", "torch_native", "--skip-tokenizer-init",
-                          "--moe-runner-backend", "fp4ext"])
-resolved = resolve_moe_runner_backend(sa.moe_runner_backend)
-print(json.dumps({{"flag": sa.moe_runner_backend,
-                   "registered": resolved == RegisteredMoeRunnerBackend("fp4ext")}}))
-"""
-    )
-    assert r["flag"] == "fp4ext"
-    assert r["registered"] is True
-
-
-def test_cli_parser_rejects_fp4ext_without_plugin(tmp_path):
-    model = tiny_model_dir(tmp_path)
-    code = f"""
-from sglang.srt.plugins import load_plugins
-load_plugins()
-from sglang.srt.server_args import prepare_server_args
-prepare_server_args(["--model-path", {str(model)!r}, "--moe-runner-backend", "fp4ext"])
-"""
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "SGLANG_PLUGINS": "some_other_plugin"},
-        timeout=300,
-    )
-    assert proc.returncode != 0
-    assert "invalid choice: 'fp4ext'" in proc.stderr
 
 
 def test_launch_server_help_lists_fp4ext():
