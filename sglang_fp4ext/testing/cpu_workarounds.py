@@ -116,6 +116,11 @@ def cpu_server_args() -> tuple[list[str], dict[str, str]]:
     plugin, see ``install_cpu_workarounds``)."""
     env = {
         "SGLANG_USE_CPU_ENGINE": "1",
+        # A stopped server's launcher sees its scheduler die of SIGTERM and, before it exits,
+        # sleeps 5 s "to let GPU activity settle" for a py-spy dump and a CUDA coredump: neither
+        # applies on a CPU, and every test server paid the 5 s at its stop.
+        "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+        "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(_cpu_workaround_plugin_dir()), os.environ.get("PYTHONPATH")) if p
         ),
