@@ -42,7 +42,7 @@ def pytest_addoption(parser):
     g.addoption(
         "--fp4ext-slow-config",
         action="store_true",
-        help="force a deliberately poor KernelConfig on fp4ext-decode (regression-gate demo)",
+        help="force a deliberately poor DecodeConfig on fp4ext-decode (regression-gate demo)",
     )
 
 

@@ -186,7 +186,7 @@ def measure(args) -> dict:
     from sglang_fp4ext.bench import random_packed_weights
     from sglang_fp4ext.bench.report import environment
     from sglang_fp4ext.bench.timing import gpu_clocks, time_graph_replay
-    from sglang_fp4ext.moe.config import config_for
+    from sglang_fp4ext.moe.tables import config_for
     from sglang_fp4ext.moe.experts import run_experts
     from sglang_fp4ext.moe.prepared import PreparedMoEWeights
     from sglang_fp4ext.moe.shape import current_target

@@ -40,23 +40,24 @@ from sglang_fp4ext.bench.timing import (
     kernel_times_us,
     time_graph_replay,
 )
-from sglang_fp4ext.moe.config import config_for
-from sglang_fp4ext.moe.decode import fused_moe_nvfp4
-from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
+from sglang_fp4ext.moe.tables import config_for
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
+from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import current_target
 from sglang_fp4ext.testing.compare import error_stats
 
 
-def _gemm1_candidates(base: KernelConfig, kc1: int):
+def _gemm1_candidates(base: DecodeConfig, kc1: int):
     """GEMM1 split-K (a runtime argument: no recompile) and row tile around ``base``."""
     out = [dataclasses.replace(base, split_k1=sk) for sk in (1, 2, 4, 8, 16) if sk <= kc1]
     out += [dataclasses.replace(base, block_n1=32, split_k1=sk) for sk in (2, 4, 8) if sk <= kc1]
     return out
 
 
-def _gemm2_candidates(base: KernelConfig, kc2: int):
+def _gemm2_candidates(base: DecodeConfig, kc2: int):
     """GEMM2 form; pairs: row tiles per program and split-K (runtime arguments); tokens: tile."""
     out = [
         dataclasses.replace(base, gemm2="tokens", block_n2=bn, split_k2=1, tiles2=1)
@@ -71,7 +72,7 @@ def _gemm2_candidates(base: KernelConfig, kc2: int):
     return out
 
 
-def _misc_candidates(base: KernelConfig):
+def _misc_candidates(base: DecodeConfig):
     out = [dataclasses.replace(base, stages1=4), dataclasses.replace(base, stages2=4)]
     if base.block_t < 32:
         out.append(dataclasses.replace(base, block_t=2 * base.block_t))

@@ -53,7 +53,7 @@ from sglang_fp4ext.bench.figures import row_numbers
 from sglang_fp4ext.bench.report import SUITE_TOKENS
 from sglang_fp4ext.bench.tk_peer import ENTRY_POINT as _TK_ENTRY_POINT
 from sglang_fp4ext.bench.tk_availability import TK_PEER
-from sglang_fp4ext.moe.config import override_config
+from sglang_fp4ext.moe.tables import override_config
 
 PEER = "torch-bf16"
 SGLANG_PEERS = tuple(_SGLANG_PEER_SPECS)

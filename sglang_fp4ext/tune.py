@@ -1,5 +1,5 @@
 """``fp4ext tune``: measure the decode/prefill kernel configs per token bucket on this GPU and write
-the config table the dispatcher reads (format and lookup order: ``moe/config.py``).
+the config table the dispatcher reads (format and lookup order: ``moe/tables.py``).
 
 For each model shape (a ``model_shapes.PRESETS`` name such as ``glm5-tp8`` / ``glm5-ep8``, or an
 explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_fp4ext.moe.config import (
+from sglang_fp4ext.moe.tables import (
     TableEntry,
     clear_table_cache,
     load_entries,

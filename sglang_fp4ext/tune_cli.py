@@ -1,5 +1,5 @@
 """``fp4ext tune``: measure the decode/prefill kernel configs per token bucket on this GPU and write
-the config table the dispatcher reads (format and lookup order: ``moe/config.py``).
+the config table the dispatcher reads (format and lookup order: ``moe/tables.py``).
 
     fp4ext tune                                    # GLM-5 TP8, buckets 1..8192, 600 s budget
     fp4ext tune --preset glm5-tp8,glm5-ep8 --quick --out configs/ --log tune.json

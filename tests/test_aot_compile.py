@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from sglang_fp4ext.moe import config as C
-from sglang_fp4ext.moe.decode_config import heuristic_config
+from sglang_fp4ext.moe import tables as C
+from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from tests.kernel_cases import compile_per_arch
@@ -25,7 +25,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from sglang_fp4ext.moe import _decode_dot_kernels as K
+from sglang_fp4ext.moe.decode import _dot_kernels as K
 
 cc, variants = int(sys.argv[1]), json.loads(sys.stdin.read())
 P1 = dict(x_ptr="*bf16", ids_ptr="*i32", q_ptr="*u8", s_ptr="*u8", a_ptr="*fp32",

@@ -245,7 +245,7 @@ def test_make_routing_layouts(seed):
 def test_dispatch_path_is_the_dispatchers_choice():
     """The suite's "served" marking asks the code the runner core runs (moe.dispatch): the
     heuristic switch without a table, the shipped table's per-bucket path on a tabled GPU."""
-    from sglang_fp4ext.moe import config as C
+    from sglang_fp4ext.moe import tables as C
     from sglang_fp4ext.moe import dispatch, experts
     from sglang_fp4ext.moe import shape as S
 
@@ -380,7 +380,7 @@ def test_layer_inputs_check_and_peer_on_cpu(shape, T, path, seed):
     assert len(xs) == 4 and xs[0].shape == (T, 256) and not torch.equal(xs[0], xs[2])
     assert routes[0][0].shape == (T, shape.top_k_local)
     assert layer.distinct(T) == sum(r[2] for r in routes) / 4 > 0
-    want = {"decode": "KernelConfig", "prefill": "PrefillConfig"}[path]
+    want = {"decode": "DecodeConfig", "prefill": "PrefillConfig"}[path]
     assert type(layer.config(T, path)).__name__ == want
     # Input 3 runs on copy 1 (i % copies), for the peer as for fp4ext.
     ref = fused_moe_nvfp4_torch(xs[3], layer.packs[1], routes[3][0], routes[3][1])

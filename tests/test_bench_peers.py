@@ -26,7 +26,7 @@ from sglang_fp4ext import model_shapes, target_info
 from sglang_fp4ext.bench import peers
 from sglang_fp4ext.bench.gpu_run import slowed_config
 from sglang_fp4ext.bench.layer import Layer
-from sglang_fp4ext.moe.config import override_config
+from sglang_fp4ext.moe.tables import override_config
 from sglang_fp4ext.moe.weights import random_moe_weights
 from sglang_fp4ext.nvfp4.format import unswizzle_blockscale
 
@@ -176,7 +176,7 @@ def test_layer_inputs_depend_on_seed_and_T_only(seed):
 
 
 def test_slowed_config_runs_the_real_kernels_correctly(seed):
-    from sglang_fp4ext.moe.decode_config import heuristic_config
+    from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 
     slow = slowed_config()
     dev = "cuda" if target_info.has_cuda_gpu() else "cpu"  # CPU: kernels under the interpreter

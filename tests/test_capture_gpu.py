@@ -26,7 +26,7 @@ import torch
 
 from sglang_fp4ext import capture_policy as cp
 from sglang_fp4ext.moe import dispatch
-from sglang_fp4ext.moe.config import select
+from sglang_fp4ext.moe.tables import select
 from sglang_fp4ext.moe.experts import run_experts
 from sglang_fp4ext.moe.shape import current_target
 from tests import glm5_cases

@@ -20,9 +20,9 @@ import dataclasses
 import pytest
 import torch
 
-from sglang_fp4ext.moe import decode as fm
-from sglang_fp4ext.moe.config import config_for
-from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+from sglang_fp4ext.moe.decode import launch as fm
+from sglang_fp4ext.moe.tables import config_for
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.testing.compare import assert_close
 from tests import glm5_cases
@@ -41,7 +41,7 @@ def _as(cfg, kernels):
     H's K chunks divide by 4). The forms that exclude the family's own (the table's or
     heuristic's stacked GEMM1 and side-by-side slots: pair chunks over programs, the pairs GEMM2)
     are dropped first, GEMM1's register cap wherever the form does not take it
-    (``KernelConfig.reform``)."""
+    (``DecodeConfig.reform``)."""
     if kernels == "gluon3":
         cfg = cfg.reform(kstack1=0, slots2=0)
     if kernels == "gluonk":

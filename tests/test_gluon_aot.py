@@ -18,8 +18,8 @@ import json
 
 import pytest
 
-from sglang_fp4ext.moe import config as C
-from sglang_fp4ext.moe.decode_config import heuristic_config
+from sglang_fp4ext.moe import tables as C
+from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from tests.kernel_cases import compile_per_arch, triton36_site
@@ -29,7 +29,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from sglang_fp4ext.moe import _decode_gluon_kernels as G
+from sglang_fp4ext.moe.decode import _gluon_kernels as G
 
 cc, variants = int(sys.argv[1]), json.loads(sys.stdin.read())
 P1 = dict(x_ptr="*bf16", ids_ptr="*i32", q_ptr="*u8", s_ptr="*u8", a_ptr="*fp32",
@@ -86,7 +86,7 @@ def _served_heuristic(shape):
 
 
 def _gluon_configs():
-    """(top_k, KernelConfig) of every Gluon config: tables + the heuristic's tiles as Gluon."""
+    """(top_k, DecodeConfig) of every Gluon config: tables + the heuristic's tiles as Gluon."""
     cfgs = set()
     for path in sorted(C._CONFIG_DIR.glob("*.json")):
         for key, buckets in C.load_table(json.loads(path.read_text())["device_name"]).items():
@@ -276,7 +276,7 @@ def _plan(cfg, family="gluon", *, E=8, H=512, top_k=2, pdl=0, T=3):
     """``decode.plan`` of one call on CPU tensors (nothing is launched)."""
     import torch
 
-    from sglang_fp4ext.moe import decode
+    from sglang_fp4ext.moe.decode import launch as decode
     from sglang_fp4ext.moe.prepared import PreparedMoEWeights
     from sglang_fp4ext.moe.weights import random_moe_weights
 
@@ -302,9 +302,9 @@ def _assert_named_fully(launch):
 def test_both_families_take_the_launchers_arguments(gemm2):
     """The plan passes one argument set to either family: each Gluon kernel takes the dot
     kernel's arguments, its layouts (and COMBINE, SPLIT_T, PDL) instead of COMPUTE_F32."""
-    from sglang_fp4ext.moe.decode_config import KernelConfig
+    from sglang_fp4ext.moe.decode.config import DecodeConfig
 
-    cfg = KernelConfig(kernels="gluon", gemm2=gemm2, combine="counter")
+    cfg = DecodeConfig(kernels="gluon", gemm2=gemm2, combine="counter")
     gluon, _ = _plan(cfg, "gluon")
     dot, _ = _plan(cfg, "dot")
     assert len(gluon) == len(dot) == 2
@@ -329,9 +329,9 @@ def test_both_families_take_the_launchers_arguments(gemm2):
 def test_every_launch_keyword_is_a_kernel_parameter(knobs):
     """Each launch of the plan, for each knob, names every parameter of the kernel it launches
     and nothing else (a keyword meant for one role must not reach another)."""
-    from sglang_fp4ext.moe.decode_config import KernelConfig
+    from sglang_fp4ext.moe.decode.config import DecodeConfig
 
-    cfg = KernelConfig(kernels="gluon", **knobs)
+    cfg = DecodeConfig(kernels="gluon", **knobs)
     launches, _ = _plan(cfg, "gluon", H=2048, top_k=8, pdl=cfg.pdl)
     assert len(launches) == (3 if cfg.combine == "kernel" else 2)
     for launch in launches:
@@ -343,10 +343,10 @@ def test_every_launch_keyword_is_a_kernel_parameter(knobs):
 def test_slot_parallel_token_gemm2_takes_the_same_arguments():
     """``slots2=1`` swaps the token GEMM2 for ``_gemm2_tok_slots`` under the same launch: the
     same arguments, up to 8 times the warps and rows, an MMA column per slot of a round."""
-    from sglang_fp4ext.moe import _decode_gluon_kernels as G
-    from sglang_fp4ext.moe.decode_config import KernelConfig
+    from sglang_fp4ext.moe.decode import _gluon_kernels as G
+    from sglang_fp4ext.moe.decode.config import DecodeConfig
 
-    cfg = KernelConfig(kernels="gluon", gemm2="tokens", slots2=1, block_n2=32, warps2=2)
+    cfg = DecodeConfig(kernels="gluon", gemm2="tokens", slots2=1, block_n2=32, warps2=2)
     (_, g), _ = _plan(cfg, E=16, top_k=9)
     assert g.kernel == "_gemm2_tok_slots" and g.fn().arg_names == G._gemm2_tok.arg_names
     assert g.options["num_warps"] == 16 and g.kwargs["BT"] == 8  # 8 slots a round, 2 rounds
@@ -359,10 +359,10 @@ def test_split_stacked_gemm1_takes_the_same_arguments():
     """``kstack1=1`` swaps GEMM1 for ``_gemm1_kstack`` under the same launch: the same arguments,
     ``split_k1`` times the warps and rows in one program, 8 MMA columns, and no K splits left
     on the grid; GEMM1's K chunks must divide into the splits."""
-    from sglang_fp4ext.moe import _decode_gluon_kernels as G
-    from sglang_fp4ext.moe.decode_config import KernelConfig
+    from sglang_fp4ext.moe.decode import _gluon_kernels as G
+    from sglang_fp4ext.moe.decode.config import DecodeConfig
 
-    cfg = KernelConfig(kernels="gluon", split_k1=8, kstack1=1, block_n1=32, warps1=1)
+    cfg = DecodeConfig(kernels="gluon", split_k1=8, kstack1=1, block_n1=32, warps1=1)
     (g, _), pw = _plan(cfg, H=2048)
     assert g.kernel == "_gemm1_kstack"
     assert [a for a in g.fn().arg_names if a != "KS"] == [

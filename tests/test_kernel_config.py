@@ -1,4 +1,4 @@
-"""KernelConfig: frozen/hashable/repr round trip, validation, the heuristic, tables, overrides.
+"""DecodeConfig: frozen/hashable/repr round trip, validation, the heuristic, tables, overrides.
 
 Table format v2 details, errors and the tuner: tests/test_tune.py; the dispatcher:
 tests/test_dispatch.py."""
@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from sglang_fp4ext.moe import config as C
-from sglang_fp4ext.moe.config import config_for
-from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
+from sglang_fp4ext.moe import tables as C
+from sglang_fp4ext.moe.tables import config_for
+from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 
 H200 = Target("sm_90", "NVIDIA H200", 132)
@@ -21,10 +22,10 @@ TOKENS = [0, 1, 2, 3, 4, 8, 16, 31, 64, 128, 256, 1000]
 
 
 def test_frozen_hashable_repr_round_trip():
-    cfg = KernelConfig(grid="experts", block_n1=128, split_k2=4)
-    assert eval(repr(cfg), {"KernelConfig": KernelConfig}) == cfg
-    assert hash(cfg) == hash(KernelConfig(grid="experts", block_n1=128, split_k2=4))
-    assert KernelConfig.from_dict(cfg.to_dict()) == cfg
+    cfg = DecodeConfig(grid="experts", block_n1=128, split_k2=4)
+    assert eval(repr(cfg), {"DecodeConfig": DecodeConfig}) == cfg
+    assert hash(cfg) == hash(DecodeConfig(grid="experts", block_n1=128, split_k2=4))
+    assert DecodeConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.block_t = 32
 
@@ -62,9 +63,9 @@ def test_frozen_hashable_repr_round_trip():
 )
 def test_invalid_configs_rejected(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
-        KernelConfig(**kwargs)
+        DecodeConfig(**kwargs)
     with pytest.raises(ValueError, match="unknown"):
-        KernelConfig.from_dict({"blockn": 1})
+        DecodeConfig.from_dict({"blockn": 1})
 
 
 @pytest.mark.parametrize("shape", [TP8, EP8, MoEShape(10, 272, 80, 9)], ids=["tp8", "ep8", "small"])
@@ -72,7 +73,7 @@ def test_invalid_configs_rejected(kwargs, msg):
 def test_heuristic_is_deterministic_and_fills_the_gpu(shape, target):
     for T in TOKENS:
         a, b = heuristic_config(T, shape, target), heuristic_config(T, shape, target)
-        assert a == b and isinstance(a, KernelConfig)
+        assert a == b and isinstance(a, DecodeConfig)
         # Same bucket -> same config.
         assert a == heuristic_config(token_bucket(T), shape, target)
         P = token_bucket(T) * shape.top_k
@@ -114,7 +115,7 @@ def test_token_bucket():
 
 
 def test_override_and_reset():
-    forced = KernelConfig(grid="experts", block_n1=32)
+    forced = DecodeConfig(grid="experts", block_n1=32)
     with C.override_config(forced):
         assert config_for(7, TP8, H200) is forced
     assert config_for(7, TP8, H200) != forced or heuristic_config(7, TP8, H200) == forced
@@ -162,7 +163,7 @@ def test_tables_parse_and_are_used(tmp_path, monkeypatch):
     monkeypatch.setattr(C, "_CONFIG_DIR", tmp_path)
     C.clear_table_cache()
     try:
-        cfg = KernelConfig(grid="experts", block_n1=128, split_k1=2)
+        cfg = DecodeConfig(grid="experts", block_n1=128, split_k1=2)
         doc = {"device_name": "Test GPU", "shapes": {EP8.key(): {"16": cfg.to_dict()}}}
         (tmp_path / "Test_GPU.json").write_text(json.dumps(doc))
         tgt = Target("sm_90", "Test GPU", 132)
@@ -185,7 +186,7 @@ def test_fused_shared_expert_is_sglangs_rule():
 
 
 def test_heuristic_takes_the_measured_forms_on_the_gluon_two_launch_path(monkeypatch):
-    """Decode step 9 (``decode_config._measured_forms``): GEMM1's K splits stacked on one
+    """Decode step 9 (``decode.heuristic._measured_forms``): GEMM1's K splits stacked on one
     program at 1-4 tokens (8 / 4 / 2 splits; 4 at one token with a 9th id; at 2 tokens only
     for EP8's 4096-row experts, and not at 2 tokens with a 9th id), a token's slots side by side
     at 1-2 tokens without expert parallelism and with top-k <= 8, 32-row token GEMM2 tiles for
@@ -253,10 +254,10 @@ def test_heuristic_path_moves_a_fused_shared_expert_to_prefill_from_128_on_wgmma
 
 
 def test_reform_leaves_gemm1s_cap_behind_only_where_the_new_form_rejects_it():
-    """``KernelConfig.reform``: a config derived in another form keeps every other field; GEMM1's
+    """``DecodeConfig.reform``: a config derived in another form keeps every other field; GEMM1's
     register cap goes where the form does not take it (the tl.dot family, stacked splits) and
     stays where it does; a cap the caller names is checked as given."""
-    capped = KernelConfig(kernels="gluon", block_n1=128, warps1=4, maxnreg1=168)
+    capped = DecodeConfig(kernels="gluon", block_n1=128, warps1=4, maxnreg1=168)
     assert capped.reform(block_t=16) == dataclasses.replace(capped, block_t=16)
     assert capped.reform(gemm2="tokens", combine="counter").maxnreg1 == 168
     for form in ({"kernels": "dot"}, {"kstack1": 1, "split_k1": 4, "warps1": 2, "block_n1": 64}):
@@ -265,7 +266,7 @@ def test_reform_leaves_gemm1s_cap_behind_only_where_the_new_form_rejects_it():
         assert derived == dataclasses.replace(capped, maxnreg1=0, **form)
         with pytest.raises(ValueError, match="caps the Gluon GEMM1"):
             capped.reform(maxnreg1=168, **form)
-    plain = KernelConfig(kernels="gluon")
+    plain = DecodeConfig(kernels="gluon")
     assert plain.reform(kernels="dot") == dataclasses.replace(plain, kernels="dot")
 
 
@@ -292,7 +293,7 @@ def test_gpu_tier_forms_of_every_shipped_decode_entry_are_valid(tmp_path, monkey
             for gemm2 in ("pairs", "tokens"):
                 for kernels in FAMILIES:
                     cfg = _as(_with_gemm2(base, gemm2), kernels)  # as the tier's _config
-                    assert isinstance(cfg, KernelConfig), (tgt, shape, b, kernels)
+                    assert isinstance(cfg, DecodeConfig), (tgt, shape, b, kernels)
                     forms += 1
     finally:
         C.clear_table_cache()

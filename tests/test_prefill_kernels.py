@@ -1,4 +1,4 @@
-"""Prefill path (``moe/prefill.py``, ``moe/_prefill_kernels.py``) vs its torch twins.
+"""Prefill path (``moe/prefill/launch.py``, ``moe/prefill/_dot_kernels.py``) vs its torch twins.
 
 CPU tier (kernels under ``TRITON_INTERPRET=1``; compiled on a GPU machine): the device grouping
 against ``group_by_expert_torch`` bit for bit; the whole layer against ``fused_moe_nvfp4_torch``
@@ -31,18 +31,15 @@ import pytest
 import torch
 
 from sglang_fp4ext.moe.shape import MoEShape, Target
-from sglang_fp4ext.moe.prefill import (
+from sglang_fp4ext.moe.prefill.launch import (
     fused_moe_nvfp4_prefill,
     group_by_expert,
     group_by_expert_torch,
     max_m_tiles,
     num_bins,
 )
-from sglang_fp4ext.moe.prefill_config import (
-    PrefillConfig,
-    prefill_heuristic_config,
-    w4a16_twin_config,
-)
+from sglang_fp4ext.moe.prefill.config import PrefillConfig, w4a16_twin_config
+from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from sglang_fp4ext.testing.compare import assert_close
@@ -61,7 +58,7 @@ TIE_REL = 1e-6
 @pytest.fixture(autouse=True)
 def _poison_workspaces(monkeypatch):
     """Workspaces start as NaN: a kernel reading a row nobody wrote fails the comparison."""
-    from sglang_fp4ext.moe import prefill
+    from sglang_fp4ext.moe.prefill import launch as prefill
 
     monkeypatch.setattr(prefill, "_POISON_WORKSPACES", True)
 
@@ -391,7 +388,7 @@ def test_wgmma_config_rules():
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
     """``accs2=2`` runs GEMM2 one 256-deep chunk per row block: other I get a clear error."""
-    from sglang_fp4ext.moe.prefill import _plan
+    from sglang_fp4ext.moe.prefill.launch import _plan
 
     _, pw = _weights(4, 256, 512)
     g = torch.Generator().manual_seed(5)
@@ -405,7 +402,7 @@ def test_wgmma_two_accumulators_need_one_k_chunk():
 def test_wgmma_static_ring_needs_stages_dividing_the_k_chunks():
     """``static_ring*=1`` unrolls a GEMM's K loop by its stages: a K that is not a multiple of
     stages x 256 gets a clear error naming the GEMM and its size."""
-    from sglang_fp4ext.moe.prefill import _plan
+    from sglang_fp4ext.moe.prefill.launch import _plan
 
     _, pw = _weights(4, 768, 512)  # H: 3 chunks, I: 2 chunks
     g = torch.Generator().manual_seed(6)
@@ -433,7 +430,7 @@ def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
     x = torch.randn(8, 384, generator=g).to(torch.bfloat16).to(DEV)
     ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
     cfg = PrefillConfig(block_m=16, block_p=16, **_WG)
-    from sglang_fp4ext.moe.prefill import _plan
+    from sglang_fp4ext.moe.prefill.launch import _plan
 
     with pytest.raises(ValueError, match="H and I multiples of 256, got H=384, I=256"):
         _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
@@ -451,7 +448,7 @@ def test_w4a4_activation_quantizer_is_bit_exact(seed):
     """``_quant_act`` against ``nvfp4.format.quantize_activation_nvfp4``: the same code bytes and
     e4m3 scale bytes, incl. zeros, tiny blocks (subnormal scales) and saturation past the
     calibrated range."""
-    from sglang_fp4ext.moe import _prefill_w4a4_kernels as W
+    from sglang_fp4ext.moe.prefill import _w4a4_kernels as W
     from sglang_fp4ext.nvfp4.format import quantize_activation_nvfp4
 
     g = torch.Generator().manual_seed(seed)
@@ -534,7 +531,7 @@ def _w4a4_twin_up_to_ties(out, x, tw_weights, ids, tw):
 def test_w4a4_is_served_only_with_input_scales_and_consent(monkeypatch):
     """A W4A4 choice (table or heuristic) runs as W4A16 on weights without static input scales
     and when the user asks for bf16 activations; other families are served as chosen."""
-    from sglang_fp4ext.moe.prefill_config import served_prefill_config, w4a16_twin_config
+    from sglang_fp4ext.moe.prefill.config import served_prefill_config, w4a16_twin_config
 
     cfg = PrefillConfig(block_m=64, **_W4)
     assert served_prefill_config(cfg, True) is cfg
@@ -569,7 +566,7 @@ def test_w4a4_needs_input_scales_and_k_multiples_of_256():
 def test_permute_k_matches_its_twin(seed):
     """``_permute_k`` (the wgmma GEMM1's input pass) against ``layout.to_mma_k_order``, on a
     strided input, NaN-poisoned output, T not a multiple of the program's rows."""
-    from sglang_fp4ext.moe import _prefill_kernels as K
+    from sglang_fp4ext.moe.prefill import _dot_kernels as K
     from sglang_fp4ext.moe.layout import mma_k_order, to_mma_k_order
 
     assert sorted(mma_k_order().tolist()) == list(range(128))  # a permutation
@@ -631,7 +628,7 @@ def test_rows_per_expert_is_ep_aware():
 
 def test_wgmma_heuristic(monkeypatch):
     """Outside the interpreter sm_90 gets the wgmma family and sm_100 / sm_120 the W4A4 family
-    where H and I are multiples of 256 (``prefill_config.default_prefill_family``); other GPUs
+    where H and I are multiples of 256 (``prefill.heuristic.default_prefill_family``); other GPUs
     and shapes keep tl.dot."""
     from sglang_fp4ext import target_info
 
@@ -645,7 +642,7 @@ def test_wgmma_heuristic(monkeypatch):
     # of rows (step 8's sweeps: T = 4096 / 8192 faster, 2048 slower), else 1 on 8 blocks.
     assert {T: (c.msub2, c.group_n2) for T, c in got.items()} == {
         512: (1, 8), 1024: (1, 8), 2048: (1, 8), 4096: (2, 4), 8192: (2, 4)}
-    # The measured best block_m of each point in the step-1 A/B (prefill_config._wgmma_config).
+    # The measured best block_m of each point in the step-1 A/B (prefill.heuristic._wgmma_config).
     assert {T: c.block_m for T, c in got.items()} == {512: 32, 1024: 32, 2048: 64, 4096: 64,
                                                      8192: 64}
     assert got[4096].stages1 == 3 and got[512].stages1 == 2
@@ -692,10 +689,11 @@ import json, os, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from sglang_fp4ext.moe import _prefill_kernels as K
+from sglang_fp4ext.moe.prefill import _dot_kernels as K
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
-from sglang_fp4ext.moe.prefill import _plan
-from sglang_fp4ext.moe.prefill_config import PrefillConfig, prefill_heuristic_config
+from sglang_fp4ext.moe.prefill.launch import _plan
+from sglang_fp4ext.moe.prefill.config import PrefillConfig
+from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.shape import MoEShape, Target
 
@@ -838,7 +836,7 @@ def _requests(cc):
     if cc == 90:
         req += _knob_requests(arch, sms)
     if cc == 90:  # the prefill entries of the shipped H200 table (used on that GPU only)
-        from sglang_fp4ext.moe import config as C
+        from sglang_fp4ext.moe import tables as C
 
         for key, buckets in C.load_entries("NVIDIA H200").items():
             s = C.parse_shape_key(key)
@@ -1086,7 +1084,7 @@ PREFILL_FAMILIES = ["dot", "wgmma"]
 
 
 def _cfg(pw, ids, kernels):
-    from sglang_fp4ext.moe.config import prefill_config_for
+    from sglang_fp4ext.moe.tables import prefill_config_for
     from sglang_fp4ext.moe.shape import current_target
 
     T, shape = ids.shape[0], pw.shape(ids.shape[1])

@@ -75,7 +75,7 @@ def test_tune_run_shows_a_bar_per_shape_on_a_terminal(tmp_path, monkeypatch, see
     """A tiny interpreter run (the flow of tests/test_tune.py): the bar names the shape and the
     best time; the per-bucket lines on the output stream still come out whole."""
     pytest.importorskip("tqdm")
-    from sglang_fp4ext.moe import config as C
+    from sglang_fp4ext.moe import tables as C
 
     monkeypatch.setenv(C.CONFIG_DIR_ENV, str(tmp_path))
     C.clear_table_cache()

@@ -87,7 +87,7 @@ def test_broken_kernel_is_caught_and_the_twin_serves(fresh, small_check, monkeyp
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=1e-2, rms_rel=5e-3)
     failed = [r.getMessage() for r in caplog.records if "self-check FAILED" in r.getMessage()]
     assert len(failed) == 1 and "Triton" in failed[0] and "decode" in failed[0], failed
-    assert "KernelConfig(" in failed[0] and "rms_rel" in failed[0]
+    assert "DecodeConfig(" in failed[0] and "rms_rel" in failed[0]
     (key, v), = selfcheck.verdicts().items()
     assert not v["ok"] and v["rms_rel"] > selfcheck.RMS_REL, v
     # A later process reads the verdict from disk: no second check, the twin serves again.
@@ -125,7 +125,7 @@ def test_warn_mode_logs_but_serves_what_was_chosen(fresh, small_check, monkeypat
 def test_every_shipped_h200_config_passes_its_check(fresh):
     """Each config of the shipped table for this GPU, checked on this GPU (time per family). On
     another sm_90 card (an H100) the H200's table: the configs such a card is closest to."""
-    from sglang_fp4ext.moe import config as C
+    from sglang_fp4ext.moe import tables as C
 
     name = torch.cuda.get_device_name()
     if not C.table_path(name).exists() and torch.cuda.get_device_capability() == (9, 0):
@@ -155,8 +155,8 @@ def test_every_shipped_h200_config_passes_its_check(fresh):
 @pytest.mark.gpu
 def test_broken_gluon_falls_back_to_dot(fresh, monkeypatch, seed):
 
-    from sglang_fp4ext.moe.config import TableEntry
-    from sglang_fp4ext.moe.decode_config import heuristic_config
+    from sglang_fp4ext.moe.tables import TableEntry
+    from sglang_fp4ext.moe.decode.heuristic import heuristic_config
     from sglang_fp4ext.moe.shape import current_target
 
     monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "decode:gluon")
@@ -172,10 +172,10 @@ def test_stacked_gemm1_is_checked_on_k_chunks_its_splits_divide():
     """A decode config with GEMM1's K splits stacked on one program (``kstack1``) needs K chunks
     that ``split_k1`` divides; the check widens H for it (6 chunks do not divide into 4 or 8: the
     H100 Marlin harness saw such configs fail their check and fall back to tl.dot, 2026-12-05)."""
-    from sglang_fp4ext.moe.config import TableEntry
-    from sglang_fp4ext.moe.decode_config import KernelConfig
+    from sglang_fp4ext.moe.tables import TableEntry
+    from sglang_fp4ext.moe.decode.config import DecodeConfig
 
-    base = KernelConfig(kernels="gluon", split_k1=2, warps1=1, block_n1=32)
+    base = DecodeConfig(kernels="gluon", split_k1=2, warps1=1, block_n1=32)
     assert selfcheck.check_hidden(TableEntry("decode", base)) == selfcheck.CHECK_SHAPE["H"]
     for sk, want in ((2, 1536), (4, 3072), (8, 6144)):
         e = TableEntry("decode", dataclasses.replace(base, kstack1=1, split_k1=sk))
@@ -188,13 +188,13 @@ def test_stacked_gemm1_is_checked_on_k_chunks_its_splits_divide():
 @pytest.mark.parametrize("split_k1", [2, 4, 8])
 def test_stacked_gemm1_passes_its_check(fresh, split_k1):
     """A kstack1 config passes its check and serves as it is (no tl.dot fallback)."""
-    from sglang_fp4ext.moe.config import TableEntry
-    from sglang_fp4ext.moe.decode_config import KernelConfig
+    from sglang_fp4ext.moe.tables import TableEntry
+    from sglang_fp4ext.moe.decode.config import DecodeConfig
 
     dev = torch.device("cuda")
     if not target_info.supports_gluon_decode(target_info.device_capability(dev)):
         pytest.skip("the Gluon decode family does not run on this GPU")
-    cfg = KernelConfig(grid="slots", kernels="gluon", kstack1=1, split_k1=split_k1,
+    cfg = DecodeConfig(grid="slots", kernels="gluon", kstack1=1, split_k1=split_k1,
                        warps1=1, block_n1=32)
     e = TableEntry("decode", cfg)
     assert selfcheck.usable_entry(e, 8, dev) == e, selfcheck._verdict(e, 8, dev)
@@ -205,8 +205,9 @@ def test_stacked_gemm1_passes_its_check(fresh, split_k1):
 def test_broken_wgmma_prefill_falls_back_to_dot(fresh, monkeypatch, seed):
     """A wrong wgmma prefill kernel (fault injected) is caught; the same tiles on tl.dot serve
     (``w4a16_twin_config``: the wgmma-only knobs dropped)."""
-    from sglang_fp4ext.moe.config import TableEntry
-    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config, w4a16_twin_config
+    from sglang_fp4ext.moe.tables import TableEntry
+    from sglang_fp4ext.moe.prefill.config import w4a16_twin_config
+    from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
     from sglang_fp4ext.moe.shape import MoEShape, current_target
 
     dev = torch.device("cuda")
@@ -230,8 +231,8 @@ def test_w4a4_is_checked_against_the_w4a4_twin_and_falls_back_to_w4a16(fresh, sm
     the twin with NVFP4 activations: a correct kernel passes (its FP4 activations differ from the
     W4A16 twin by ~16% rms, which would fail); a broken one falls back to the same tiles on the
     W4A16 tl.dot kernels."""
-    from sglang_fp4ext.moe.config import TableEntry
-    from sglang_fp4ext.moe.prefill_config import PrefillConfig, w4a16_twin_config
+    from sglang_fp4ext.moe.tables import TableEntry
+    from sglang_fp4ext.moe.prefill.config import PrefillConfig, w4a16_twin_config
 
     dev = torch.device("cpu")
     cfg = PrefillConfig(block_m=32, block_n1=64, block_n2=64, block_k1=256, block_k2=256,

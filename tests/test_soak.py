@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from sglang_fp4ext.bench import random_packed_weights
-from sglang_fp4ext.moe import decode, dispatch, selfcheck
+from sglang_fp4ext.moe import dispatch, selfcheck
+from sglang_fp4ext.moe.decode import launch as decode
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import Target
@@ -25,7 +26,7 @@ from sglang_fp4ext.testing.compare import assert_close
 
 
 def _bookkeeping() -> dict:
-    from sglang_fp4ext.moe import _decode_gluon_kernels as G
+    from sglang_fp4ext.moe.decode import _gluon_kernels as G
 
     ws = decode._WORKSPACES
     return dict(

@@ -1,4 +1,4 @@
-"""Config tables v2 (``moe/config.py``) and ``fp4ext tune`` (``tune.py``,
+"""Config tables v2 (``moe/tables.py``) and ``fp4ext tune`` (``tune.py``,
 ``tune_space.py``, ``tune_cli.py``), CPU tier.
 
 Table round trip, v1 migration, user-directory precedence, strict errors naming file / shape /
@@ -22,12 +22,13 @@ import torch
 
 from sglang_fp4ext import model_shapes
 from sglang_fp4ext.cli import main as cli_main
-from sglang_fp4ext.moe import config as C
+from sglang_fp4ext.moe import tables as C
 from sglang_fp4ext import tune as TU
 from sglang_fp4ext.moe import tune_space as TS
-from sglang_fp4ext.moe.config import TableEntry
-from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
-from sglang_fp4ext.moe.prefill_config import PrefillConfig
+from sglang_fp4ext.moe.tables import TableEntry
+from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.heuristic import heuristic_config
+from sglang_fp4ext.moe.prefill.config import PrefillConfig
 from sglang_fp4ext.moe.shape import MoEShape, Target
 
 H200 = Target("sm_90", "NVIDIA H200", 132)
@@ -54,7 +55,7 @@ def _doc():
         "Test GPU",
         {
             EP8.key(): {
-                1: TableEntry("decode", KernelConfig(split_k1=4, gemm2="tokens", block_n2=32)),
+                1: TableEntry("decode", DecodeConfig(split_k1=4, gemm2="tokens", block_n2=32)),
                 2048: TableEntry("prefill", PrefillConfig(block_m=64, stages1=2)),
             }
         },
@@ -79,7 +80,7 @@ def test_round_trip_and_lookup(user_dir):
 
 
 def test_v1_table_migrates_to_decode(user_dir):
-    cfg = KernelConfig(grid="experts", block_n1=128, split_k1=2)
+    cfg = DecodeConfig(grid="experts", block_n1=128, split_k1=2)
     (user_dir / "Test_GPU.json").write_text(
         json.dumps({"device_name": "Test GPU", "shapes": {TP8.key(): {"16": cfg.to_dict()}}})
     )
@@ -135,7 +136,7 @@ def _bucket(d, b="1"):
         (lambda d: _bucket(d)["config"].update(split_k1=4.0), r"field 'split_k1': must be int"),
         (lambda d: _bucket(d)["config"].update(stages1=True), r"field 'stages1': must be int"),
         (lambda d: _bucket(d)["config"].update(grid=1), r"field 'grid': must be str"),
-        (lambda d: _bucket(d)["config"].update(split_k1=3), r"bucket '1': KernelConfig.split_k1"),
+        (lambda d: _bucket(d)["config"].update(split_k1=3), r"bucket '1': DecodeConfig.split_k1"),
         (lambda d: _bucket(d, "2048").update(path="decode"), r"bucket '2048', field 'block_m'"),
         (lambda d: _bucket(d, "2048")["config"].update(combine="sum"), r"2048'.*combine"),
     ],
@@ -174,7 +175,7 @@ def test_shipped_tables_are_v2_and_complete():
 @pytest.mark.parametrize("shape", [TP8, TP8_FUSED, EP8, SMALL], ids=["tp8", "fused", "ep8", "sm"])
 @pytest.mark.parametrize("target", [H200, PRO6000, A100], ids=["h200", "pro6000", "a100"])
 def test_search_space_is_deterministic_valid_and_small(shape, target):
-    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
+    from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 
     for b in TU.DEFAULT_BUCKETS:
         space = TU.search_space(b, shape, target)
@@ -182,7 +183,7 @@ def test_search_space_is_deterministic_valid_and_small(shape, target):
         assert bool(space["decode"]) == (b <= TS.DECODE_MAX_BUCKET)
         assert bool(space["prefill"]) == (b >= TS.PREFILL_MIN_BUCKET)
         for path, cls, heur in (
-            ("decode", KernelConfig, heuristic_config),
+            ("decode", DecodeConfig, heuristic_config),
             ("prefill", PrefillConfig, prefill_heuristic_config),
         ):
             cands = space[path]
@@ -253,7 +254,7 @@ def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four
 def test_gemm1_reg_cap_adds_a_program_per_sm_without_spilling():
     """The caps decode step 11 compiled on sm_90 (GLM-5): 2-warp GEMM1 programs 168 registers
     at 8 pairs a tile, 184 at 16; 4-warp 168; none for what the cap does not apply to."""
-    base = KernelConfig(kernels="gluon", block_t=8, warps1=2, block_n1=64)
+    base = DecodeConfig(kernels="gluon", block_t=8, warps1=2, block_n1=64)
     assert TS.gemm1_reg_cap(base) == 168
     assert TS.gemm1_reg_cap(dataclasses.replace(base, block_t=16)) == 184
     assert TS.gemm1_reg_cap(dataclasses.replace(base, block_t=16, warps1=4, block_n1=128)) == 168
@@ -297,7 +298,7 @@ def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
     """Outside the interpreter the H200's prefill heuristic is the wgmma family: the tuner times
     it, the tl.dot family's heuristic and the wgmma knobs (all valid configs)."""
     from sglang_fp4ext import target_info
-    from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
+    from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
     for shape in (TP8, TP8_FUSED, EP8):
@@ -336,7 +337,7 @@ def _wall_timer(step, n):
 
 def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     tiny = model_shapes.ModelShape("tiny", 8, 2, 256, 128, 1)
-    other = TableEntry("decode", KernelConfig(split_k1=2))
+    other = TableEntry("decode", DecodeConfig(split_k1=2))
     tgt = Target("sm_90", "Test GPU", 132)
     # An existing table with another shape: the tuner merges, never clobbers it.
     TU.write_table(user_dir / "Test_GPU.json", "Test GPU", {SMALL.key(): {1: other}})
@@ -424,9 +425,9 @@ def test_heuristic_over_best_compares_within_each_path():
         return {"path": p, "config": c.to_dict(), "heuristic": h,
                 **({"us": us} if us else {"error": "x"})}
 
-    timings = [rec("decode", KernelConfig(), 12.0, True),
+    timings = [rec("decode", DecodeConfig(), 12.0, True),
                rec("prefill", PrefillConfig(), 30.0, True),
-               rec("decode", KernelConfig(split_k1=2), 10.0),
+               rec("decode", DecodeConfig(split_k1=2), 10.0),
                rec("prefill", PrefillConfig(block_m=32), None)]
     # decode: 12 / 10; prefill: its only timed candidate is the heuristic (the other failed)
     assert TU.heuristic_over_best(timings) == {"decode": 1.2, "prefill": 1.0}
@@ -438,7 +439,7 @@ def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):
     """A later decode-only run (its own log: no prefill bucket, switch point None) keeps the
     table's prefill buckets, so the meta keeps their switch point."""
     path = user_dir / "Test_GPU.json"
-    dec, pre = TableEntry("decode", KernelConfig()), TableEntry("prefill", PrefillConfig())
+    dec, pre = TableEntry("decode", DecodeConfig()), TableEntry("prefill", PrefillConfig())
     log = {"versions": {}, "date": "d", "shapes": {SMALL.key(): {"preset": "p", "switch_point": 4}}}
     TU.write_table(path, "Test GPU", {SMALL.key(): {1: dec, 4: pre, 8: pre}}, log)
     log["shapes"][SMALL.key()]["switch_point"] = None

@@ -27,7 +27,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 PACK=${PACK:-close}
 source benchmarks/experiments/device_steps.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv >> $OUT/run.log
-TABLE=$(python -c "import torch; from sglang_fp4ext.moe.config import table_path
+TABLE=$(python -c "import torch; from sglang_fp4ext.moe.tables import table_path
 print(table_path(torch.cuda.get_device_name()))")
 if [ -n "${AS_TABLE:-}" ]; then  # another card's table as this card's (a user table): its tiers
   python benchmarks/experiments/table_as_card.py /tmp/as_cfg --src $AS_TABLE >> $OUT/run.log 2>&1

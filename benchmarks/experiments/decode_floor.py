@@ -26,8 +26,8 @@ import torch
 from _stream_kernels import _empty, _stream_experts  # this folder (run as a script)
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
 from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, kernel_times_us, time_graph_replay
-from sglang_fp4ext.moe.config import config_for
-from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+from sglang_fp4ext.moe.tables import config_for
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import current_target

@@ -49,10 +49,11 @@ from sglang_fp4ext.bench import random_packed_weights
 from sglang_fp4ext.bench import uniform_routing
 from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, kernel_times_us
 from sglang_fp4ext.bench.timing import time_graph_replay
-from sglang_fp4ext.moe.config import config_for, prefill_config_for, read_table_file, select
-from sglang_fp4ext.moe.decode import fused_moe_nvfp4
-from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
-from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
+from sglang_fp4ext.moe.tables import config_for, prefill_config_for, read_table_file, select
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
+from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.heuristic import heuristic_config
+from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import current_target, token_bucket
@@ -71,7 +72,7 @@ SHAPES = {
 }
 
 
-def _unique(cfgs: list[KernelConfig], drop: KernelConfig | None = None) -> list[KernelConfig]:
+def _unique(cfgs: list[DecodeConfig], drop: DecodeConfig | None = None) -> list[DecodeConfig]:
     """``cfgs`` in order without repeats (and without ``drop``)."""
     out = []
     for c in cfgs:
@@ -80,7 +81,7 @@ def _unique(cfgs: list[KernelConfig], drop: KernelConfig | None = None) -> list[
     return out
 
 
-def candidates(v1: KernelConfig, kc1: int) -> list[KernelConfig]:
+def candidates(v1: DecodeConfig, kc1: int) -> list[DecodeConfig]:
     """Gluon configs around ``v1`` (v1's tuned tiles): the same tiles, GEMM1 split-K / row tile /
     warps, GEMM2 form, tile, warps and row tiles per program."""
     base = dataclasses.replace(v1, kernels="gluon")
@@ -105,7 +106,7 @@ def candidates(v1: KernelConfig, kc1: int) -> list[KernelConfig]:
     return _unique(out)
 
 
-def slots_candidates(base: KernelConfig, top_k: int) -> list[KernelConfig]:
+def slots_candidates(base: DecodeConfig, top_k: int) -> list[DecodeConfig]:
     """The token GEMM2 with a token's top-k slots side by side (``slots2=1``), 1, 2 or 4 warps and
     32-128 rows per slot, at the base's PDL; for a pairs-GEMM2 base also its plain token form."""
     r = dataclasses.replace
@@ -118,7 +119,7 @@ def slots_candidates(base: KernelConfig, top_k: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
-def kstack_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
+def kstack_candidates(base: DecodeConfig, kc1: int) -> list[DecodeConfig]:
     """GEMM1 with its K splits stacked in one program (``kstack1=1``): 8 and 4 splits (2 at
     wider tiles) that divide the K chunks, 1-4 warps and 32-128 rows a split, at the base's
     GEMM2 and PDL (Gluon, two launches)."""
@@ -138,7 +139,7 @@ def kstack_candidates(base: KernelConfig, kc1: int) -> list[KernelConfig]:
 MAXNREG_CAPS = {2: (184, 168, 144, 128), 4: (168, 128)}
 
 
-def maxnreg_candidates(base: KernelConfig) -> list[KernelConfig]:
+def maxnreg_candidates(base: DecodeConfig) -> list[DecodeConfig]:
     """GEMM1 under a register cap (``maxnreg1``: more resident warps, maybe spills) at
     ``MAXNREG_CAPS`` with its tiles as they are, and at 168 / 128 with 4 warps on 128 rows (Gluon,
     two launches, the K splits across programs). 96 is left out: it spills 53-141 words a K step
@@ -152,7 +153,7 @@ def maxnreg_candidates(base: KernelConfig) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
-def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
+def combine_candidates(base: DecodeConfig, kc2: int) -> list[DecodeConfig]:
     """The pairs GEMM2 with its top-k sum in a third launch (``combine="kernel"``): row tile,
     warps, row tiles per program and GEMM2 split-K around ``base``."""
     r = dataclasses.replace
@@ -169,7 +170,7 @@ def combine_candidates(base: KernelConfig, kc2: int) -> list[KernelConfig]:
     return _unique(out, drop=base)
 
 
-def pdl_candidates(base: KernelConfig, heur: KernelConfig, levels=(0, 1)) -> list[KernelConfig]:
+def pdl_candidates(base: DecodeConfig, heur: DecodeConfig, levels=(0, 1)) -> list[DecodeConfig]:
     """``base`` and the heuristic's config, each without and with programmatic dependent launch
     at ``levels`` (Gluon, two or three launches)."""
     r = dataclasses.replace
@@ -180,7 +181,7 @@ def pdl_candidates(base: KernelConfig, heur: KernelConfig, levels=(0, 1)) -> lis
     return _unique(out, drop=base)
 
 
-def split_t_candidates(base: KernelConfig) -> list[KernelConfig]:
+def split_t_candidates(base: DecodeConfig) -> list[DecodeConfig]:
     """``base`` and its pairs-GEMM2 / third-launch form with each expert's pair chunks spread over
     2-16 programs (``split_t``)."""
     r = dataclasses.replace
@@ -275,7 +276,7 @@ def main(argv=None) -> int:
             heur = heuristic_config(T, shape, target)
             if shipped:
                 v1 = config_for(T, shape, target)
-                v1 = v1 if isinstance(v1, KernelConfig) else heur
+                v1 = v1 if isinstance(v1, DecodeConfig) else heur
             else:
                 e1 = v1_table.get(shape.key(), {}).get(token_bucket(T))
                 v1 = e1.config if e1 is not None and e1.path == "decode" else heur

@@ -17,8 +17,8 @@ import sys
 import torch
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
-from sglang_fp4ext.moe.decode import fused_moe_nvfp4
-from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
+from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 
 T = int(sys.argv[1])
@@ -32,7 +32,7 @@ ids, tw, _ = uniform_routing(T, bs, device="cuda", generator=gen)
 x = torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
 kw = {}
 if os.environ.get("NCU_KNOBS") and call is fused_moe_nvfp4_prefill:
-    from sglang_fp4ext.moe.config import prefill_config_for
+    from sglang_fp4ext.moe.tables import prefill_config_for
     from sglang_fp4ext.moe.shape import current_target
 
     base = prefill_config_for(T, prep.shape(ids.shape[1]), current_target())

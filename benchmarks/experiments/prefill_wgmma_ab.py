@@ -25,11 +25,12 @@ import torch
 from sglang_fp4ext import model_shapes
 from sglang_fp4ext.bench.layer import Layer
 from sglang_fp4ext.bench.timing import bf16_matmul_tflops, kernel_times_us, time_graph_replay
-from sglang_fp4ext.moe.config import config_for, prefill_config_for
-from sglang_fp4ext.moe.decode import fused_moe_nvfp4
-from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
-from sglang_fp4ext.moe.prefill import fused_moe_nvfp4_prefill
-from sglang_fp4ext.moe.prefill_config import prefill_heuristic_config
+from sglang_fp4ext.moe.tables import config_for, prefill_config_for
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
+from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.heuristic import heuristic_config
+from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
+from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import current_target
 from sglang_fp4ext.testing.compare import error_stats
@@ -59,7 +60,7 @@ def variants(T, ms, target):
 
 def step_for(layer, T, c):
     xs, routes, outs = layer.inputs(T)
-    fn = fused_moe_nvfp4 if isinstance(c, KernelConfig) else fused_moe_nvfp4_prefill
+    fn = fused_moe_nvfp4 if isinstance(c, DecodeConfig) else fused_moe_nvfp4_prefill
 
     def step(i):
         ids, tw, _ = routes[i]
@@ -100,7 +101,7 @@ for preset in PRESETS:
             cands += [("v2 shipped", prefill_config_for(T, ms, target)), (TORCH_BF16, TORCH_BF16)]
         elif T <= 1024:  # where the decode path may still win: the switch point
             dc = config_for(T, ms, target)
-            cands.append(("decode", dc if isinstance(dc, KernelConfig) else heuristic_config(T, ms, target)))
+            cands.append(("decode", dc if isinstance(dc, DecodeConfig) else heuristic_config(T, ms, target)))
         if not SHIPPED:
             cands += variants(T, ms, target)
         for name, c in cands:

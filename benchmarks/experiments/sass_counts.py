@@ -35,12 +35,12 @@ from triton.compiler import ASTSource
 
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
 from sglang_fp4ext.hardware import spec_by_key, spec_for_device_name
-from sglang_fp4ext.moe import decode as F
-from sglang_fp4ext.moe import prefill as PF
-from sglang_fp4ext.moe.config import config_for, prefill_config_for, read_table_file, table_path
-from sglang_fp4ext.moe.decode_config import KernelConfig
+from sglang_fp4ext.moe.decode import launch as F
+from sglang_fp4ext.moe.prefill import launch as PF
+from sglang_fp4ext.moe.tables import config_for, prefill_config_for, read_table_file, table_path
+from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
-from sglang_fp4ext.moe.prefill_config import PrefillConfig
+from sglang_fp4ext.moe.prefill.config import PrefillConfig
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.shape import MoEShape, Target
 
@@ -142,7 +142,7 @@ def _mma_loop(lines: list[str]) -> list[str]:
 
 def count(fn, grid, args, constexprs, warps, stages, maxnreg=0, *, cc: int) -> dict:
     opts = dict(num_warps=warps, num_stages=stages)
-    if maxnreg:  # Triton's launch option (KernelConfig.maxnreg1)
+    if maxnreg:  # Triton's launch option (DecodeConfig.maxnreg1)
         opts["maxnreg"] = maxnreg
     sig, consts, attrs = _signature(fn, args, constexprs)
     gluon = fn.is_gluon()
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cc", type=int, help="compute capability to compile for (default 90, or --gpu's)")
     ap.add_argument("--gpu", help="hardware_table key: compile what that GPU serves, for its arch")
     ap.add_argument("--out", help="write the JSON here (else stdout)")
-    ap.add_argument("--config", help="a KernelConfig(...) / PrefillConfig(...) for every case")
+    ap.add_argument("--config", help="a DecodeConfig(...) / PrefillConfig(...) for every case")
     ap.add_argument("--set", default="", help="KEY=INT,...: change these fields of each case's "
                     "served config (e.g. maxnreg1=168,kstack1=0)")
     a = ap.parse_args(argv)
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
         path = rest[0] if rest else "decode"
         bs = {"tp8": GLM5_TP8, "ep8": GLM5_EP8}[name]
         shape = MoEShape(bs.E_local, bs.H, bs.I, bs.top_k)
-        names = {"KernelConfig": KernelConfig, "PrefillConfig": PrefillConfig}
+        names = {"DecodeConfig": DecodeConfig, "PrefillConfig": PrefillConfig}
         forced = eval(a.config, names) if a.config else None
         if path == "decode":
             cfg = _changed(forced or config_for(int(T), shape, target), a.set)

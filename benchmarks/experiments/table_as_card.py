@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from sglang_fp4ext.moe.config import _file_name, table_path
+from sglang_fp4ext.moe.tables import _file_name, table_path
 
 ap = argparse.ArgumentParser()
 ap.add_argument("dir")

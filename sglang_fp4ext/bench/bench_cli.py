@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         interp = not args.no_interpreter
-        if interp and "sglang_fp4ext.moe._decode_dot_kernels" not in sys.modules:
+        if interp and "sglang_fp4ext.moe.decode._dot_kernels" not in sys.modules:
             os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are decorated
         interp = interp and target_info.is_interpreter()
         small = [T for T in args.tokens if T <= 8][:2] or [1, 3]

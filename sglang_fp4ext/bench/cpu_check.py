@@ -150,7 +150,7 @@ def run_cpu_check(
 
 def _interpreter_check(w, x, ids, tw, twin, dims, T) -> dict:
     from sglang_fp4ext import target_info
-    from sglang_fp4ext.moe.decode import fused_moe_nvfp4
+    from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
     from sglang_fp4ext.moe.prepared import PreparedMoEWeights
     from sglang_fp4ext.compare import error_stats
 

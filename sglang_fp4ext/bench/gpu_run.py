@@ -22,12 +22,12 @@ __all__ = ["run_gpu", "slowed_config", "step_text"]
 
 
 def slowed_config():
-    """A deliberately poor decode :class:`KernelConfig` for demonstrating the regression gate
+    """A deliberately poor decode :class:`DecodeConfig` for demonstrating the regression gate
     (``pytest benchmarks --fp4ext-slow-config``): the real kernels, correct for every shape, but
     no split-K (few busy programs at small T), 32-row tiles and no software pipelining."""
-    from sglang_fp4ext.moe.decode_config import KernelConfig
+    from sglang_fp4ext.moe.decode.config import DecodeConfig
 
-    return KernelConfig(
+    return DecodeConfig(
         grid="experts",
         block_t=8,
         block_p=128,

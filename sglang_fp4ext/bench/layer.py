@@ -110,7 +110,7 @@ class Layer:
     def config(self, T: int, path: str = "decode"):
         """The config the kernels pick for ``T`` on ``path`` (table entry or heuristic), for the
         record."""
-        from sglang_fp4ext.moe.config import path_config
+        from sglang_fp4ext.moe.tables import path_config
 
         return path_config(path, T, *self._moe_shape_target())
 

@@ -85,7 +85,7 @@ SUITE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 #: What ``sglang_backend.Fp4ExtRunnerCore`` serves: ``moe.experts.run_experts`` ->
 #: ``moe.dispatch.fused_moe``, which picks the decode or prefill kernels per token bucket from the
-#: config table (``moe/config.py``: user dir, then the shipped ``configs/<GPU>.json``), else the
+#: config table (``moe/tables.py``: user dir, then the shipped ``configs/<GPU>.json``), else the
 #: heuristic switch (prefill from ``PREFILL_MIN_TOKENS``, ``WGMMA_PREFILL_MIN_TOKENS`` on the wgmma
 #: family, ``WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS`` there with a fused shared expert). :func:`dispatch_path` asks the same code.
 DISPATCH_RULE = (
@@ -98,11 +98,11 @@ DISPATCH_RULE = (
 
 def dispatch_path(tokens: int, shape=None, target=None) -> str:
     """The fp4ext path SGLang's runner core serves ``tokens`` rows with (see DISPATCH_RULE):
-    ``moe.config.select`` for a ``MoEShape`` and target (this GPU by default); without a shape,
+    ``moe.tables.select`` for a ``MoEShape`` and target (this GPU by default); without a shape,
     the heuristic switch alone."""
     if tokens < 0:
         raise ValueError(f"tokens must be >= 0, got {tokens}")
-    from sglang_fp4ext.moe import config as C
+    from sglang_fp4ext.moe import tables as C
 
     if shape is None:
         return C.heuristic_path(tokens, None, None)

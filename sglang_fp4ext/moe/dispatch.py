@@ -20,7 +20,7 @@ from collections import Counter
 import torch
 
 from sglang_fp4ext.moe import paths, selfcheck
-from sglang_fp4ext.moe.config import TableEntry, select
+from sglang_fp4ext.moe.tables import TableEntry, select
 from sglang_fp4ext.moe.shape import Target, current_target
 
 __all__ = ["CALLS", "choose", "fused_moe"]

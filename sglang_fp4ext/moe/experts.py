@@ -2,7 +2,7 @@
 
 ``triton``: a CUDA GPU of SM80 or newer runs our Triton kernels on the kernel layout
 (``PreparedMoEWeights``, built once) through ``dispatch.fused_moe``, which picks the decode or
-prefill kernels per token-count bucket from the config tables (``moe/config.py``).
+prefill kernels per token-count bucket from the config tables (``moe/tables.py``).
 ``reference``: anything else (CPU, older GPUs) runs the float32 torch twin
 ``fused_moe_nvfp4_torch`` on the checkpoint layout (``MoEWeights``): correct and slow, for tests
 and bring-up. Used by the SGLang runner core and the transformers swap alike.

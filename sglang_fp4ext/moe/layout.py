@@ -177,7 +177,7 @@ def mma_k_order() -> torch.Tensor:
     """(128,) int64: the K order of the Gluon kernels' ``mma`` operands within each 128-wide K
     block. Position ``s = 16b + 8c1 + 2q + c0`` (k-step ``b`` of 8, k-slot ``8c1 + 2q + c0`` of
     an m16n8k16 fragment) holds element ``32q + 4b + 2c1 + c0``: thread ``q`` of a fragment then
-    reads 32 contiguous code bytes of a row (``_decode_gluon_kernels``). Activations that reach an
+    reads 32 contiguous code bytes of a row (``decode._gluon_kernels``). Activations that reach an
     ``mma`` through shared memory are stored in this order (``to_mma_k_order``)."""
     s = torch.arange(128)
     b, c1, q, c0 = s // 16, (s // 8) % 2, (s // 2) % 4, s % 2
@@ -185,7 +185,7 @@ def mma_k_order() -> torch.Tensor:
 
 
 def to_mma_k_order(x: torch.Tensor) -> torch.Tensor:
-    """Torch twin of ``_prefill_kernels._permute_k``: ``(..., K)`` with K a multiple of 128 ->
+    """Torch twin of ``prefill._dot_kernels._permute_k``: ``(..., K)`` with K a multiple of 128 ->
     the same values with each 128-wide block in :func:`mma_k_order`."""
     K = x.shape[-1]
     _check(K % 128 == 0, f"to_mma_k_order: K must be a multiple of 128, got {K}")

@@ -2,8 +2,8 @@
 tuner and the benchmarks all read.
 
 A path is a family of launches with its own frozen config type: ``decode`` (few tokens per
-expert, ``decode.fused_moe_nvfp4``, ``KernelConfig``) and ``prefill`` (grouped GEMMs,
-``prefill.fused_moe_nvfp4_prefill``, ``PrefillConfig``). A table entry names its path and holds
+expert, ``decode.launch.fused_moe_nvfp4``, ``DecodeConfig``) and ``prefill`` (grouped GEMMs,
+``prefill.launch.fused_moe_nvfp4_prefill``, ``PrefillConfig``). A table entry names its path and holds
 that path's config. Everything that parses, chooses, runs, checks or times a config asks its
 :class:`KernelPath` here, so a new family is one :func:`register` call and nothing else.
 
@@ -21,13 +21,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sglang_fp4ext.moe.decode_config import KernelConfig, heuristic_config
-from sglang_fp4ext.moe.prefill_config import (
-    PrefillConfig,
-    prefill_heuristic_config,
-    served_prefill_config,
-    w4a16_twin_config,
-)
+from sglang_fp4ext.moe.decode.config import DecodeConfig
+
+from sglang_fp4ext.moe.decode.heuristic import heuristic_config
+from sglang_fp4ext.moe.prefill.config import PrefillConfig, served_prefill_config, w4a16_twin_config
+from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 from sglang_fp4ext.moe.tune_space import (
     DECODE_MAX_BUCKET,
     PREFILL_MIN_BUCKET,
@@ -136,7 +134,7 @@ def path_of(config) -> KernelPath:
 # ---- the shipped paths ----
 
 
-def _decode_check_hidden(config: KernelConfig, H: int) -> int:
+def _decode_check_hidden(config: DecodeConfig, H: int) -> int:
     """GEMM1's K splits stacked on one program (``kstack1``) must be equal: the smallest multiple
     of ``H`` whose K chunks (of 256) ``split_k1`` divides (8 splits: 24 chunks, H = 6144)."""
     if not config.kstack1:
@@ -145,7 +143,7 @@ def _decode_check_hidden(config: KernelConfig, H: int) -> int:
     return 256 * kc * config.split_k1 // math.gcd(kc, config.split_k1)
 
 
-def _decode_fallbacks(config: KernelConfig):
+def _decode_fallbacks(config: DecodeConfig):
     # A Gluon config's tiles on the tl.dot family.
     return (config.reform(kernels="dot"),) if config.kernels != "dot" else ()
 
@@ -162,8 +160,8 @@ def _prefill_serves(config: PrefillConfig, weights) -> PrefillConfig:
 DECODE = register(
     KernelPath(
         name="decode",
-        config_type=KernelConfig,
-        runner="sglang_fp4ext.moe.decode:fused_moe_nvfp4",
+        config_type=DecodeConfig,
+        runner="sglang_fp4ext.moe.decode.launch:fused_moe_nvfp4",
         heuristic=heuristic_config,
         candidates=decode_candidates,
         check_tokens=5,
@@ -176,7 +174,7 @@ PREFILL = register(
     KernelPath(
         name="prefill",
         config_type=PrefillConfig,
-        runner="sglang_fp4ext.moe.prefill:fused_moe_nvfp4_prefill",
+        runner="sglang_fp4ext.moe.prefill.launch:fused_moe_nvfp4_prefill",
         heuristic=prefill_heuristic_config,
         candidates=prefill_candidates,
         check_tokens=64,

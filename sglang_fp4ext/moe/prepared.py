@@ -1,7 +1,7 @@
 """Expert weights in the kernel layout, and the input checks both launchers share.
 
 :class:`PreparedMoEWeights` is built once at load time (``layout.py`` describes the layout) and
-read by both kernel paths: ``decode.fused_moe_nvfp4`` and ``prefill.fused_moe_nvfp4_prefill``.
+read by both kernel paths: ``decode.launch.fused_moe_nvfp4`` and ``prefill.launch.fused_moe_nvfp4_prefill``.
 :func:`validate_moe_inputs` is their common argument check. Imports no launcher.
 """
 

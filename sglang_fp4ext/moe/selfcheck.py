@@ -37,7 +37,7 @@ import torch
 
 from sglang_fp4ext import envs, target_info
 from sglang_fp4ext.moe import paths
-from sglang_fp4ext.moe.config import TableEntry
+from sglang_fp4ext.moe.tables import TableEntry
 
 __all__ = [
     "CHECK_SHAPE",

@@ -2,7 +2,7 @@
 
 :class:`MoEShape` (per-rank expert shape), :class:`Target` (what a heuristic may know about the
 GPU), :func:`token_bucket` (the power-of-two bucket a token count is served from) and
-:class:`ConfigDict` (the JSON round trip shared by the decode ``KernelConfig`` and the prefill
+:class:`ConfigDict` (the JSON round trip shared by the decode ``DecodeConfig`` and the prefill
 ``PrefillConfig``). Imports no launcher and no config, so both config modules and the table
 module (``config.py``) can import it.
 """

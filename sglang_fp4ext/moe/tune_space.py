@@ -5,7 +5,7 @@ prefill kernel configs per token bucket and the constants that bound them.
 its config's ``__post_init__``; at most :data:`MAX_CANDIDATES` per path, ``--quick`` keeps the
 first :data:`QUICK_CANDIDATES`), in priority order:
 
-* decode (:func:`decode_candidates`), around ``decode_config.heuristic_config``: the heuristic; the
+* decode (:func:`decode_candidates`), around ``decode.heuristic.heuristic_config``: the heuristic; the
   heuristic without its small-T and hot-expert forms (``forms=False``); the other kernel family
   (Gluon <-> ``tl.dot``) of that; the other GEMM2 form (``tokens`` <-> ``pairs``);
   the pairs GEMM2 with the other top-k combine and (from 2 pairs per expert) with ``split_t=4``;
@@ -20,7 +20,7 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   split-K x2 (pairs); GEMM1 4 stages (``tl.dot`` family; the Gluon K loops have no stages); the
   other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (``tl.dot``) (the first
   :data:`MAX_CANDIDATES`). Split-K and ``tiles2`` are runtime arguments (no recompilation).
-* prefill (:func:`prefill_candidates`), around ``prefill_config.prefill_heuristic_config``: the
+* prefill (:func:`prefill_candidates`), around ``prefill.heuristic.prefill_heuristic_config``: the
   heuristic; ``block_m`` x2 (<= 256; at 256 with 128-deep GEMM1 steps) and /2 (>= 16); GEMM1
   with 64 rows / 4 warps / 256-deep steps, with 128 rows / 8 warps / 256-deep steps, and the
   former at ``block_m`` /2; 4 and 16 GEMM2 row blocks per program, and 64-row GEMM2 tiles on 4
@@ -44,7 +44,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from sglang_fp4ext import target_info
-from sglang_fp4ext.moe.decode_config import heuristic_config, takes_gemm1_cap
+from sglang_fp4ext.moe.decode.config import takes_gemm1_cap
+from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 
@@ -99,7 +100,7 @@ def _unique_valid(make: Sequence[Callable[[], object]], limit: int) -> list:
 
 
 def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_CANDIDATES):
-    """Decode-path :class:`KernelConfig` candidates for ``token_bucket(T)`` (module docstring)."""
+    """Decode-path :class:`DecodeConfig` candidates for ``token_bucket(T)`` (module docstring)."""
     b = token_bucket(T)
     base = heuristic_config(b, shape, target)
     plain = heuristic_config(b, shape, target, forms=False)
@@ -189,11 +190,8 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
 
 def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_CANDIDATES):
     """Prefill-path ``PrefillConfig`` candidates for ``token_bucket(T)`` (module docstring)."""
-    from sglang_fp4ext.moe.prefill_config import (
-        prefill_heuristic_config,
-        static_ring_fits,
-        wgmma_gemm1_knobs,
-    )
+    from sglang_fp4ext.moe.prefill.config import static_ring_fits
+    from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config, wgmma_gemm1_knobs
 
     b = token_bucket(T)
     base = prefill_heuristic_config(b, shape, target)
@@ -220,7 +218,7 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
         return _unique_valid(make, min(limit, MAX_CANDIDATES))
     if base.kernels == "wgmma":
         # sm_90: the v2 family around its heuristic, the v1 family's heuristic, and the knobs
-        # that moved the time in the H200 A/B (prefill_config._wgmma_config's docstring).
+        # that moved the time in the H200 A/B (prefill.heuristic._wgmma_config's docstring).
         def st1(v):  # GEMM1's ring and tile follow block_m as in the heuristic
             return dict(block_m=m(v), **wgmma_gemm1_knobs(v, shape))
 

@@ -1,8 +1,8 @@
 """Launch configs of the NVFP4 expert kernels, and which kernel path serves a token count.
 
 Two kernel paths read the same ``prepared.PreparedMoEWeights``: **decode**
-(``decode.fused_moe_nvfp4``, frozen ``decode_config.KernelConfig``) for few tokens per expert and
-**prefill** (``prefill.fused_moe_nvfp4_prefill``, frozen ``prefill_config.PrefillConfig``) for
+(``decode.launch.fused_moe_nvfp4``, frozen ``decode.config.DecodeConfig``) for few tokens per expert and
+**prefill** (``prefill.launch.fused_moe_nvfp4_prefill``, frozen ``prefill.config.PrefillConfig``) for
 many. Each config module holds its path's heuristic (the decode one's docstring explains it);
 ``shape.py`` the shape, target and token bucket they are keyed on. :func:`select`
 is a deterministic function of (token bucket, :class:`MoEShape`, :class:`Target`): the tuned
@@ -17,7 +17,7 @@ by ``_``, e.g. ``NVIDIA_H200.json``). Format version 2::
     {"version": 2,
      "device_name": "NVIDIA H200",
      "shapes": {"E=257,H=6144,I=256,top_k=9": {
-         "1":    {"path": "decode",  "config": {<KernelConfig fields>}},
+         "1":    {"path": "decode",  "config": {<DecodeConfig fields>}},
          "4096": {"path": "prefill", "config": {<PrefillConfig fields>}}, ...}},
      "meta": {...}}                       # optional, free-form (the tuner records its run here)
 
@@ -27,7 +27,7 @@ with ``T`` tokens uses bucket ``token_bucket(T)``, or the largest bucket of the 
 is beyond it (unless that is a decode entry and the path heuristic says prefill: a decode-only
 table says nothing about prefill); a bucket missing below the largest falls back to the
 heuristics. Version 1 (no
-``"version"`` key; buckets map straight to KernelConfig fields) is still read: every v1 bucket is
+``"version"`` key; buckets map straight to DecodeConfig fields) is still read: every v1 bucket is
 path ``decode``. Loading is strict: an unknown version, top-level key, path or config field, a
 bad shape or bucket key, or a value of the wrong type raises :class:`ConfigTableError` naming
 the file, shape, bucket and field.
@@ -55,7 +55,7 @@ from pathlib import Path
 
 from sglang_fp4ext import envs, target_info
 from sglang_fp4ext.moe import paths
-from sglang_fp4ext.moe.prefill_config import wgmma_supports_shape
+from sglang_fp4ext.moe.prefill.config import wgmma_supports_shape
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target, token_bucket
 
 __all__ = [
@@ -285,7 +285,7 @@ def load_entries(device_name: str) -> dict:
 
 
 def load_table(device_name: str) -> dict:
-    """The decode view: {shape key: {bucket: KernelConfig}} of the decode entries."""
+    """The decode view: {shape key: {bucket: DecodeConfig}} of the decode entries."""
     return {
         key: {b: e.config for b, e in buckets.items() if e.path == "decode"}
         for key, buckets in load_entries(device_name).items()
@@ -303,7 +303,7 @@ _OVERRIDE = None
 def set_config_override(cfg) -> None:
     """Test/benchmark only: force ``cfg`` for every call until :func:`reset_config_override`.
 
-    A config forces the path whose config type it is (``KernelConfig``: decode)."""
+    A config forces the path whose config type it is (``DecodeConfig``: decode)."""
     global _OVERRIDE
     if cfg is not None:
         paths.path_of(cfg)  # raises on a type no path owns

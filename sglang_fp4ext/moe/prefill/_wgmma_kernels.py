@@ -1,7 +1,7 @@
 """Gluon kernels of the NVFP4 W4A16 prefill path on Hopper, v2 (``@gluon.jit`` code and layouts).
 
 Same grouping, M tiles, workspaces and ordered combine as the ``tl.dot`` kernels in
-``_prefill_kernels`` (read their docstring first): ``_wgmma_gemm1`` replaces
+``prefill._dot_kernels`` (read their docstring first): ``_wgmma_gemm1`` replaces
 ``_prefill_gemm1`` (GEMM1 + SiLU·mul) and ``_wgmma_gemm2`` ``_prefill_gemm2`` (routing weight,
 one bf16 partial row per pair slot); both run ``_grouped_wgmma``. What changes is how the decode and the tensor cores share the
 warps: v1's ``tl.dot`` waits for each ``wgmma`` before it decodes the next weights, so the FP4
@@ -11,20 +11,20 @@ scheduler-cycle, tensor pipe 38%). Here the loop is software-pipelined by hand:
 * **Register A, asynchronous MMA.** The decoded weights are ``wgmma``'s register operand (the
   weight rows are its M side, the tile's tokens its N side, so 16-token tiles waste nothing), and
   ``wgmma`` runs asynchronously: chunk ``c + 1`` is loaded and decoded while chunk ``c``'s MMAs
-  run. The decode is the v2 decode kernels' (``_decode_gluon_kernels``): each thread loads
+  run. The decode is the v2 decode kernels' (``decode._gluon_kernels``): each thread loads
   32 contiguous code bytes per row and the change from the load layout to the MMA operand
   layout is a register renaming (``convert_layout(..., assert_trivial=True)``).
 * **Activations through swizzled shared memory.** ``cp.async`` copies each tile row's 16-byte
   pieces into a ``NS``-stage ring in the 128-byte swizzled layout ``wgmma`` reads without bank
   conflicts. The MMA's K order is the decode's (``layout.mma_k_order``), so the activations must
-  be stored in that order: GEMM1 reads ``x`` through a permuted copy (``_prefill_kernels.
+  be stored in that order: GEMM1 reads ``x`` through a permuted copy (``prefill._dot_kernels.
   _permute_k``, one pass over ``T x H``) and writes ``inter`` already permuted for GEMM2.
 * One CTA barrier per 256-deep chunk orders the ring: every thread's copies of chunk ``c`` have
   landed and every warpgroup's MMAs of chunk ``c - 1`` are done before chunk ``c``'s MMAs start
   and before chunk ``c - 1``'s buffer is refilled. In one allocation indexed at run time Triton
   adds two more per chunk (``_ring``); ``SR`` (``PrefillConfig.static_ring*``) avoids them.
 
-K (``H`` for GEMM1, ``I`` for GEMM2) must be a multiple of 256 (``prefill_config`` checks); the
+K (``H`` for GEMM1, ``I`` for GEMM2) must be a multiple of 256 (``prefill.config`` checks); the
 grid is ``(Np / BN, m_tiles)`` as in v1. Gluon kernels do not run under the Triton interpreter; the CPU tier compiles them ahead of time and the GPU
 tier checks them against the torch twin.
 """
@@ -39,7 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from sglang_fp4ext.moe._decode_gluon_kernels import (
+from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
+from sglang_fp4ext.moe.decode._gluon_kernels import (
     _ONE_BLOCK,
     _TWO_P26,
     _add,
@@ -54,8 +55,6 @@ from sglang_fp4ext.moe._decode_gluon_kernels import (
     ring_layouts,
     weight_layout,
 )
-from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
-
 
 
 @functools.cache
@@ -77,7 +76,7 @@ def layouts(BN: int, BM: int, W: int) -> dict:
 
 @gluon.jit
 def _tile_of(counts_ptr, m, NBINS: gl.constexpr, BM: gl.constexpr, CL: gl.constexpr):
-    """``_prefill_kernels._tile_of``: (expert, first sorted row, rows) of M tile ``m``."""
+    """``prefill._dot_kernels._tile_of``: (expert, first sorted row, rows) of M tile ``m``."""
     bins = gl.arange(0, NBINS, layout=CL)
     c = gl.load(counts_ptr + bins)
     nt = (c + BM - 1) // BM

@@ -14,7 +14,7 @@ The arrival counters are left at zero by every call. Workspaces are shared by al
 calls must be ordered on one stream.
 
 Weights come as ``prepared.PreparedMoEWeights`` (shared with the prefill path); the config is
-``decode_config.KernelConfig``. The torch twin is
+``decode.config.DecodeConfig``. The torch twin is
 ``sglang_fp4ext.moe.reference.fused_moe_nvfp4_torch`` (fp32 on dequantised weights).
 """
 
@@ -23,13 +23,13 @@ from __future__ import annotations
 import torch
 
 from sglang_fp4ext import target_info
-from sglang_fp4ext.moe.config import config_for
-from sglang_fp4ext.moe.decode_config import KernelConfig
+from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
 from sglang_fp4ext.moe.launch import Launch
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target
+from sglang_fp4ext.moe.tables import config_for
 
 __all__ = ["fused_moe_nvfp4", "launch_family", "launch_grids", "plan"]
 
@@ -69,7 +69,7 @@ def clear_workspaces() -> None:
 # ---- launch ----
 
 
-def launch_grids(T: int, shape: MoEShape, cfg: KernelConfig, w: PreparedMoEWeights, family: str):
+def launch_grids(T: int, shape: MoEShape, cfg: DecodeConfig, w: PreparedMoEWeights, family: str):
     """Static launch grids ((G1, NB1, SK1 * ST), (G2, cdiv(NB2, tiles2), SK2 * ST)) for ``T``
     tokens on ``family`` ("gluon" or "dot", the one that runs: no default, a dot launch on a
     Gluon grid would misread its K splits); ``ST`` = ``cfg.split_t`` on Gluon, 1 on dot."""
@@ -93,14 +93,14 @@ def fused_moe_nvfp4(
     topk_weights: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
-    config: KernelConfig | None = None,
+    config: DecodeConfig | None = None,
     target: Target | None = None,
 ) -> torch.Tensor:
     """NVFP4 W4A16 MoE decode. Args:
 
     hidden_states: (T, H) bf16; weights: :class:`PreparedMoEWeights` (E experts);
     topk_ids: (T, top_k) int32/int64 in [-1, E); topk_weights: (T, top_k) fp32/bf16/fp16;
-    out: optional (T, H) bf16 destination; config: force a :class:`KernelConfig` (else
+    out: optional (T, H) bf16 destination; config: force a :class:`DecodeConfig` (else
     :func:`config_for`); target: the GPU description for the config choice (default: this
     device). Always deterministic: the same inputs give bit-identical outputs. Returns ``out``.
     """
@@ -121,13 +121,13 @@ def fused_moe_nvfp4(
     return out
 
 
-def launch_family(config: KernelConfig) -> str:
+def launch_family(config: DecodeConfig) -> str:
     """The kernel family that runs ``config``: the interpreter runs only the ``tl.dot`` family,
     so a Gluon config runs its tiles there."""
     return "gluon" if config.kernels == "gluon" and not target_info.is_interpreter() else "dot"
 
 
-def plan(x, w: PreparedMoEWeights, ids, tw, out, config: KernelConfig, family: str,
+def plan(x, w: PreparedMoEWeights, ids, tw, out, config: DecodeConfig, family: str,
          pdl: int = 0) -> list[Launch]:
     """The 2-3 launches of one call (GEMM1; the token GEMM2, or the pairs GEMM2 and, with
     ``combine="kernel"``, its combine) with the workspaces they share, as data. ``family``: the
@@ -142,7 +142,7 @@ def plan(x, w: PreparedMoEWeights, ids, tw, out, config: KernelConfig, family: s
     kc1 = w.w13.k_pad // K_CHUNK
     if kstack1 and kc1 % config.split_k1:
         raise ValueError(
-            f"fused_moe_nvfp4: KernelConfig.kstack1=1 needs GEMM1's {kc1} K chunks of "
+            f"fused_moe_nvfp4: DecodeConfig.kstack1=1 needs GEMM1's {kc1} K chunks of "
             f"{K_CHUNK} (H={H}) to divide into split_k1={config.split_k1} equal splits"
         )
     dev = x.device
@@ -201,8 +201,8 @@ def _matrix(m, split_k: int) -> dict:
 
 
 _COMBINE_BLOCK = 1024
-_DOT = "_decode_dot_kernels"
-_GLUON = "_decode_gluon_kernels"
+_DOT = "decode._dot_kernels"
+_GLUON = "decode._gluon_kernels"
 #: Each family's kernel of each role.
 _KERNELS = {
     "dot": {"gemm1": "_moe_gemm1", "gemm2_tok": "_moe_gemm2_tok", "gemm2": "_moe_gemm2"},
@@ -210,7 +210,7 @@ _KERNELS = {
 }
 
 
-def _pdl(family: str, cfg: KernelConfig, dev: torch.device) -> int:
+def _pdl(family: str, cfg: DecodeConfig, dev: torch.device) -> int:
     """The programmatic dependent launch this call's Gluon kernels run with: ``cfg.pdl`` on a GPU
     that has it, else 0."""
     if family != "gluon" or not cfg.pdl:
@@ -222,7 +222,7 @@ def _pdl_options(pdl: int) -> dict:
     return dict(launch_pdl=True) if pdl else {}  # Triton's launch attribute
 
 
-def _launch(family: str, role: str, cfg: KernelConfig, grid, pdl: int, top_k: int,
+def _launch(family: str, role: str, cfg: DecodeConfig, grid, pdl: int, top_k: int,
             kwargs: dict) -> Launch:
     """The launch of ``role`` in ``family`` with the arguments every family takes (``kwargs``),
     plus what this family and config add: ``BT``, the Gluon layouts, PDL, the forms that swap a
@@ -235,7 +235,7 @@ def _launch(family: str, role: str, cfg: KernelConfig, grid, pdl: int, top_k: in
         return Launch(_DOT, _KERNELS["dot"][role], grid,
                       kwargs=dict(kwargs, BT=cfg.block_t, COMPUTE_F32=target_info.is_interpreter()),
                       options=dict(num_warps=warps, num_stages=stages))  # fmt: skip
-    from sglang_fp4ext.moe import _decode_gluon_kernels as G  # the layouts are Gluon objects
+    from sglang_fp4ext.moe.decode import _gluon_kernels as G  # the layouts are Gluon objects
 
     block_n = cfg.block_n1 if gemm1 else cfg.block_n2
     kernel, rows, bt = _KERNELS["gluon"][role], 1, cfg.block_t
@@ -245,7 +245,7 @@ def _launch(family: str, role: str, cfg: KernelConfig, grid, pdl: int, top_k: in
         kernel, rows, bt = "_gemm2_tok_slots", min(triton_next_pow2(top_k), 8), 8
         if rows * warps > 32:
             raise ValueError(
-                f"KernelConfig.slots2=1 with warps2={warps} runs {rows * warps} warps per "
+                f"DecodeConfig.slots2=1 with warps2={warps} runs {rows * warps} warps per "
                 f"program at top_k={top_k}: more than 32"
             )
     elif gemm1 and cfg.kstack1:

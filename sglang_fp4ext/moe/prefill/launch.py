@@ -6,15 +6,15 @@ below), ``wgmma`` (W4A16, Gluon, sm_90: ``_plan_wgmma``) and ``w4a4`` (NVFP4 act
 combine.
 
 ``fused_moe_nvfp4_prefill(hidden_states, weights, topk_ids, topk_weights)`` computes the same
-``(T, H)`` bf16 partial sum as the decode entry point ``decode.fused_moe_nvfp4`` and reads the
+``(T, H)`` bf16 partial sum as the decode entry point ``decode.launch.fused_moe_nvfp4`` and reads the
 same :class:`~sglang_fp4ext.moe.prepared.PreparedMoEWeights` (one load-time preparation serves
 both paths), but is built for hundreds of tokens per expert: the pair slots are grouped by expert
 on the device and each expert runs as a tiled GEMM with ``block_m`` tokens per MMA tile
-(``_prefill_kernels.py`` describes the kernels). Ids ``< 0`` (experts of another EP rank) and ids
+(``prefill/_dot_kernels.py`` describes the kernels). Ids ``< 0`` (experts of another EP rank) and ids
 ``>= E`` contribute nothing; a token with no local expert gets zeros. ``topk_weights`` is used as
 given. The torch twin is ``sglang_fp4ext.moe.reference.fused_moe_nvfp4_torch``; the grouping's
-twin is :func:`group_by_expert_torch`. The config (``prefill_config.PrefillConfig``) and its
-heuristic live in ``prefill_config.py``.
+twin is :func:`group_by_expert_torch`. The config (``prefill.config.PrefillConfig``) and its
+heuristic live in ``prefill.config.py``.
 
 CUDA graphs: no host synchronisation, no data-dependent allocation or grid. Workspaces are
 allocated per call from PyTorch's caching allocator, sized from ``(T, top_k, E, H, I)`` and the
@@ -49,11 +49,10 @@ import functools
 import torch
 
 from sglang_fp4ext import target_info
-from sglang_fp4ext.moe.config import prefill_config_for
 from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
 from sglang_fp4ext.moe.launch import Launch
 from sglang_fp4ext.moe.layout import K_CHUNK
-from sglang_fp4ext.moe.prefill_config import (
+from sglang_fp4ext.moe.prefill.config import (
     PrefillConfig,
     served_prefill_config,
     static_ring_fits,
@@ -61,6 +60,7 @@ from sglang_fp4ext.moe.prefill_config import (
 )
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights, validate_moe_inputs
 from sglang_fp4ext.moe.shape import current_target
+from sglang_fp4ext.moe.tables import prefill_config_for
 
 __all__ = [
     "fused_moe_nvfp4_prefill",
@@ -114,13 +114,13 @@ def _validate(x, weights, topk_ids, topk_weights, out, config):
 # ---- launch plan ----
 
 
-_DOT, _WGMMA, _W4A4 = "_prefill_kernels", "_prefill_gluon_kernels", "_prefill_w4a4_kernels"
+_DOT, _WGMMA, _W4A4 = "prefill._dot_kernels", "prefill._wgmma_kernels", "prefill._w4a4_kernels"
 
 
 def _launch(kernel: str, grid: tuple, args: tuple, constexprs: dict, num_warps: int,
             num_stages: int, gluon: bool = False, module: str = "dot") -> Launch:
-    """One launch of ``_prefill_kernels`` (``module="w4a4"``: ``_prefill_w4a4_kernels``; with
-    ``gluon``: ``_prefill_gluon_kernels``, which take no stages): runtime arguments in order,
+    """One launch of ``prefill._dot_kernels`` (``module="w4a4"``: ``prefill._w4a4_kernels``; with
+    ``gluon``: ``prefill._wgmma_kernels``, which take no stages): runtime arguments in order,
     constexprs (the Gluon layouts among them) by name."""
     if gluon:
         return Launch(_WGMMA, kernel, grid, args, constexprs, dict(num_warps=num_warps))
@@ -288,7 +288,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     """The wgmma family's 7 launches: grouping (3), ``x`` into MMA K order, the two Gluon GEMMs
     (``inter`` stays in MMA K order between them), the ordered combine (8 with GEMM1's tail:
     two GEMM1 launches)."""
-    from sglang_fp4ext.moe import _prefill_gluon_kernels as G
+    from sglang_fp4ext.moe.prefill import _wgmma_kernels as G
 
     T, H = x.shape
     top_k = topk_ids.shape[1]
@@ -398,7 +398,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
 
 def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, config: PrefillConfig,
                compute_f32: bool):
-    """The W4A4 family's 7 launches (``_prefill_w4a4_kernels``): grouping (3), ``x`` to NVFP4,
+    """The W4A4 family's 7 launches (``prefill._w4a4_kernels``): grouping (3), ``x`` to NVFP4,
     GEMM1 (+ SiLU·mul, to NVFP4), GEMM2, the ordered combine."""
     T, H = x.shape
     top_k = topk_ids.shape[1]
@@ -485,7 +485,7 @@ def _check_family_gpu(family: str, device_index: int) -> None:
 
 
 def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_p: int = 1024):
-    """Device grouping of pair slots by expert (3 launches; ``_prefill_kernels.py`` 1-3).
+    """Device grouping of pair slots by expert (3 launches; ``prefill/_dot_kernels.py`` 1-3).
 
     Args:
         topk_ids: (T, top_k) int32/int64, contiguous; ids outside [0, E) are dropped.
@@ -534,7 +534,7 @@ def fused_moe_nvfp4_prefill(
     topk_ids: (T, top_k) int32/int64 in [-1, E) (a fused shared expert is one more column
     pointing at expert E-1); topk_weights: (T, top_k) fp32/bf16/fp16; out: optional (T, H) bf16
     destination; config: force a :class:`PrefillConfig` (else ``config.prefill_config_for``:
-    the device table's prefill entry or ``prefill_config.prefill_heuristic_config``). Returns
+    the device table's prefill entry or ``prefill.heuristic.prefill_heuristic_config``). Returns
     ``out``.
     """
     _validate(hidden_states, weights, topk_ids, topk_weights, out, config)

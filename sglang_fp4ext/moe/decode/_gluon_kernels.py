@@ -1,7 +1,7 @@
 """Gluon kernels of the NVFP4 W4A16 decode path, v2 (``@gluon.jit`` code and the layouts it uses).
 
 Same work split, routing, workspaces and determinism as the ``tl.dot`` kernels in
-``_decode_dot_kernels`` (read their docstring first): ``_gemm1`` = ``_moe_gemm1`` (GEMM1 + SiLU·mul,
+``decode._dot_kernels`` (read their docstring first): ``_gemm1`` = ``_moe_gemm1`` (GEMM1 + SiLU·mul,
 split-K through the fp32 workspace and arrival counters, the routing lists for GEMM2),
 ``_gemm2_tok`` = ``_moe_gemm2_tok`` (token-centric GEMM2 with the routing weight and top-k sum) and
 ``_gemm2`` = ``_moe_gemm2`` (pairs GEMM2; with ``COMBINE`` off it only writes partials and
@@ -45,11 +45,11 @@ import functools
 
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from sglang_fp4ext.moe._decode_dot_kernels import FP4X4_TO_BF16_PTX
 from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon, mma_v2
+from sglang_fp4ext.moe.decode._dot_kernels import FP4X4_TO_BF16_PTX
 from sglang_fp4ext.moe.layout import SCALE_CODE_BF16_BIAS
 
-_TWO_P26 = gl.constexpr(67108864.0)  # the decode's 2^-26 (see _decode_dot_kernels), undone here
+_TWO_P26 = gl.constexpr(67108864.0)  # the decode's 2^-26 (see decode._dot_kernels), undone here
 _SCALE_BIAS = gl.constexpr(SCALE_CODE_BF16_BIAS)
 # The flat-chunk divisor of a program with one row block (GEMM1): its chunks are its K chunks,
 # and a power of two above any chunk count makes the (block, chunk) split a shift and a mask
@@ -422,7 +422,7 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
            SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BLOCK_P: gl.constexpr,
            WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, SPLIT_T: gl.constexpr,
            PDL: gl.constexpr = 0):
-    """``_decode_dot_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
+    """``decode._dot_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
     NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt).
     Grid axis 2 is ``SPLIT_K * SPLIT_T``: program ``ks + SPLIT_K * cs`` takes K split ``ks`` of
     the expert's pair chunks ``cs, cs + SPLIT_T, ..`` (an expert with many pairs, e.g. a fused
@@ -514,7 +514,7 @@ def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_pt
                   BLOCK_P: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
                   KS: gl.constexpr, PDL: gl.constexpr = 0):
     """``_gemm1`` with its ``KS`` K splits on the warps of one program instead of ``KS`` programs
-    (``KernelConfig.kstack1``): program ``(slot or expert, nb)`` stacks ``KS`` copies of row tile
+    (``DecodeConfig.kstack1``): program ``(slot or expert, nb)`` stacks ``KS`` copies of row tile
     ``nb`` along the MMA rows, copy ``s`` on warps of its own over K chunks ``s*CPS ..
     (s+1)*CPS`` (``KC % KS == 0``), and puts split ``s``'s activations of the pass's ``BT / KS``
     pairs in MMA columns ``s*BT/KS ..``: one MMA tile serves every split, each row keeps its own
@@ -619,7 +619,7 @@ def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H
                stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
                K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
                WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, PDL: gl.constexpr = 0):
-    """``_decode_dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
+    """``decode._dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
     and walks the token's valid experts in slot order (the pair in MMA column 0), one after the
     other. With ``PDL`` it first asks L2 for the weights of its row tile of every expert of the
     token while GEMM1 runs (so that walk waits on L2 rather than DRAM after its first expert),
@@ -673,7 +673,7 @@ def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T
                      WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
                      PDL: gl.constexpr = 0):
     """``_gemm2_tok`` with the token's top-k slots side by side instead of one after the other
-    (``KernelConfig.slots2``): program ``(t, nb)`` stacks ``SP = min(K_POW2, 8)`` copies of row
+    (``DecodeConfig.slots2``): program ``(t, nb)`` stacks ``SP = min(K_POW2, 8)`` copies of row
     tile ``nb``, copy ``g`` in MMA rows ``g*BN ..`` on warps of its own, reading expert
     ``ids[t, s]``'s weights for slot ``s = r*SP + g`` in round ``r`` (``K_POW2 / SP`` rounds: 2
     at top_k 9; nothing is read for an invalid slot), with slot ``s``'s activations in MMA column
@@ -744,7 +744,7 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
            K_POW2: gl.constexpr, SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
            WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, COMBINE: gl.constexpr,
            SPLIT_T: gl.constexpr, PDL: gl.constexpr = 0):
-    """``_decode_dot_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
+    """``decode._dot_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
     weight for all pairs of one expert, row tiles ``pid1 * NT ..``, and with ``COMBINE`` the
     arrival-counter top-k combine (ws (P, SPLIT_K, NP) fp32 by weight row; cnt (T, NB) int32,
     zero between calls). Without it the partials are all it writes: ``_combine`` follows. Grid

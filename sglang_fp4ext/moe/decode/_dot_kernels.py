@@ -1,5 +1,5 @@
 """Triton ``tl.dot`` kernels of the NVFP4 W4A16 fused-MoE decode path (v1: the fallback of the Gluon
-kernels in ``_decode_gluon_kernels``, and the only decode family the interpreter runs; ``@triton.jit``
+kernels in ``decode._gluon_kernels``, and the only decode family the interpreter runs; ``@triton.jit``
 code only).
 
 Two launches per layer, both with a static grid fixed by ``T``, ``top_k``, the shape and the config:
@@ -58,7 +58,7 @@ from sglang_fp4ext.moe.layout import SCALE_CODE_BF16_BIAS
 _TWO_P26 = tl.constexpr(67108864.0)  # 2^26
 _SCALE_BIAS = tl.constexpr(SCALE_CODE_BF16_BIAS)
 
-#: Inline PTX of ``_fp4x4_to_bf16_asm`` (also used by the Gluon kernels, ``_decode_gluon_kernels``):
+#: Inline PTX of ``_fp4x4_to_bf16_asm`` (also used by the Gluon kernels, ``decode._gluon_kernels``):
 #: operands $4 = four packed bytes, $5/$6 = bf16 scale pairs of the low nibbles, $7/$8 of the high
 #: nibbles; results $0/$1 = low-nibble weights of bytes (0, 1)/(2, 3), $2/$3 the high nibbles.
 FP4X4_TO_BF16_PTX = tl.constexpr(

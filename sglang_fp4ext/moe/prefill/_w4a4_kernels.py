@@ -5,9 +5,9 @@ checkpoint was calibrated for: ``nvfp4.format.quantize_activation_nvfp4``, bit f
 GEMMs run ``tl.dot_scaled(e2m1, e4m3 scales per 16)``, which Triton 3.6 and 3.8 compile to the
 block-scaled FP4 MMA on sm_120 (``mma.sync ... kind::mxf4nvf4.block_scale``) and sm_100
 (``tcgen05.mma ... kind::mxf4nvf4``). Grouping, M tiles, the grid and the ordered combine are
-``_prefill_kernels``' (read its docstring); the launches per layer:
+``prefill._dot_kernels``' (read its docstring); the launches per layer:
 
-1-3. the grouping (``_prefill_kernels._group_*``);
+1-3. the grouping (``prefill._dot_kernels._group_*``);
 4. ``_quant_act``, grid ``(cdiv(T, BT), H / 256)``: ``x`` (T, H) bf16 -> ``xq`` (T, H/2) uint8 (two
    E2M1 codes per byte, even element low: the checkpoint's packing) and ``xs`` (T, H/16) uint8
    e4m3 block scales, with global scale ``gs1``;
@@ -15,7 +15,7 @@ block-scaled FP4 MMA on sm_120 (``mma.sync ... kind::mxf4nvf4.block_scale``) and
    into ``iq`` (P, I/2) / ``is_`` (P, I/16), rows in sorted order;
 6. ``_w4a4_gemm2``, grid ``(Np2 / BN, m_tiles)``: GEMM2 x routing weight -> bf16 partials
    (P, H) by pair slot;
-7. ``_prefill_kernels._prefill_combine`` (ordered).
+7. ``prefill._dot_kernels._prefill_combine`` (ordered).
 
 **The weights stay in the decode layout** (``layout.py``; no second copy): byte ``i`` of a
 chunk holds elements ``i`` (low nibble) and ``128 + i`` (high), and scale byte ``g`` covers the
@@ -35,8 +35,8 @@ epilogues -- is the code the GPU runs.
 import triton
 import triton.language as tl
 
-from ._decode_dot_kernels import _to_bf16
-from ._prefill_kernels import _tile_of
+from sglang_fp4ext.moe.decode._dot_kernels import _to_bf16
+from sglang_fp4ext.moe.prefill._dot_kernels import _tile_of
 
 # ---- NVFP4 numerics (nvfp4/format.py, bit for bit) ----
 
