@@ -1,7 +1,7 @@
 """What the capture policy is computed from: the model's MoE facts and the server's layout.
 
-:class:`MoEModel` (``model_shapes``: from a Hugging Face ``config.json``, or ``MODELS``) and the frozen
-:class:`PolicyInputs` that ``capture_policy.compute_policy`` reads (``eval(repr(x)) == x``),
+:class:`MoEModel` (``model_shapes``: from a Hugging Face ``config.json``, or ``MODELS``) and the
+frozen :class:`PolicyInputs` that ``capture_policy.compute_policy`` reads (``eval(repr(x)) == x``),
 including the per-rank MoE shape the kernels see. Imports no SGLang.
 """
 
@@ -53,7 +53,8 @@ class PolicyInputs:
             )
         if self.prefill_budget_mb is not None and not self.prefill_budget_mb > 0:
             raise ValueError(
-                f"PolicyInputs.prefill_budget_mb must be > 0 or None, got {self.prefill_budget_mb!r}"
+                "PolicyInputs.prefill_budget_mb must be > 0 or None, got "
+                f"{self.prefill_budget_mb!r}"
             )
 
     @property

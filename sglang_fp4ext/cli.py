@@ -9,7 +9,8 @@
                  float32 on the dequantised weights; with ``--model-path`` and SGLang launch flags
                  it compares fp4ext with SGLang's default NVFP4 MoE backend on the same prompts.
 ``fp4ext bench``  time the MoE layer across token counts on this GPU against the measured
-                 bandwidth and dense compute roofs (JSON + roofline PNG; see ``bench/bench_cli.py``).
+                 bandwidth and dense compute roofs (JSON + roofline PNG; see
+                 ``bench/bench_cli.py``).
 ``fp4ext tune``   time the decode and prefill kernel configs per token bucket on this GPU for a
                  model shape, check each winner against the reference and write the config
                  table the dispatcher reads (``tune.py``; exit 2 without a GPU).
@@ -215,9 +216,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         # "too old", which here only means "no GPU" and is reported as such below.
         warnings.filterwarnings("ignore", message="CUDA initialization")
         info = collect_info()
-        policy = capture_policy.policy_for(
-            args.model, args.tp, args.ep, args.max_running_requests
-        )
+        policy = capture_policy.policy_for(args.model, args.tp, args.ep, args.max_running_requests)
     if args.json:
         info["capture_policy"] = policy.to_dict()
         json.dump(info, sys.stdout, indent=2, default=str)
@@ -269,16 +268,20 @@ def _check_model(args: argparse.Namespace, launch: list[str], progress) -> int:
 
     cfg = json.loads((Path(args.model_path) / "config.json").read_text())
     prompts = e2e.prompts_for(cfg["vocab_size"], args.prompts, seed=args.seed)
-    print(f"fp4ext check: {args.model_path}, {args.prompts} prompts x {args.tokens} tokens, "
-          f"fp4ext vs SGLang's default NVFP4 MoE backend")
+    print(
+        f"fp4ext check: {args.model_path}, {args.prompts} prompts x {args.tokens} tokens, "
+        f"fp4ext vs SGLang's default NVFP4 MoE backend"
+    )
     r = e2e.check_against_default_backend(
         args.model_path, launch, prompts=prompts, max_new_tokens=args.tokens, progress=progress
     )
     for i, d in enumerate(r["first_divergence"]):
         print(f"  prompt {i}: " + ("identical" if d is None else f"diverges at token {d}"))
     ok = r["fp4ext_layers_logged"]
-    print(f"verdict: {r['identical_prompts']}/{args.prompts} prompts identical; fp4ext served "
-          f"the MoE layers: {'yes' if ok else 'NO'} ({time.monotonic() - progress.t0:.0f} s)")
+    print(
+        f"verdict: {r['identical_prompts']}/{args.prompts} prompts identical; fp4ext served "
+        f"the MoE layers: {'yes' if ok else 'NO'} ({time.monotonic() - progress.t0:.0f} s)"
+    )
     return 0 if ok else 1
 
 
@@ -296,23 +299,36 @@ def _check_tiny(args: argparse.Namespace, launch: list[str], progress) -> int:
         # SGLang 0.5.23's GLM-4.5/DeepSeek MoE blocks multiply by routed_scaling_factor again on
         # non-CUDA devices although NVFP4 folds it into the top-k weights (docs/measured-facts.md).
         dims["routed_scaling_factor"] = 1.0
-        print("  no GPU: SGLang's CPU engine; tiny model with routed_scaling_factor 1.0 "
-              "(SGLang applies the factor twice on CPU for NVFP4)")
+        print(
+            "  no GPU: SGLang's CPU engine; tiny model with routed_scaling_factor 1.0 "
+            "(SGLang applies the factor twice on CPU for NVFP4)"
+        )
     extra += launch
     print(f"fp4ext check: tiny {args.arch} NVFP4 model (ModelOpt export) in {work}")
     progress("phase", "quantizing and exporting the tiny model")
-    ckpt = make_tiny_checkpoint(work / "model", arch=args.arch, seed=args.seed,
-                                quantize_shared_experts=False, **dims)
+    ckpt = make_tiny_checkpoint(
+        work / "model", arch=args.arch, seed=args.seed, quantize_shared_experts=False, **dims
+    )
     r = e2e.check_checkpoint_against_oracle(
-        ckpt, n_prompts=args.prompts, max_new_tokens=args.tokens, extra_args=extra, env=env,
-        work_dir=work, seed=args.seed, progress=progress,
+        ckpt,
+        n_prompts=args.prompts,
+        max_new_tokens=args.tokens,
+        extra_args=extra,
+        env=env,
+        work_dir=work,
+        seed=args.seed,
+        progress=progress,
     )
     progress("phase", "done")
     print(f"  prompts identical to the oracle's greedy tokens: {r['exact_prompts']}/{args.prompts}")
-    print(f"  largest logit gap of a served token below the oracle's best: {r['max_gap']:.4f} "
-          f"(tolerance {e2e.GAP_TOLERANCE}: near-ties flip under bf16)")
-    print(f"  SGLang log says fp4ext served the MoE layers: "
-          f"{'yes' if r['fp4ext_layers_logged'] else 'NO'} ({r['server_log']})")
+    print(
+        f"  largest logit gap of a served token below the oracle's best: {r['max_gap']:.4f} "
+        f"(tolerance {e2e.GAP_TOLERANCE}: near-ties flip under bf16)"
+    )
+    print(
+        f"  SGLang log says fp4ext served the MoE layers: "
+        f"{'yes' if r['fp4ext_layers_logged'] else 'NO'} ({r['server_log']})"
+    )
     print(f"verdict: {'PASS' if r['ok'] else 'FAIL'}")
     return 0 if r["ok"] else 1
 
@@ -342,8 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="versions, plugin discovery, GPU and kernel path")
     p_info.add_argument("--json", action="store_true", help="machine-readable output")
-    p_info.add_argument("--model", default="glm-5",
-                        help="model for the capture-policy table: a preset or a config.json path")
+    p_info.add_argument(
+        "--model",
+        default="glm-5",
+        help="model for the capture-policy table: a preset or a config.json path",
+    )
     p_info.add_argument("--tp", type=int, default=8, help="tensor-parallel size (default 8)")
     p_info.add_argument("--ep", type=int, default=1, help="expert-parallel size (default 1)")
     p_info.add_argument("--max-running-requests", type=int, default=None)
@@ -352,14 +371,23 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="serve a model with fp4ext through SGLang and check its tokens"
     )
     p_check.add_argument("--model-path", help="an NVFP4 model; default: a bundled tiny model")
-    p_check.add_argument("--arch", default="glm4_moe", choices=["glm4_moe", "deepseek_v3"],
-                         help="architecture of the tiny model (default glm4_moe: GLM-4.5 family)")
+    p_check.add_argument(
+        "--arch",
+        default="glm4_moe",
+        choices=["glm4_moe", "deepseek_v3"],
+        help="architecture of the tiny model (default glm4_moe: GLM-4.5 family)",
+    )
     p_check.add_argument("--prompts", type=int, default=4)
     p_check.add_argument("--tokens", type=int, default=16)
     p_check.add_argument("--seed", type=int, default=0)
-    p_check.add_argument("--work-dir", help="where the tiny model and logs go (default: a temp dir)")
-    p_check.add_argument("sglang_args", nargs=argparse.REMAINDER,
-                         help="extra SGLang launch flags after --, e.g. -- --tp 8")
+    p_check.add_argument(
+        "--work-dir", help="where the tiny model and logs go (default: a temp dir)"
+    )
+    p_check.add_argument(
+        "sglang_args",
+        nargs=argparse.REMAINDER,
+        help="extra SGLang launch flags after --, e.g. -- --tp 8",
+    )
     p_check.set_defaults(func=_cmd_check)
     p_patches = sub.add_parser(
         "patches", help="the hooks on SGLang and their upstream diffs: list, or check them"

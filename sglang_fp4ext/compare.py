@@ -40,7 +40,9 @@ class ErrorStats:
 
 def error_stats(actual: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
     if actual.shape != ref.shape:
-        raise AssertionError(f"shape mismatch: actual {tuple(actual.shape)} vs ref {tuple(ref.shape)}")
+        raise AssertionError(
+            f"shape mismatch: actual {tuple(actual.shape)} vs ref {tuple(ref.shape)}"
+        )
     a = actual.detach().to("cpu", torch.float64)
     r = ref.detach().to("cpu", torch.float64)
     if r.numel() == 0:

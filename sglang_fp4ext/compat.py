@@ -55,7 +55,9 @@ def check_sglang() -> VerifiedRange:
         )
     # Compare the public release so local builds (0.5.23+cu130) and post releases count.
     if Version(version.public) in SUPPORTED_SGLANG or version in SUPPORTED_SGLANG:
-        return VerifiedRange(True, raw, f"SGLang {raw} is in the supported range {SUPPORTED_SGLANG}")
+        return VerifiedRange(
+            True, raw, f"SGLang {raw} is in the supported range {SUPPORTED_SGLANG}"
+        )
     return VerifiedRange(
         False, raw, f"SGLang {raw} is outside the supported range {SUPPORTED_SGLANG}"
     )

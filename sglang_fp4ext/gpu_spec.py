@@ -52,7 +52,6 @@ def check_precision(precision: str) -> None:
         raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
 
 
-
 @dataclass(frozen=True)
 class Source:
     kind: str
@@ -111,4 +110,3 @@ class GPUSpec:
     @property
     def mem_bandwidth_Bps(self) -> float:
         return self.mem_bandwidth_gbs * 1e9
-

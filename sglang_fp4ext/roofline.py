@@ -401,6 +401,6 @@ def compute_projection(
         achievable = 1.0
         assumptions.append("the target's MMA at its full dense peak (optimistic)")
     rate = eff * peak * achievable
-    return ComputeProjection(target_spec.name, precision, flops / (rate * 1e12) * 1e6, eff, rate,
-                             tuple(assumptions))
-
+    return ComputeProjection(
+        target_spec.name, precision, flops / (rate * 1e12) * 1e6, eff, rate, tuple(assumptions)
+    )

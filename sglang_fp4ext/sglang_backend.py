@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import logging
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sglang.srt.layers.moe.moe_runner.base import DispatchMoeRunnerCore, MoeRunnerConfig
 from sglang.srt.layers.moe.utils import get_moe_runner_backend, resolve_moe_runner_backend
@@ -214,7 +215,10 @@ class Fp4ExtRunnerCore(_CoreBase):
         # _fuses_routed_scaling_factor_in_topk): never apply runner_config.routed_scaling_factor.
         # (The torch-native top-k fallback gives int64 ids; run_experts converts.)
         out = run_experts(
-            quant_info.path, quant_info.weights, dispatch_output.hidden_states, topk.topk_ids,
+            quant_info.path,
+            quant_info.weights,
+            dispatch_output.hidden_states,
+            topk.topk_ids,
             topk.topk_weights,
         )
         if not getattr(self, "_served", False):
@@ -223,8 +227,10 @@ class Fp4ExtRunnerCore(_CoreBase):
             # MoE layer of the model.
             self._served = True
             logger.info(
-                "fp4ext served MoE layer %s: %s path, %d local experts", runner_config.layer_id,
-                quant_info.path, quant_info.weights.num_experts,
+                "fp4ext served MoE layer %s: %s path, %d local experts",
+                runner_config.layer_id,
+                quant_info.path,
+                quant_info.weights.num_experts,
             )
         return StandardCombineInput(hidden_states=out)
 

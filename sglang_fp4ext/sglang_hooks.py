@@ -8,7 +8,8 @@ Imports no SGLang.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["BACKEND_NAME", "chain_has_hook", "is_fp4ext"]
 

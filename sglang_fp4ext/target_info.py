@@ -145,8 +145,10 @@ def kernel_path(cap: Capability | None) -> str:
     bf16 = (envs.PREFILL_ACTIVATIONS.get() or "auto").strip().lower() == "bf16"  # a bad value
     # is reported by the dispatcher (prefill.config.prefill_activations), not by `fp4ext info`
     if has_native_fp4_mma(cap) and not bf16:
-        prefill = ("prefill W4A4 (NVFP4 activations with the static input scales, block-scaled "
-                   "FP4 MMA; W4A16 with SGLANG_FP4EXT_PREFILL_ACTIVATIONS=bf16)")
+        prefill = (
+            "prefill W4A4 (NVFP4 activations with the static input scales, block-scaled "
+            "FP4 MMA; W4A16 with SGLANG_FP4EXT_PREFILL_ACTIVATIONS=bf16)"
+        )
     elif supports_wgmma_prefill(cap):
         prefill = "prefill W4A16 (Gluon wgmma)"
     else:

@@ -51,6 +51,8 @@ from pathlib import Path
 
 import torch
 
+from sglang_fp4ext.moe import paths
+from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 from sglang_fp4ext.moe.tables import (
     TableEntry,
     clear_table_cache,
@@ -59,8 +61,6 @@ from sglang_fp4ext.moe.tables import (
     table_document,
     user_table_path,
 )
-from sglang_fp4ext.moe import paths
-from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 from sglang_fp4ext.moe.tune_space import MAX_CANDIDATES, QUICK_CANDIDATES
 from sglang_fp4ext.progress import best_postfix
 
@@ -122,13 +122,14 @@ def search_space(
 
 
 def _check(layer, T: int, path: str, cfg) -> dict:
-    from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
     from sglang_fp4ext.compare import error_stats
+    from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 
     xs, routes, outs = layer.inputs(T)
     outs[0].fill_(float("nan"))
-    paths.get(path).run(xs[0], layer.prepared[0], routes[0][0], routes[0][1], out=outs[0],
-                        config=cfg)
+    paths.get(path).run(
+        xs[0], layer.prepared[0], routes[0][0], routes[0][1], out=outs[0], config=cfg
+    )
     ref = fused_moe_nvfp4_torch(xs[0], layer.packs[0], routes[0][0], routes[0][1])
     st = error_stats(outs[0], ref)
     ok = st.nonfinite == 0 and st.rms_rel <= RMS_REL and st.max_rel <= MAX_REL
@@ -294,23 +295,37 @@ def tune(
 
     log = {
         "schema": "fp4ext-tune/1",
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "device": device_name,
         "target": dataclasses.asdict(target),
-        "versions": {"sglang_fp4ext": __version__, "torch": torch.__version__,
-                     "triton": triton.__version__},  # fmt: skip
-        "settings": {"buckets": buckets, "quick": quick, "budget_s": budget_s, "copies": copies,
-                     "replays": replays, "seed": seed,
-                     "ranges": {n: list((ranges or {}).get(n, paths.get(n).tune_buckets))
-                                for n in paths.names()},
-                     "max_rel": MAX_REL, "rms_rel": RMS_REL,
-                     "timing": "CUDA-graph replay, inputs rotated beyond L2 (bench.layer.Layer)"
-                     if device.type == "cuda" else "wall clock (CPU test run)"},  # fmt: skip
+        "versions": {
+            "sglang_fp4ext": __version__,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+        },  # fmt: skip
+        "settings": {
+            "buckets": buckets,
+            "quick": quick,
+            "budget_s": budget_s,
+            "copies": copies,
+            "replays": replays,
+            "seed": seed,
+            "ranges": {
+                n: list((ranges or {}).get(n, paths.get(n).tune_buckets)) for n in paths.names()
+            },
+            "max_rel": MAX_REL,
+            "rms_rel": RMS_REL,
+            "timing": "CUDA-graph replay, inputs rotated beyond L2 (bench.layer.Layer)"
+            if device.type == "cuda"
+            else "wall clock (CPU test run)",
+        },  # fmt: skip
         "shapes": {},
         "ok": True,
     }
-    table_file = Path(out).expanduser() / (Path(user_table_path(device_name)).name) if out else (
-        user_table_path(device_name)
+    table_file = (
+        Path(out).expanduser() / (Path(user_table_path(device_name)).name)
+        if out
+        else (user_table_path(device_name))
     )
     log["table"] = str(table_file)
     t_end = time.monotonic() + budget_s
@@ -368,8 +383,11 @@ def tune(
                     worst[p] = (r, int(b))
         s["heuristic_worst"] = {p: {"ratio": r, "bucket": b} for p, (r, b) in worst.items()}
         if worst:
-            stream.write(f"heuristic vs the best timed, {s['preset']}: " + ", ".join(
-                f"{p} at most {r:.2f}x (T={b})" for p, (r, b) in sorted(worst.items())) + "\n")
+            stream.write(
+                f"heuristic vs the best timed, {s['preset']}: "
+                + ", ".join(f"{p} at most {r:.2f}x (T={b})" for p, (r, b) in sorted(worst.items()))
+                + "\n"
+            )
     if log_path:
         _write_json(Path(log_path), log)
     stream.write("switch points (first bucket of prefill): "

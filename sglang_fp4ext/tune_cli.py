@@ -16,8 +16,8 @@ from __future__ import annotations
 import sys
 
 from sglang_fp4ext.moe.shape import token_bucket
-from sglang_fp4ext.tune import DEFAULT_BUCKETS, tune
 from sglang_fp4ext.moe.tune_space import DECODE_MAX_BUCKET, PREFILL_MIN_BUCKET, QUICK_CANDIDATES
+from sglang_fp4ext.tune import DEFAULT_BUCKETS, tune
 
 __all__ = ["add_tune_parser", "main", "model_shape", "run_cli"]
 
@@ -61,26 +61,48 @@ def add_tune_parser(subparsers):
     p.add_argument("--preset", default=None,
                    help=f"comma-separated presets, e.g. glm5-tp8,glm5-ep8 (known: "
                         f"{', '.join(sorted(PRESETS))}); default glm5-tp8")  # fmt: skip
-    for flag, what in (("--E", "local experts"), ("--H", "hidden size"),
-                       ("--I", "per-rank intermediate size"), ("--top-k", "experts per token")):
+    for flag, what in (
+        ("--E", "local experts"),
+        ("--H", "hidden size"),
+        ("--I", "per-rank intermediate size"),
+        ("--top-k", "experts per token"),
+    ):
         p.add_argument(flag, type=int, default=None, help=f"explicit shape: {what}")
-    p.add_argument("--buckets", type=_buckets, default=list(DEFAULT_BUCKETS),
-                   help="token buckets, powers of two (default 1,2,...,8192)")
-    p.add_argument("--out", default=None,
-                   help="directory for <device>.json (default: $SGLANG_FP4EXT_CONFIG_DIR or "
-                        "~/.cache/sglang_fp4ext/configs, read before the shipped tables)")
+    p.add_argument(
+        "--buckets",
+        type=_buckets,
+        default=list(DEFAULT_BUCKETS),
+        help="token buckets, powers of two (default 1,2,...,8192)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="directory for <device>.json (default: $SGLANG_FP4EXT_CONFIG_DIR or "
+        "~/.cache/sglang_fp4ext/configs, read before the shipped tables)",
+    )
     p.add_argument("--log", default=None, help="also write the full tuning log JSON here")
     p.add_argument("--budget-s", type=float, default=600.0,
                    help="time budget in seconds over all shapes and buckets (default 600); each "
                         "bucket's heuristic configs always run")  # fmt: skip
-    p.add_argument("--quick", action="store_true",
-                   help=f"{QUICK_CANDIDATES} candidates per path and bucket, 5 replays")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_CANDIDATES} candidates per path and bucket, 5 replays",
+    )
     p.add_argument("--copies", type=int, default=4, help="layer copies rotated (beyond L2)")
     p.add_argument("--replays", type=int, default=None, help="graph replays per candidate")
-    p.add_argument("--decode-max", type=int, default=DECODE_MAX_BUCKET,
-                   help="largest bucket with decode candidates (default %(default)s)")
-    p.add_argument("--prefill-min", type=int, default=PREFILL_MIN_BUCKET,
-                   help="smallest bucket with prefill candidates (default %(default)s)")
+    p.add_argument(
+        "--decode-max",
+        type=int,
+        default=DECODE_MAX_BUCKET,
+        help="largest bucket with decode candidates (default %(default)s)",
+    )
+    p.add_argument(
+        "--prefill-min",
+        type=int,
+        default=PREFILL_MIN_BUCKET,
+        help="smallest bucket with prefill candidates (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=2026)
     p.set_defaults(func=run_cli)
     return p

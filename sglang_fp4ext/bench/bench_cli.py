@@ -5,8 +5,9 @@
 
 Prints a table (us, TB/s, % of the copy bandwidth measured in the same run, speed-up over the
 torch bf16 grouped-GEMM peer and over SGLang's marlin / flashinfer_cutlass NVFP4 MoE where they
-can run here; the notes name each peer that did not run and why) and writes ``<out>/<name>.json`` (schema in ``bench/report.py``)
-and ``<out>/<name>.png`` (roofline). ``--project GPU`` adds a per-token MoE time for another GPU
+can run here; the notes name each peer that did not run and why) and writes ``<out>/<name>.json``
+(schema in ``bench/report.py``) and ``<out>/<name>.png`` (roofline). ``--project GPU`` adds a
+per-token MoE time for another GPU
 of the hardware table, labelled a PROJECTION. Without a CUDA GPU nothing is timed: it runs a
 correctness check of the reference path (torch twin vs float64, Triton kernels under the
 interpreter) at a tiny shape, says so, and writes the JSON and plot of that.
@@ -95,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from sglang_fp4ext import target_info
     from sglang_fp4ext.bench import report
     from sglang_fp4ext.bench.table import format_table
-    from sglang_fp4ext.progress import Progress
     from sglang_fp4ext.model_shapes import preset
+    from sglang_fp4ext.progress import Progress
 
     shape = preset(args.preset)
     try:

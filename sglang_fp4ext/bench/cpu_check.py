@@ -84,9 +84,9 @@ def run_cpu_check(
 ) -> dict:
     """No GPU: check the reference path at a tiny shape with ``shape``'s routing structure
     (EP -1 slots, fused shared column). Nothing is timed."""
+    from sglang_fp4ext.compare import error_stats
     from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
     from sglang_fp4ext.moe.weights import random_moe_weights
-    from sglang_fp4ext.compare import error_stats
 
     # Tiny stand-in of the layout: 16 routed experts (ep divides 16 for every preset), top-4.
     tiny = dataclasses.replace(
@@ -150,9 +150,9 @@ def run_cpu_check(
 
 def _interpreter_check(w, x, ids, tw, twin, dims, T) -> dict:
     from sglang_fp4ext import target_info
+    from sglang_fp4ext.compare import error_stats
     from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
     from sglang_fp4ext.moe.prepared import PreparedMoEWeights
-    from sglang_fp4ext.compare import error_stats
 
     if not target_info.is_interpreter():
         raise RuntimeError("the kernel check needs TRITON_INTERPRET=1 set before kernels import")

@@ -78,8 +78,9 @@ def project_rows(
                 if hardware.dense_peak(target, prec) is None:
                     extra[f"prefill_{fmt}_us"] = None
                     continue
-                c = roofline.compute_projection(r["flops"], r["us"], matmul_tflops, target, prec,
-                                                source_spec=source)
+                c = roofline.compute_projection(
+                    r["flops"], r["us"], matmul_tflops, target, prec, source_spec=source
+                )
                 extra[f"prefill_{fmt}_us"] = max(c.projected_us, p.target_floor_us)
                 extra[f"prefill_{fmt}_label"] = c.label()
             fmt = "w4a4" if extra.get("prefill_w4a4_us") else "w4a16"

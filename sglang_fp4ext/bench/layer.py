@@ -170,8 +170,8 @@ class Layer:
     def check_sglang_peer(self, T: int, name: str) -> dict:
         """SGLang peer ``name`` on input 0 vs the fp32 twin of the pack it computes (W4A4 twin
         for FlashInfer, whose activations are NVFP4)."""
-        from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
         from sglang_fp4ext.compare import error_stats
+        from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 
         out = self.sglang_peer(T, name)(0)
         adapter = self._sglang[name][0]
@@ -189,8 +189,8 @@ class Layer:
 
     def check(self, T: int, path: str | None = None) -> dict:
         """fp4ext output (NaN-poisoned first) vs the fp32 twin on copy 0."""
-        from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
         from sglang_fp4ext.compare import error_stats
+        from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 
         xs, routes, outs = self.inputs(T)
         outs[0].fill_(float("nan"))

@@ -34,8 +34,8 @@ than substituting anything.
 
 The third peer, ``triton_kernels-mxfp4`` (OpenAI's ``triton_kernels`` MXFP4 MoE, the Triton 3.8
 API SGLang's ``triton_kernel`` backend calls), lives in ``bench/tk_peer.py`` (own availability
-rule ``tk_availability.tk_peer_unavailable``, own oracle on its MXFP4 weights); it imports triton_kernels only
-when built, so this module and the suite import where it is missing.
+rule ``tk_availability.tk_peer_unavailable``, own oracle on its MXFP4 weights); it imports
+triton_kernels only when built, so this module and the suite import where it is missing.
 """
 
 from __future__ import annotations

@@ -26,9 +26,7 @@ def write_plot(result: dict, path: Path) -> Path:
     rates = result.get("rates") or {}
     tokens = result["settings"]["tokens"]
     ai = {
-        T: shape.flops(T)
-        / shape.bytes_floor(shape.expected_distinct(T), tokens=T)
-        for T in tokens
+        T: shape.flops(T) / shape.bytes_floor(shape.expected_distinct(T), tokens=T) for T in tokens
     }
     xs = [min(ai.values()) / 4, max(ai.values()) * 4]
     top = rates.get("bf16_matmul_tflops") or rates.get("dense_bf16_tflops")

@@ -87,7 +87,8 @@ SUITE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 #: ``moe.dispatch.fused_moe``, which picks the decode or prefill kernels per token bucket from the
 #: config table (``moe/tables.py``: user dir, then the shipped ``configs/<GPU>.json``), else the
 #: heuristic switch (prefill from ``PREFILL_MIN_TOKENS``, ``WGMMA_PREFILL_MIN_TOKENS`` on the wgmma
-#: family, ``WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS`` there with a fused shared expert). :func:`dispatch_path` asks the same code.
+#: family, ``WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS`` there with a fused shared expert).
+#: :func:`dispatch_path` asks the same code.
 DISPATCH_RULE = (
     "runner core -> moe.dispatch.fused_moe: the table's path per token bucket, else decode below "
     "PREFILL_MIN_TOKENS (WGMMA_PREFILL_MIN_TOKENS where the wgmma prefill family runs, "

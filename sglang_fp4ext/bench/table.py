@@ -62,7 +62,8 @@ def format_table(result: dict) -> str:
                         f"          prefill W4A16 {p['prefill_w4a16_us']:8.1f} us, W4A4 "
                         + ("n/a" if w4 is None else f"{w4:8.1f} us")
                         + f" (served: {p['prefill_format'].upper()}; "
-                        + p[f"prefill_{p['prefill_format']}_label"].split(": ", 1)[1] + ")"
+                        + p[f"prefill_{p['prefill_format']}_label"].split(": ", 1)[1]
+                        + ")"
                     )
             lines.append("  assumptions: " + "; ".join(proj["assumptions"]))
         if proj.get("note"):

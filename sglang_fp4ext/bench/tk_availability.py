@@ -11,11 +11,18 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-__all__ = ["TK_PEER", "TK_TRITON", "TKEnvironment", "probe_environment", "tk_peer_unavailable",
-           "tk_unavailable_reason"]
+__all__ = [
+    "TK_PEER",
+    "TK_TRITON",
+    "TKEnvironment",
+    "probe_environment",
+    "tk_peer_unavailable",
+    "tk_unavailable_reason",
+]
 
 TK_PEER = "triton_kernels-mxfp4"
 TK_TRITON = (3, 8)  # the Triton release whose triton_kernels API the peer calls
+
 
 @dataclass(frozen=True)
 class TKEnvironment:
@@ -109,5 +116,3 @@ def probe_environment() -> TKEnvironment:
 def tk_peer_unavailable() -> str | None:
     """None when the triton_kernels peer can run on this machine, else the reason."""
     return tk_unavailable_reason(probe_environment())
-
-

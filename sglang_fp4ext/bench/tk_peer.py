@@ -328,8 +328,8 @@ def suite_step(layer, T: int, cache: dict):
 def suite_check(layer, T: int, cache: dict) -> dict:
     """The peer on input 0 vs :func:`fused_moe_mxfp4_torch` of its own MXFP4 pack; for the
     record also vs the NVFP4 twin (the re-quantisation error, not a pass criterion)."""
-    from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
     from sglang_fp4ext.compare import error_stats
+    from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 
     out = suite_step(layer, T, cache)(0)
     xs, routes, _ = layer.inputs(T)
@@ -346,4 +346,3 @@ def suite_check(layer, T: int, cache: dict) -> dict:
         "ok": ok,
         "rms_rel_vs_nvfp4_twin": nv.rms_rel,
     }
-

@@ -20,8 +20,8 @@ from collections import Counter
 import torch
 
 from sglang_fp4ext.moe import paths, selfcheck
-from sglang_fp4ext.moe.tables import TableEntry, select
 from sglang_fp4ext.moe.shape import Target, current_target
+from sglang_fp4ext.moe.tables import TableEntry, select
 
 __all__ = ["CALLS", "choose", "fused_moe"]
 
@@ -61,4 +61,6 @@ def fused_moe(
         CALLS["reference"] += 1
         return selfcheck.reference_on_prepared(hidden_states, weights, topk_ids, topk_weights, out)
     CALLS[entry.path] += 1
-    return paths.get(entry.path).run(hidden_states, weights, topk_ids, topk_weights, out=out, config=entry.config)
+    return paths.get(entry.path).run(
+        hidden_states, weights, topk_ids, topk_weights, out=out, config=entry.config
+    )

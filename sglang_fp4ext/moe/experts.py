@@ -21,7 +21,9 @@ __all__ = ["expert_path", "prepare_experts", "run_experts"]
 
 def expert_path(device: torch.device) -> str:
     """``triton`` where our kernels run (CUDA, SM80+), else ``reference``."""
-    if device.type == "cuda" and target_info.supports_triton_w4a16(current_target(device).capability):
+    if device.type == "cuda" and target_info.supports_triton_w4a16(
+        current_target(device).capability
+    ):
         return "triton"
     return "reference"
 

@@ -224,7 +224,7 @@ class KernelMatrix:
         per = self.q[0].numel() + self.scale[0].numel() + self.alpha[0].numel() * 4
         return int(per)
 
-    def to(self, device) -> "KernelMatrix":
+    def to(self, device) -> KernelMatrix:
         return KernelMatrix(
             self.q.to(device), self.scale.to(device), self.alpha.to(device), self.n, self.k
         )

@@ -3,8 +3,8 @@ tuner and the benchmarks all read.
 
 A path is a family of launches with its own frozen config type: ``decode`` (few tokens per
 expert, ``decode.launch.fused_moe_nvfp4``, ``DecodeConfig``) and ``prefill`` (grouped GEMMs,
-``prefill.launch.fused_moe_nvfp4_prefill``, ``PrefillConfig``). A table entry names its path and holds
-that path's config. Everything that parses, chooses, runs, checks or times a config asks its
+``prefill.launch.fused_moe_nvfp4_prefill``, ``PrefillConfig``). A table entry names its path and
+holds that path's config. Everything that parses, chooses, runs, checks or times a config asks its
 :class:`KernelPath` here, so a new family is one :func:`register` call and nothing else.
 
 Every launcher has the signature ``run(x, weights, topk_ids, topk_weights, *, out, config) ->
@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sglang_fp4ext.moe.decode.config import DecodeConfig
-
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.prefill.config import PrefillConfig, served_prefill_config, w4a16_twin_config
 from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config

@@ -1,8 +1,9 @@
 """Expert weights in the kernel layout, and the input checks both launchers share.
 
 :class:`PreparedMoEWeights` is built once at load time (``layout.py`` describes the layout) and
-read by both kernel paths: ``decode.launch.fused_moe_nvfp4`` and ``prefill.launch.fused_moe_nvfp4_prefill``.
-:func:`validate_moe_inputs` is their common argument check. Imports no launcher.
+read by both kernel paths: ``decode.launch.fused_moe_nvfp4`` and
+``prefill.launch.fused_moe_nvfp4_prefill``. :func:`validate_moe_inputs` is their common argument
+check. Imports no launcher.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class PreparedMoEWeights:
     ep_size: int = 1
 
     @classmethod
-    def from_moe_weights(cls, w: MoEWeights, ep_size: int = 1) -> "PreparedMoEWeights":
+    def from_moe_weights(cls, w: MoEWeights, ep_size: int = 1) -> PreparedMoEWeights:
         def one(s):
             return None if s is None else s.float().amax().reshape(1).contiguous()
 
@@ -67,19 +68,25 @@ class PreparedMoEWeights:
         return self.w13.q.device
 
     def shape(self, top_k: int) -> MoEShape:
-        return MoEShape(self.num_experts, self.hidden_size, self.intermediate_size, top_k,
-                        self.ep_size)
+        return MoEShape(
+            self.num_experts, self.hidden_size, self.intermediate_size, top_k, self.ep_size
+        )
 
     def nbytes_per_expert(self) -> int:
         """Bytes streamed per active expert (both projections, padding included)."""
         return self.w13.nbytes_per_expert() + self.w2.nbytes_per_expert()
 
-    def to(self, device) -> "PreparedMoEWeights":
+    def to(self, device) -> PreparedMoEWeights:
         def mv(s):
             return None if s is None else s.to(device)
 
-        return PreparedMoEWeights(self.w13.to(device), self.w2.to(device),
-                                  mv(self.w13_input_scale), mv(self.w2_input_scale), self.ep_size)
+        return PreparedMoEWeights(
+            self.w13.to(device),
+            self.w2.to(device),
+            mv(self.w13_input_scale),
+            mv(self.w2_input_scale),
+            self.ep_size,
+        )
 
 
 def w4a4_twin_weights(w: MoEWeights) -> MoEWeights:
@@ -137,7 +144,9 @@ def validate_moe_inputs(op: str, x, weights, topk_ids, topk_weights, out) -> Non
         if t.device != dev:
             fail(f"{name} is on {t.device} but the weights are on {dev}")
     if dev.type != "cuda" and not target_info.is_interpreter():
-        fail(f"tensors must be on a CUDA device (got {dev}); CPU runs only under TRITON_INTERPRET=1")
+        fail(
+            f"tensors must be on a CUDA device (got {dev}); CPU runs only under TRITON_INTERPRET=1"
+        )
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
             fail("out must be a bfloat16 tensor")

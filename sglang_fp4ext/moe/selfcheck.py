@@ -102,7 +102,10 @@ def _device_label(device: torch.device) -> str:
 def _key(device: torch.device, entry: TableEntry, top_k: int) -> str:
     import triton
 
-    return f"{_device_label(device)} | Triton {triton.__version__} | {entry.path} | top_k={top_k} | {entry.config!r}"
+    return (
+        f"{_device_label(device)} | Triton {triton.__version__} | {entry.path} | top_k={top_k} | "
+        f"{entry.config!r}"
+    )
 
 
 def disk_path() -> Path:
@@ -155,10 +158,10 @@ def check_hidden(entry: TableEntry) -> int:
 
 
 def _run_check(entry: TableEntry, top_k: int, device: torch.device) -> Verdict:
-    from sglang_fp4ext.moe.synthetic import random_packed_weights
+    from sglang_fp4ext.compare import error_stats
     from sglang_fp4ext.moe.prepared import PreparedMoEWeights
     from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
-    from sglang_fp4ext.compare import error_stats
+    from sglang_fp4ext.moe.synthetic import random_packed_weights
 
     t0 = time.perf_counter()
     path = paths.get(entry.path)
@@ -188,8 +191,9 @@ def _run_check(entry: TableEntry, top_k: int, device: torch.device) -> Verdict:
             ref = fused_moe_nvfp4_torch(x, w, ids, tw)
         st = error_stats(out, ref)
     except Exception as exc:  # noqa: BLE001 - a kernel that does not compile or run fails
-        return Verdict(False, error=f"{type(exc).__name__}: {str(exc)[:300]}",
-                       seconds=time.perf_counter() - t0)
+        return Verdict(
+            False, error=f"{type(exc).__name__}: {str(exc)[:300]}", seconds=time.perf_counter() - t0
+        )
     ok = st.nonfinite == 0 and st.rms_rel <= RMS_REL and st.max_rel <= MAX_REL
     return Verdict(ok, st.rms_rel, st.max_rel, st.nonfinite, time.perf_counter() - t0)
 
@@ -207,20 +211,29 @@ def _verdict(entry: TableEntry, top_k: int, device: torch.device) -> Verdict | N
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         if key not in _WARNED:
             _WARNED.add(key)
-            logger.warning("fp4ext self-check: %s first met during CUDA-graph capture; serving it "
-                           "unchecked (warm the size up eagerly first)", key)
+            logger.warning(
+                "fp4ext self-check: %s first met during CUDA-graph capture; serving it "
+                "unchecked (warm the size up eagerly first)",
+                key,
+            )
         return None
     v = _run_check(entry, top_k, device)
     _VERDICTS[key] = v
     _write_disk(key, v)
     if v.ok:
-        logger.info("fp4ext self-check passed: %s (rms_rel %.1e, %.2f s)", key, v.rms_rel,
-                    v.seconds)
+        logger.info(
+            "fp4ext self-check passed: %s (rms_rel %.1e, %.2f s)", key, v.rms_rel, v.seconds
+        )
     else:
         logger.error(
             "fp4ext self-check FAILED: %s: rms_rel %s, max_rel %s, non-finite %d%s. This "
-            "kernel is not used on this GPU.", key, v.rms_rel, v.max_rel, v.nonfinite,
-            f", error {v.error}" if v.error else "")
+            "kernel is not used on this GPU.",
+            key,
+            v.rms_rel,
+            v.max_rel,
+            v.nonfinite,
+            f", error {v.error}" if v.error else "",
+        )
     return v
 
 
@@ -256,7 +269,7 @@ def usable_entry(entry: TableEntry, top_k: int, device: torch.device) -> TableEn
     return None
 
 
-_REF_WEIGHTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_REF_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def reference_on_prepared(x, pw, ids, tw, out=None) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """Launch configs of the NVFP4 expert kernels, and which kernel path serves a token count.
 
 Two kernel paths read the same ``prepared.PreparedMoEWeights``: **decode**
-(``decode.launch.fused_moe_nvfp4``, frozen ``decode.config.DecodeConfig``) for few tokens per expert and
-**prefill** (``prefill.launch.fused_moe_nvfp4_prefill``, frozen ``prefill.config.PrefillConfig``) for
-many. Each config module holds its path's heuristic (the decode one's docstring explains it);
+(``decode.launch.fused_moe_nvfp4``, frozen ``decode.config.DecodeConfig``) for few tokens per expert
+and
+**prefill** (``prefill.launch.fused_moe_nvfp4_prefill``, frozen ``prefill.config.PrefillConfig``)
+for many. Each config module holds its path's heuristic (the decode one's docstring explains it);
 ``shape.py`` the shape, target and token bucket they are keyed on. :func:`select`
 is a deterministic function of (token bucket, :class:`MoEShape`, :class:`Target`): the tuned
 table entry (path + config) when one exists, else :func:`heuristic_path` with that path's
@@ -230,13 +231,14 @@ def parse_table(raw, source: str = "<table>") -> tuple[str, dict]:
             else:
                 if not isinstance(entry, dict) or set(entry) != {"path", "config"}:
                     raise ConfigTableError(
-                        f"{where}: a v2 bucket is {{\"path\": ..., \"config\": {{...}}}}, got "
+                        f'{where}: a v2 bucket is {{"path": ..., "config": {{...}}}}, got '
                         f"{entry!r:.120}"
                     )
                 path, cfg = entry["path"], entry["config"]
                 if path not in paths.names():
-                    raise ConfigTableError(f"{where}, field 'path': must be one of "
-                                           f"{paths.names()}, got {path!r}")
+                    raise ConfigTableError(
+                        f"{where}, field 'path': must be one of {paths.names()}, got {path!r}"
+                    )
             cls = paths.get(path).config_type
             entries[int(b)] = TableEntry(path, _parse_config(cls, cfg, where))
         out[key] = dict(sorted(entries.items()))
@@ -329,8 +331,9 @@ def override_config(cfg):
 
 def heuristic_path(T: int, shape: MoEShape, target: Target) -> str:
     """``"prefill"`` from bucket :data:`PREFILL_MIN_TOKENS` up (:data:`WGMMA_PREFILL_MIN_TOKENS`
-    where the heuristic picks the wgmma prefill family, :data:`WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS`
-    there with a fused shared expert), else ``"decode"``."""
+    where the heuristic picks the wgmma prefill family,
+    :data:`WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS` there with a fused shared expert), else
+    ``"decode"``."""
     wgmma = (
         shape is not None
         and target is not None

@@ -5,8 +5,8 @@ prefill kernel configs per token bucket and the constants that bound them.
 its config's ``__post_init__``; at most :data:`MAX_CANDIDATES` per path, ``--quick`` keeps the
 first :data:`QUICK_CANDIDATES`), in priority order:
 
-* decode (:func:`decode_candidates`), around ``decode.heuristic.heuristic_config``: the heuristic; the
-  heuristic without its small-T and hot-expert forms (``forms=False``); the other kernel family
+* decode (:func:`decode_candidates`), around ``decode.heuristic.heuristic_config``: the heuristic;
+  the heuristic without its small-T and hot-expert forms (``forms=False``); the other kernel family
   (Gluon <-> ``tl.dot``) of that; the other GEMM2 form (``tokens`` <-> ``pairs``);
   the pairs GEMM2 with the other top-k combine and (from 2 pairs per expert) with ``split_t=4``;
   programmatic dependent launch flipped (sm_90+); at 1-2 tokens the token GEMM2's slots side by
@@ -29,8 +29,9 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   Where the heuristic picks the wgmma family (sm_90): the heuristic; the ``tl.dot`` family's
   heuristic; GEMM2's staged epilogue (``smem_epi2``) flipped; the L2 code prefetch
   (``l2_prefetch*``) flipped; at ``I`` = 256 GEMM2's block codes in shared memory with the
-  staged epilogue; GEMM1's code ring (``code_ring1`` 4, 2 stages); ``block_m`` /2, x2 and /4; the other GEMM1 ring depth (2 <-> 3); 4 <-> 8 GEMM2
-  row blocks per program; 3 GEMM2 stages; GEMM2 at ``I`` = 256 on two warpgroups; code prefetch 2;
+  staged epilogue; GEMM1's code ring (``code_ring1`` 4, 2 stages); ``block_m`` /2, x2 and /4; the
+  other GEMM1 ring depth (2 <-> 3); 4 <-> 8 GEMM2 row blocks per program; 3 GEMM2 stages; GEMM2 at
+  ``I`` = 256 on two warpgroups; code prefetch 2;
   GEMM1's own 128-row tile and its static ring, each flipped from the heuristic's choice; both
   rings static. Where it picks the W4A4 family (sm_100 / sm_120): the
   heuristic; the ``tl.dot`` W4A16 heuristic; ``block_m`` /2, x2, /4; 3 stages; twice the GEMM1
@@ -148,27 +149,54 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         lambda: r(plain, kernels=other),  # both families are timed
         flip,
         # the pairs GEMM2's other top-k combine; its pair chunks over 4 programs (hot experts)
-        lambda: r(base if base.gemm2 == "pairs" else flip(),
-                  combine="counter" if base.combine == "kernel" else "kernel"),
+        lambda: r(
+            base if base.gemm2 == "pairs" else flip(),
+            combine="counter" if base.combine == "kernel" else "kernel",
+        ),
         lambda: r(base if base.gemm2 == "pairs" else flip(), split_t=hot(4)),
         # programmatic dependent launch flipped, where the GPU has it
-        lambda: r(base, pdl=0 if base.pdl else 1) if base.kernels == "gluon"
-        and target_info.supports_pdl(target_info.arch_capability(target.arch)) else None,
+        lambda: (
+            r(base, pdl=0 if base.pdl else 1)
+            if base.kernels == "gluon"
+            and target_info.supports_pdl(target_info.arch_capability(target.arch))
+            else None
+        ),
         # the Gluon token GEMM2 with a token's slots side by side, one warp each (GLM-5 TP8
         # T <= 2), or one after the other where the heuristic has them side by side
-        lambda: (r(base, slots2=0, warps2=plain.warps2, block_n2=plain.block_n2) if base.slots2
-                 else r(base, slots2=1, warps2=1, block_n2=64 if b == 1 else 32))
-        if base.kernels == "gluon" and base.gemm2 == "tokens" and b <= 2 else None,
+        lambda: (
+            (
+                r(base, slots2=0, warps2=plain.warps2, block_n2=plain.block_n2)
+                if base.slots2
+                else r(base, slots2=1, warps2=1, block_n2=64 if b == 1 else 32)
+            )
+            if base.kernels == "gluon" and base.gemm2 == "tokens" and b <= 2
+            else None
+        ),
         # GEMM1's K splits on one program's warps: the H100 sweeps' winners, 8 splits of 32 rows
         # on one warp at 1 token, 4 at 2, 2 splits of 64 rows on two warps at 4 (fewer where the
         # K chunks do not divide)
         # (or across programs where the heuristic stacks them)
-        lambda: (r(base, kstack1=0, split_k1=plain.split_k1, warps1=plain.warps1,
-                   block_n1=plain.block_n1) if base.kstack1 else
-                 r(base, kstack1=1, split_k1=next(s for s in (8, 4, 2) if s <= 8 // b
-                                                  and kc1 % s == 0),
-                   warps1=2 if b == 4 else 1, block_n1=64 if b == 4 else 32))
-        if base.kernels == "gluon" and b <= 4 and kc1 % 2 == 0 else None,
+        lambda: (
+            (
+                r(
+                    base,
+                    kstack1=0,
+                    split_k1=plain.split_k1,
+                    warps1=plain.warps1,
+                    block_n1=plain.block_n1,
+                )
+                if base.kstack1
+                else r(
+                    base,
+                    kstack1=1,
+                    split_k1=next(s for s in (8, 4, 2) if s <= 8 // b and kc1 % s == 0),
+                    warps1=2 if b == 4 else 1,
+                    block_n1=64 if b == 4 else 32,
+                )
+            )
+            if base.kernels == "gluon" and b <= 4 and kc1 % 2 == 0
+            else None
+        ),
         wide1,
         # from 32 tokens both GEMM1s under their register cap (the H200 table's winners at 64-128
         # tokens: 4.2-8.1% per layer; the Gluon K loops have no stages to time instead)
@@ -228,32 +256,52 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # GEMM2's epilogue through shared memory (16-byte stores), flipped; the FP4 codes
             # asked of L2 two chunks past the register queue (both GEMMs), flipped.
             lambda: r(base, smem_epi2=1 - base.smem_epi2),
-            lambda: r(base, l2_prefetch1=0 if base.l2_prefetch1 else 2,
-                      l2_prefetch2=0 if base.l2_prefetch2 else 2),
+            lambda: r(
+                base,
+                l2_prefetch1=0 if base.l2_prefetch1 else 2,
+                l2_prefetch2=0 if base.l2_prefetch2 else 2,
+            ),
             # The routing weight in GEMM1's epilogue with GEMM2's epilogue loads hoisted (the
             # heuristic's), flipped together.
             lambda: r(base, tw1=1 - base.tw1, hoist2=0 if base.tw1 else int(base.accs2 == 2)),
             # GEMM2 at I = 256 on M tiles of 2 sub-tiles that share each decoded row block, 4
             # blocks per program (msub2, the heuristic's from 2 M tiles of rows per expert),
             # flipped (off: 8 blocks per program).
-            lambda: (r(base, msub2=1, group_n2=8) if base.msub2 > 1 else
-                     r(base, msub2=2, group_n2=4))
-            if (base.accs2, base.code_ring2, base.hoist2, base.smem_epi2) == (2, 1, 1, 1) else None,
+            lambda: (
+                (r(base, msub2=1, group_n2=8) if base.msub2 > 1 else r(base, msub2=2, group_n2=4))
+                if (base.accs2, base.code_ring2, base.hoist2, base.smem_epi2) == (2, 1, 1, 1)
+                else None
+            ),
             # GEMM2 at I = 256: every row block's codes copied when the program starts, with
             # the staged epilogue (no spills together; the heuristic's at I = 256), flipped.
-            lambda: (r(base, code_ring2=0) if base.code_ring2 else
-                     r(base, code_ring2=1, smem_epi2=1, prefetch2=1, l2_prefetch2=0))
-            if base.accs2 == 2 else None,
+            lambda: (
+                (
+                    r(base, code_ring2=0)
+                    if base.code_ring2
+                    else r(base, code_ring2=1, smem_epi2=1, prefetch2=1, l2_prefetch2=0)
+                )
+                if base.accs2 == 2
+                else None
+            ),
             # GEMM1's codes through the shared-memory code ring (2 activation stages, codes 3
             # chunks ahead), where its static ring can unroll by 4.
-            lambda: r(base, stages1=2, static_ring1=1, code_ring1=4, prefetch1=1,
-                      l2_prefetch1=0) if static_ring_fits(shape.H, 4) else None,
+            lambda: (
+                r(base, stages1=2, static_ring1=1, code_ring1=4, prefetch1=1, l2_prefetch1=0)
+                if static_ring_fits(shape.H, 4)
+                else None
+            ),
             # GEMM1's 16-row tail (on a second accumulator fed by the same decoded weights),
             # flipped; and GEMM1's own tile at I <= 512, 64 <-> 128 rows.
-            lambda: r(base, tail1=0 if base.tail1 else 16)
-            if base.static_ring1 and not base.code_ring1 else None,
-            lambda: r(base, block_m1=0 if base.block_m1 else 128)
-            if base.block_m == 64 and shape.I <= 512 else None,
+            lambda: (
+                r(base, tail1=0 if base.tail1 else 16)
+                if base.static_ring1 and not base.code_ring1
+                else None
+            ),
+            lambda: (
+                r(base, block_m1=0 if base.block_m1 else 128)
+                if base.block_m == 64 and shape.I <= 512
+                else None
+            ),
             lambda: r(base, **st1(bm // 2)),
             lambda: r(base, **st1(2 * bm)),
             lambda: r(base, **st1(bm // 4)),  # expert parallelism: fewer rows per local expert
@@ -265,21 +313,37 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             # benchmarks/results/prefill_v2_step2/: kept as the one candidate that can say
             # otherwise on a new GPU).
             # (hoist2 is the two accumulators' epilogue: off with one.)
-            lambda: r(base, block_n2=128, warps2=8, accs2=1, code_ring2=0, hoist2=0)
-            if shape.I == K_CHUNK else None,
+            lambda: (
+                r(base, block_n2=128, warps2=8, accs2=1, code_ring2=0, hoist2=0)
+                if shape.I == K_CHUNK
+                else None
+            ),
             lambda: r(base, prefetch1=2, prefetch2=2),
             # GEMM1 on twice GEMM2's M tile (GEMM1 decodes each expert's weights once per tile;
             # GEMM2 at I = 256 spills at 128 tokens), or on GEMM2's where the heuristic splits.
-            lambda: (r(base, block_m1=0) if base.block_m1 else
-                     r(base, block_m1=2 * bm, stages1=3) if bm == 64 else None),
+            lambda: (
+                r(base, block_m1=0)
+                if base.block_m1
+                else r(base, block_m1=2 * bm, stages1=3)
+                if bm == 64
+                else None
+            ),
             # The activation ring without Triton's inserted barriers (static slots), where the
             # stages divide the K chunks, or with them where the heuristic has it static (GEMM2
             # only where it has a ring: the config rejects static_ring2 with accs2 = 2).
-            lambda: (r(base, static_ring1=0) if base.static_ring1 else
-                     r(base, static_ring1=1) if static_ring_fits(shape.H, base.stages1) else None),
-            lambda: r(base, static_ring1=1, static_ring2=1)
-            if static_ring_fits(shape.H, base.stages1) and static_ring_fits(shape.I, base.stages2)
-            else None,
+            lambda: (
+                r(base, static_ring1=0)
+                if base.static_ring1
+                else r(base, static_ring1=1)
+                if static_ring_fits(shape.H, base.stages1)
+                else None
+            ),
+            lambda: (
+                r(base, static_ring1=1, static_ring2=1)
+                if static_ring_fits(shape.H, base.stages1)
+                and static_ring_fits(shape.I, base.stages2)
+                else None
+            ),
         ]
         return _unique_valid(make, min(limit, MAX_CANDIDATES))
 
@@ -304,4 +368,3 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
         lambda: r(base, block_n1=64, block_n2=64),
     ]
     return _unique_valid(make, min(limit, MAX_CANDIDATES))
-

@@ -5,9 +5,9 @@ downstream: the torch reference MoE reads it directly; the kernels' layout prepa
 (``moe/layout.py``) converts it once at load time. Shapes for ``E`` local experts, hidden size
 ``H`` and per-rank intermediate size ``I`` (NVFP4 packing and scales: ``nvfp4/format.py``):
 
-==================  ==========================  =====================================================
+==================  ==========================  ====================================================
 field               shape, dtype                meaning
-==================  ==========================  =====================================================
+==================  ==========================  ====================================================
 ``w13``             (E, 2I, H/2) uint8          rows ``[gate (0:I); up (I:2I)]``, packed along H
 ``w13_scale``       (E, 2I, H/16) float8_e4m3fn row-major block scales (one per 16 elements of H)
 ``w13_scale_2``     (E, 2) float32              per-expert global scale, column 0 gate, 1 up
@@ -16,7 +16,7 @@ field               shape, dtype                meaning
 ``w2_scale_2``      (E,) float32                per-expert global scale
 ``w13_input_scale`` (E,) float32 or None        static activation scale of GEMM1 (W4A4 emulation)
 ``w2_input_scale``  (E,) float32 or None        static activation scale of GEMM2
-==================  ==========================  =====================================================
+==================  ==========================  ====================================================
 
 Dequantised weight = ``e2m1(code) * float(block_scale) * scale_2`` (ModelOpt's rule).
 ModelOpt's exports give gate and up one shared ``scale_2`` (both columns equal); the pack and
@@ -73,10 +73,12 @@ class MoEWeights:
     def device(self) -> torch.device:
         return self.w13.device
 
-    def to(self, device) -> "MoEWeights":
+    def to(self, device) -> MoEWeights:
         return MoEWeights(
             **{
-                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
+                f.name: (
+                    None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                )
                 for f in fields(self)
             }
         )

@@ -1,6 +1,6 @@
 """Triton ``tl.dot`` kernels of the NVFP4 W4A16 fused-MoE decode path (v1: the fallback of the Gluon
-kernels in ``decode._gluon_kernels``, and the only decode family the interpreter runs; ``@triton.jit``
-code only).
+kernels in ``decode._gluon_kernels``, and the only decode family the interpreter runs;
+``@triton.jit`` code only).
 
 Two launches per layer, both with a static grid fixed by ``T``, ``top_k``, the shape and the config:
 
@@ -31,8 +31,9 @@ exact pure-Triton fp32 bit trick. K is permuted inside a chunk (``_kappa``) iden
 weights and the activations, so each thread's MMA fragment is 32 contiguous bytes of a weight row
 (wide loads, one block scale per 16 weights) - a dot product does not depend on the order of K.
 Measured (Triton 3.6, sm_90 SASS, scale codes): ~3.2 instructions per weight in the GEMM1 K loop
-(830 per warp and 256-deep step of a 64-row tile), of which 2.25 are the decode; wider ``BT`` (32) spills at 255 registers. Tried on the H200 and removed:
-spreading GEMM1's K chunks or the token GEMM2's experts over a CTA's warps (a batched ``tl.dot``
+(830 per warp and 256-deep step of a 64-row tile), of which 2.25 are the decode; wider ``BT`` (32)
+spills at 255 registers. Tried on the H200 and removed: spreading GEMM1's K chunks or the token
+GEMM2's experts over a CTA's warps (a batched ``tl.dot``
 summed in-CTA) halved each warp's instruction chain in SASS but was within 5% at T <= 2 and up to
 3.7x (TP8) / 13x (EP8) slower at T = 256 (``benchmarks/results/warp_split_ab_h200.json``, tune logs
 ``tune_decode_*_h200.json``): the time follows instructions per scheduler, not chain length.

@@ -105,10 +105,17 @@ def code_read_layout(BN: int, W: int):
     the code ring's slots are [BN, 32] int32 in shared memory, read back in this layout and
     reshaped to the decode's [BN, 8, 4] by a register renaming."""
     wl = weight_layout(BN, W)
-    col = lambda b: [b[0], 4 * b[1] + b[2]]
-    return gl.DistributedLinearLayout([col(b) for b in wl.reg_bases],
-                                      [col(b) for b in wl.lane_bases],
-                                      [col(b) for b in wl.warp_bases], [], [BN, 32])
+
+    def col(b):
+        return [b[0], 4 * b[1] + b[2]]
+
+    return gl.DistributedLinearLayout(
+        [col(b) for b in wl.reg_bases],
+        [col(b) for b in wl.lane_bases],
+        [col(b) for b in wl.warp_bases],
+        [],
+        [BN, 32],
+    )
 
 
 @functools.cache
@@ -116,9 +123,11 @@ def ring_layouts(BN: int, W: int) -> dict:
     """The code-slot copy and read layouts (``_copy_codes``, ``_read_codes``) of ``BN`` weight
     rows on ``W`` warps: copies of 16 code bytes / 8 scale codes per thread, and ``weight_layout``
     read as [BN, 32] words (``code_read_layout``)."""
-    return dict(CP=gl.BlockedLayout([1, 4], [4, 8], [W, 1], [1, 0]),
-                SP=gl.BlockedLayout([1, 8], [16, 2], [W, 1], [1, 0]),
-                CW=code_read_layout(BN, W))
+    return dict(
+        CP=gl.BlockedLayout([1, 4], [4, 8], [W, 1], [1, 0]),
+        SP=gl.BlockedLayout([1, 8], [16, 2], [W, 1], [1, 0]),
+        CW=code_read_layout(BN, W),
+    )
 
 
 # ---- building blocks ----
@@ -178,13 +187,19 @@ def _decode_chunk(b, slo, shi, BN: gl.constexpr, ML: gl.constexpr):
         is_pure=True,
         pack=1,
     )
-    a_lo = gl.convert_layout(_mma_k_order(_byte_order(lo01, lo23, BN), BN), A_OP, assert_trivial=True)
-    a_hi = gl.convert_layout(_mma_k_order(_byte_order(hi01, hi23, BN), BN), A_OP, assert_trivial=True)
+    a_lo = gl.convert_layout(
+        _mma_k_order(_byte_order(lo01, lo23, BN), BN), A_OP, assert_trivial=True
+    )
+    a_hi = gl.convert_layout(
+        _mma_k_order(_byte_order(hi01, hi23, BN), BN), A_OP, assert_trivial=True
+    )
     return a_lo, a_hi
 
 
 @gluon.jit
-def _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+def _half_chunk_mma(
+    acc, b, slo, shi, xlo, xhi, BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr
+):
     """acc += decode(b) @ x^T for one 256-deep chunk: code words ``b`` [BN, 8, 4] int32, scale
     codes [BN, 8] per half, activations [BT, 8, 8] int32 (bf16 pairs) per half."""
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ML, k_width=2)
@@ -214,8 +229,24 @@ def _load_x(xp, xmask, goff, kc, K, CACHE: gl.constexpr):
 
 
 @gluon.jit
-def _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, K, s_chunk_stride,
-               BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, WQ=None, WS=None):
+def _w4a16_acc(
+    qe,
+    se,
+    qoff,
+    soff,
+    xp,
+    xmask,
+    goff,
+    kc0,
+    kc1,
+    K,
+    s_chunk_stride,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    ML: gl.constexpr,
+    WQ=None,
+    WS=None,
+):
     """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0). While a chunk is decoded,
     the next chunk's codes, scales and activations are in flight (activations come from L2).
     Prefetches past kc1 re-read its last chunk (L1 hits). ``WQ`` / ``WS``: ``_load_w``'s row
@@ -265,8 +296,21 @@ def _scale_slot(BN: gl.constexpr):
 
 
 @gluon.jit
-def _copy_codes(c_s, s_s, qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr,
-                CP: gl.constexpr, SP: gl.constexpr):
+def _copy_codes(
+    c_s,
+    s_s,
+    qe,
+    se,
+    QB,
+    nb0,
+    it,
+    KC,
+    NIT,
+    s_chunk_stride,
+    BN: gl.constexpr,
+    CP: gl.constexpr,
+    SP: gl.constexpr,
+):
     """``cp.async`` flat chunk ``it``'s code words (MMA row order: slot row ``r`` holds weight
     row ``_phys_row(r)``) into ``c_s`` and scale codes into ``s_s``, 16 and 8 bytes per copy,
     clamped to the last chunk (``_chunk_base``); they join the caller's next commit group."""
@@ -274,11 +318,13 @@ def _copy_codes(c_s, s_s, qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.c
     r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, CP)))
     c = gl.arange(0, 32, layout=gl.SliceLayout(0, CP))
     async_copy.async_copy_global_to_shared(
-        c_s, qb + gl.expand_dims(r * (QB // BN), 1) + gl.expand_dims(c, 0))
+        c_s, qb + gl.expand_dims(r * (QB // BN), 1) + gl.expand_dims(c, 0)
+    )
     r = _phys_row(gl.arange(0, BN, layout=gl.SliceLayout(1, SP)))
     c = gl.arange(0, 16, layout=gl.SliceLayout(0, SP))
     async_copy.async_copy_global_to_shared(
-        s_s, sb + gl.expand_dims(r * 16, 1) + gl.expand_dims(c, 0))
+        s_s, sb + gl.expand_dims(r * 16, 1) + gl.expand_dims(c, 0)
+    )
 
 
 @gluon.jit
@@ -296,15 +342,22 @@ def _read_codes(c_s, s_s, BN: gl.constexpr, CW: gl.constexpr, WL: gl.constexpr):
 @gluon.jit
 def _gdc_wait():
     """Block until the grid this one depends on has finished and its writes are visible."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
+    gl.inline_asm_elementwise(
+        "griddepcontrol.wait; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
 
 
 @gluon.jit
 def _gdc_launch_dependents():
     """Let the next kernel of the stream start once every program of this grid has said so."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.b32 $0, 0;", "=r", [],
-                              dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; mov.b32 $0, 0;",
+        "=r",
+        [],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @gluon.jit
@@ -312,12 +365,30 @@ def _prefetch_l2(ptr, pred):
     """Ask L2 for the line holding each ``ptr`` where ``pred``: no registers held, no wait."""
     gl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-        "=r,l,r", args=[ptr, pred.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+        "=r,l,r",
+        args=[ptr, pred.to(gl.int32)],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @gluon.jit
-def _prefetch_weights(q_ptr, s_ptr, es, eok, row0, kc0, kc1, q_e_stride, q_row_stride,
-                      s_e_stride, s_chunk_stride, BN: gl.constexpr, PF: gl.constexpr):
+def _prefetch_weights(
+    q_ptr,
+    s_ptr,
+    es,
+    eok,
+    row0,
+    kc0,
+    kc1,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    BN: gl.constexpr,
+    PF: gl.constexpr,
+):
     """L2 prefetch of rows ``row0 .. row0 + BN`` of experts ``es`` (where ``eok``; a vector in
     ``SliceLayout(1, PF)``), K chunks ``kc0 .. kc1``: one 128-byte code line per row and chunk,
     one scale line per 8 rows (the layouts of ``layout.py``)."""
@@ -341,8 +412,17 @@ def _prefetch_rows(qrow, srow, r, ok):
 
 
 @gluon.jit
-def _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE: gl.constexpr,
-           BLOCK_P: gl.constexpr, PL: gl.constexpr):
+def _route(
+    ids_ptr,
+    plist_ptr,
+    pcnt_ptr,
+    pid0,
+    P,
+    E,
+    SLOT_MODE: gl.constexpr,
+    BLOCK_P: gl.constexpr,
+    PL: gl.constexpr,
+):
     """v1's ``_route``: (expert, pair count to work on, its list base); writes plist/pcnt."""
     if SLOT_MODE:
         e = gl.load(ids_ptr + pid0).to(gl.int32)
@@ -370,8 +450,19 @@ def _route(ids_ptr, plist_ptr, pcnt_ptr, pid0, P, E, SLOT_MODE: gl.constexpr,
 
 
 @gluon.jit
-def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I,
-                    BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+def _silu_mul_store(
+    acc,
+    a_ptr,
+    rows,
+    pairs,
+    pmask,
+    inter_ptr,
+    nb,
+    I,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    ML: gl.constexpr,
+):
     """acc [BN, BT] (MMA rows, gate/up pairs in rows ``r``, ``r + 8``) -> bf16 inter[pair, j]."""
     alpha = gl.load(a_ptr + nb * BN + _phys_row(rows)) * _TWO_P26  # per weight row (layout.py)
     y = acc * gl.expand_dims(alpha, 1)
@@ -388,8 +479,15 @@ def _silu_mul_store(acc, a_ptr, rows, pairs, pmask, inter_ptr, nb, I,
 
 
 @gluon.jit
-def _offsets(nb, q_row_stride, BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr,
-             XL: gl.constexpr, ML: gl.constexpr):
+def _offsets(
+    nb,
+    q_row_stride,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+):
     """Per-tile index tensors: code-word and scale offsets of row tile ``nb`` (load layout, MMA
     rows -> weight rows), activation word offsets and group starts (their layout), the MMA
     columns ``n1`` of the activation rows, and the epilogue's rows / columns / weight rows."""
@@ -416,12 +514,41 @@ def _offsets(nb, q_row_stride, BN: gl.constexpr, BT: gl.constexpr, WL: gl.conste
 
 
 @gluon.jit
-def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plist_ptr, pcnt_ptr,
-           P, E, H, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
-           KC, CPS, TOP_K, SPLIT_K,
-           SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BLOCK_P: gl.constexpr,
-           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, SPLIT_T: gl.constexpr,
-           PDL: gl.constexpr = 0):
+def _gemm1(
+    x_ptr,
+    ids_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    inter_ptr,
+    ws_ptr,
+    cnt_ptr,
+    plist_ptr,
+    pcnt_ptr,
+    P,
+    E,
+    H,
+    I,
+    NP,
+    stride_x,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    CPS,
+    TOP_K,
+    SPLIT_K,
+    SLOT_MODE: gl.constexpr,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    BLOCK_P: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+    SPLIT_T: gl.constexpr,
+    PDL: gl.constexpr = 0,
+):
     """``decode._dot_kernels._moe_gemm1`` in Gluon: same arguments and workspaces (ws (SPLIT_K, P,
     NP) fp32 indexed by weight row, cnt (grid0, grid1) int32 zero between calls, plist/pcnt).
     Grid axis 2 is ``SPLIT_K * SPLIT_T``: program ``ks + SPLIT_K * cs`` takes K split ``ks`` of
@@ -439,19 +566,81 @@ def _gemm1(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plis
     if m == 0:
         return
     pid2 = gl.program_id(2)
-    _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr,
-                pid0 * gl.num_programs(1) + gl.program_id(1), e, m, lbase, gl.program_id(1),
-                pid2 % SPLIT_K, pid2 // SPLIT_K, P, I, NP, stride_x, q_e_stride, q_row_stride,
-                s_e_stride, s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, SPLIT_T, BN, BT, WL, XL,
-                ML, PDL == 2)
+    _gemm1_tile(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        a_ptr,
+        inter_ptr,
+        ws_ptr,
+        cnt_ptr,
+        pid0 * gl.num_programs(1) + gl.program_id(1),
+        e,
+        m,
+        lbase,
+        gl.program_id(1),
+        pid2 % SPLIT_K,
+        pid2 // SPLIT_K,
+        P,
+        I,
+        NP,
+        stride_x,
+        q_e_stride,
+        q_row_stride,
+        s_e_stride,
+        s_chunk_stride,
+        H,
+        KC,
+        CPS,
+        TOP_K,
+        SPLIT_K,
+        SPLIT_T,
+        BN,
+        BT,
+        WL,
+        XL,
+        ML,
+        PDL == 2,
+    )
 
 
 @gluon.jit
-def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, tile, e, m, lbase, nb,
-                ks, cs, P, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride,
-                s_chunk_stride, H, KC, CPS, TOP_K, SPLIT_K, SPLIT_T: gl.constexpr,
-                BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
-                ML: gl.constexpr, LATE_TRIGGER: gl.constexpr = False):
+def _gemm1_tile(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    inter_ptr,
+    ws_ptr,
+    cnt_ptr,
+    tile,
+    e,
+    m,
+    lbase,
+    nb,
+    ks,
+    cs,
+    P,
+    I,
+    NP,
+    stride_x,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    H,
+    KC,
+    CPS,
+    TOP_K,
+    SPLIT_K,
+    SPLIT_T: gl.constexpr,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+    LATE_TRIGGER: gl.constexpr = False,
+):
     """Row tile ``nb``, K split ``ks``, pair chunks ``cs, cs + SPLIT_T, ..`` of expert ``e``
     (``m > 0`` pairs listed at ``lbase``): partials through ws and the arrival counter
     ``cnt_ptr[tile]`` (``SPLIT_K * SPLIT_T`` arrivals) when K is split; whoever finishes the
@@ -475,8 +664,9 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, tile, e,
         xw = x_ptr.to(gl.pointer_type(gl.int32))  # bf16 pairs
         xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2) + koff
         xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
-        acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride,
-                         BN, BT, ML)
+        acc = _w4a16_acc(
+            qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride, BN, BT, ML
+        )
         cslot = c * BT + cols
         cm = cslot < m
         cpairs = gl.load(lbase + cslot, mask=cm, other=0)
@@ -500,19 +690,52 @@ def _gemm1_tile(x_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, tile, e,
                 acc = gl.zeros([BN, BT], gl.float32, ML)
                 for s in range(0, SPLIT_K):  # fixed order
                     wp = ws_ptr + gl.expand_dims((s * P + cpairs).to(gl.int64) * NP, 0)
-                    acc += gl.load(wp + gl.expand_dims(wrow, 1), mask=gl.expand_dims(cm, 0),
-                                   other=0.0, cache_modifier=".cg")
+                    acc += gl.load(
+                        wp + gl.expand_dims(wrow, 1),
+                        mask=gl.expand_dims(cm, 0),
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
                 _silu_mul_store(acc, ae, rows, cpairs, cm, inter_ptr, nb, I, BN, BT, ML)
             gl.atomic_xchg(cp, 0)
 
 
 @gluon.jit
-def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_ptr, plist_ptr,
-                  pcnt_ptr, P, E, H, I, NP, stride_x, q_e_stride, q_row_stride, s_e_stride,
-                  s_chunk_stride, KC, CPS, TOP_K, SPLIT_K,
-                  SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-                  BLOCK_P: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
-                  KS: gl.constexpr, PDL: gl.constexpr = 0):
+def _gemm1_kstack(
+    x_ptr,
+    ids_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    inter_ptr,
+    ws_ptr,
+    cnt_ptr,
+    plist_ptr,
+    pcnt_ptr,
+    P,
+    E,
+    H,
+    I,
+    NP,
+    stride_x,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    CPS,
+    TOP_K,
+    SPLIT_K,
+    SLOT_MODE: gl.constexpr,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    BLOCK_P: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+    KS: gl.constexpr,
+    PDL: gl.constexpr = 0,
+):
     """``_gemm1`` with its ``KS`` K splits on the warps of one program instead of ``KS`` programs
     (``DecodeConfig.kstack1``): program ``(slot or expert, nb)`` stacks ``KS`` copies of row tile
     ``nb`` along the MMA rows, copy ``s`` on warps of its own over K chunks ``s*CPS ..
@@ -529,8 +752,9 @@ def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_pt
         _gdc_wait()
     if PDL == 1:
         _gdc_launch_dependents()
-    e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, gl.program_id(0), P, E, SLOT_MODE,
-                         BLOCK_P, PL)
+    e, m, lbase = _route(
+        ids_ptr, plist_ptr, pcnt_ptr, gl.program_id(0), P, E, SLOT_MODE, BLOCK_P, PL
+    )
     if m == 0:
         return
     nb = gl.program_id(1)
@@ -569,8 +793,7 @@ def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_pt
         tok = (pairs // TOP_K).to(gl.int64)
         xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2)
         xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
-        acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, CPS, H, s_chunk_stride,
-                         SB, BT, ML)
+        acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, CPS, H, s_chunk_stride, SB, BT, ML)
         if PDL == 2:
             _gdc_launch_dependents()
         for p in gl.static_range(TPC):
@@ -591,14 +814,28 @@ def _gemm1_kstack(x_ptr, ids_ptr, q_ptr, s_ptr, a_ptr, inter_ptr, ws_ptr, cnt_pt
             pair = gl.load(lbase + pslot, mask=pslot < m, other=0)
             g = g * ag
             h = g / (1.0 + gl.exp(-g)) * (u * au)
-            gl.store(inter_ptr + pair.to(gl.int64) * I + j, h.to(gl.bfloat16),
-                     mask=(j < I) & (pslot < m))
+            gl.store(
+                inter_ptr + pair.to(gl.int64) * I + j, h.to(gl.bfloat16), mask=(j < I) & (pslot < m)
+            )
         barrier()  # the partials are read before the next pass writes them
 
 
 @gluon.jit
-def _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
-                  s_chunk_stride, K_POW2: gl.constexpr, BN: gl.constexpr, PDL: gl.constexpr):
+def _tok_prologue(
+    ids_ptr,
+    q_ptr,
+    s_ptr,
+    E,
+    KC,
+    TOP_K,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    K_POW2: gl.constexpr,
+    BN: gl.constexpr,
+    PDL: gl.constexpr,
+):
     """A token GEMM2 program ``(t, nb)``'s start: with ``PDL`` 1 let the next kernel start; with
     ``PDL`` ask L2 for row tile ``nb`` of each of token ``t``'s experts, then wait for GEMM1."""
     if PDL == 1:
@@ -608,34 +845,133 @@ def _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride,
         kj = gl.arange(0, K_POW2, layout=gl.SliceLayout(1, PF))
         idt = gl.load(ids_ptr + gl.program_id(0) * TOP_K + kj, mask=kj < TOP_K, other=-1)
         idt = idt.to(gl.int32)
-        _prefetch_weights(q_ptr, s_ptr, idt, (idt >= 0) & (idt < E), gl.program_id(1) * BN, 0,
-                          KC, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, BN, PF)
+        _prefetch_weights(
+            q_ptr,
+            s_ptr,
+            idt,
+            (idt >= 0) & (idt < E),
+            gl.program_id(1) * BN,
+            0,
+            KC,
+            q_e_stride,
+            q_row_stride,
+            s_e_stride,
+            s_chunk_stride,
+            BN,
+            PF,
+        )
     if PDL != 0:
         _gdc_wait()
 
 
 @gluon.jit
-def _gemm2_tok(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
-               stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
-               K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-               WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, PDL: gl.constexpr = 0):
+def _gemm2_tok(
+    inter_ptr,
+    ids_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    out_ptr,
+    T,
+    E,
+    H,
+    I,
+    NP,
+    stride_out,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    TOP_K,
+    K_POW2: gl.constexpr,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+    PDL: gl.constexpr = 0,
+):
     """``decode._dot_kernels._moe_gemm2_tok`` in Gluon: program ``(t, nb)`` owns ``out[t, nb*BN..]``
     and walks the token's valid experts in slot order (the pair in MMA column 0), one after the
     other. With ``PDL`` it first asks L2 for the weights of its row tile of every expert of the
     token while GEMM1 runs (so that walk waits on L2 rather than DRAM after its first expert),
     then waits for GEMM1; with 1 it lets the next kernel start at once, with 2 when it exits."""
-    _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
-                  s_chunk_stride, K_POW2, BN, PDL)
-    _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, gl.program_id(0),
-                    gl.program_id(1), E, H, I, NP, stride_out, q_e_stride, q_row_stride,
-                    s_e_stride, s_chunk_stride, KC, TOP_K, K_POW2, BN, BT, WL, XL, ML)
+    _tok_prologue(
+        ids_ptr,
+        q_ptr,
+        s_ptr,
+        E,
+        KC,
+        TOP_K,
+        q_e_stride,
+        q_row_stride,
+        s_e_stride,
+        s_chunk_stride,
+        K_POW2,
+        BN,
+        PDL,
+    )
+    _gemm2_tok_tile(
+        inter_ptr,
+        ids_ptr,
+        tw_ptr,
+        q_ptr,
+        s_ptr,
+        a_ptr,
+        out_ptr,
+        gl.program_id(0),
+        gl.program_id(1),
+        E,
+        H,
+        I,
+        NP,
+        stride_out,
+        q_e_stride,
+        q_row_stride,
+        s_e_stride,
+        s_chunk_stride,
+        KC,
+        TOP_K,
+        K_POW2,
+        BN,
+        BT,
+        WL,
+        XL,
+        ML,
+    )
 
 
 @gluon.jit
-def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, t, nb, E, H, I, NP,
-                    stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
-                    K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr,
-                    XL: gl.constexpr, ML: gl.constexpr):
+def _gemm2_tok_tile(
+    inter_ptr,
+    ids_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    out_ptr,
+    t,
+    nb,
+    E,
+    H,
+    I,
+    NP,
+    stride_out,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    TOP_K,
+    K_POW2: gl.constexpr,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+):
     """``out[t, nb*BN..]`` = sum over token ``t``'s valid experts (slot order) of the routing
     weight x GEMM2."""
     KL: gl.constexpr = gl.BlockedLayout([K_POW2], [32], [gl.num_warps()], [0])
@@ -658,8 +994,7 @@ def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, t,
         xp = inter_ptr.to(gl.pointer_type(gl.int32)) + p.to(gl.int64) * (I // 2) + koff
         qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
         se = s_ptr + e64 * s_e_stride
-        part = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, KC, I, s_chunk_stride,
-                          BN, BT, ML)
+        part = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, KC, I, s_chunk_stride, BN, BT, ML)
         coef = gl.load(a_ptr + e64 * NP + wrow) * (_TWO_P26 * gl.load(tw_ptr + p).to(gl.float32))
         o = gl.fma(part, gl.expand_dims(coef, 1), o)  # spelled out: _gemm2_tok_slots matches it
     res = gl.sum(gl.where(gl.expand_dims(cols == 0, 0), o, 0.0), 1)
@@ -667,11 +1002,34 @@ def _gemm2_tok_tile(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, t,
 
 
 @gluon.jit
-def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T, E, H, I, NP,
-                     stride_out, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride, KC, TOP_K,
-                     K_POW2: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-                     WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
-                     PDL: gl.constexpr = 0):
+def _gemm2_tok_slots(
+    inter_ptr,
+    ids_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    out_ptr,
+    T,
+    E,
+    H,
+    I,
+    NP,
+    stride_out,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    TOP_K,
+    K_POW2: gl.constexpr,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+    PDL: gl.constexpr = 0,
+):
     """``_gemm2_tok`` with the token's top-k slots side by side instead of one after the other
     (``DecodeConfig.slots2``): program ``(t, nb)`` stacks ``SP = min(K_POW2, 8)`` copies of row
     tile ``nb``, copy ``g`` in MMA rows ``g*BN ..`` on warps of its own, reading expert
@@ -685,8 +1043,21 @@ def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T
     SB: gl.constexpr = SP * BN
     t = gl.program_id(0)
     nb = gl.program_id(1)
-    _tok_prologue(ids_ptr, q_ptr, s_ptr, E, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
-                  s_chunk_stride, K_POW2, BN, PDL)
+    _tok_prologue(
+        ids_ptr,
+        q_ptr,
+        s_ptr,
+        E,
+        KC,
+        TOP_K,
+        q_e_stride,
+        q_row_stride,
+        s_e_stride,
+        s_chunk_stride,
+        K_POW2,
+        BN,
+        PDL,
+    )
     SL: gl.constexpr = gl.SliceLayout(2, WL)
     r1 = gl.arange(0, SB, layout=gl.SliceLayout(1, SL))
     g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
@@ -695,8 +1066,12 @@ def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T
     _q, _s, koff, goff, n1, rows, cols, _w = _offsets(nb, q_row_stride, SB, BT, WL, XL, ML)
     wrow = nb * BN + _phys_row(rows % BN)
     own = gl.expand_dims(cols, 0) == gl.expand_dims(rows // BN, 1)
-    parts = gl.allocate_shared_memory(gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    coefs = gl.allocate_shared_memory(gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    parts = gl.allocate_shared_memory(
+        gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0])
+    )
+    coefs = gl.allocate_shared_memory(
+        gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0])
+    )
     for rnd in gl.static_range(K_POW2 // SP):
         # Weight rows: MMA row r reads slot rnd*SP + r // BN, row tile row r % BN.
         s1 = rnd * SP + r1 // BN
@@ -716,8 +1091,24 @@ def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T
         xp = inter_ptr.to(gl.pointer_type(gl.int32)) + koff
         xp = xp + gl.expand_dims(gl.expand_dims(pn * (I // 2), 1), 2)
         xmask = gl.expand_dims(gl.expand_dims(okn, 1), 2)
-        acc = _w4a16_acc(q_ptr.to(gl.pointer_type(gl.int32)), s_ptr, qoff, soff, xp, xmask,
-                         goff, 0, KC, I, s_chunk_stride, SB, BT, ML, gl.expand_dims(ws, 2), ws)
+        acc = _w4a16_acc(
+            q_ptr.to(gl.pointer_type(gl.int32)),
+            s_ptr,
+            qoff,
+            soff,
+            xp,
+            xmask,
+            goff,
+            0,
+            KC,
+            I,
+            s_chunk_stride,
+            SB,
+            BT,
+            ML,
+            gl.expand_dims(ws, 2),
+            ws,
+        )
         # Each row's own column and coefficient (routing weight x alpha, as _gemm2_tok_tile).
         sr = rnd * SP + rows // BN
         er = gl.load(ids_ptr + t * TOP_K + sr, mask=sr < TOP_K, other=-1).to(gl.int32)
@@ -738,12 +1129,46 @@ def _gemm2_tok_slots(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, T
 
 
 @gluon.jit
-def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt_ptr, plist_ptr,
-           pcnt_ptr, T, P, E, H, I, NP, NB, stride_out, q_e_stride, q_row_stride, s_e_stride,
-           s_chunk_stride, KC, CPS, TOP_K, SPLIT_K, NT,
-           K_POW2: gl.constexpr, SLOT_MODE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-           WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, COMBINE: gl.constexpr,
-           SPLIT_T: gl.constexpr, PDL: gl.constexpr = 0):
+def _gemm2(
+    inter_ptr,
+    ids_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    plist_ptr,
+    pcnt_ptr,
+    T,
+    P,
+    E,
+    H,
+    I,
+    NP,
+    NB,
+    stride_out,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    CPS,
+    TOP_K,
+    SPLIT_K,
+    NT,
+    K_POW2: gl.constexpr,
+    SLOT_MODE: gl.constexpr,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+    COMBINE: gl.constexpr,
+    SPLIT_T: gl.constexpr,
+    PDL: gl.constexpr = 0,
+):
     """``decode._dot_kernels._moe_gemm2`` in Gluon (same arguments and workspaces): GEMM2 x routing
     weight for all pairs of one expert, row tiles ``pid1 * NT ..``, and with ``COMBINE`` the
     arrival-counter top-k combine (ws (P, SPLIT_K, NP) fp32 by weight row; cnt (T, NB) int32,
@@ -767,9 +1192,21 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
             es = gl.load(ids_ptr + pid0 + gl.zeros([1], gl.int32, gl.SliceLayout(1, PF)))
             es = es.to(gl.int32)
             for nb in range(pid1 * NT, gl.minimum(pid1 * NT + NT, NB)):
-                _prefetch_weights(q_ptr, s_ptr, es, (es >= 0) & (es < E), nb * BN, ks * CPS,
-                                  gl.minimum(ks * CPS + CPS, KC), q_e_stride, q_row_stride,
-                                  s_e_stride, s_chunk_stride, BN, PF)
+                _prefetch_weights(
+                    q_ptr,
+                    s_ptr,
+                    es,
+                    (es >= 0) & (es < E),
+                    nb * BN,
+                    ks * CPS,
+                    gl.minimum(ks * CPS + CPS, KC),
+                    q_e_stride,
+                    q_row_stride,
+                    s_e_stride,
+                    s_chunk_stride,
+                    BN,
+                    PF,
+                )
         _gdc_wait()
     if COMBINE:
         if (pid0 < T) & (pid2 == 0):
@@ -781,8 +1218,11 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
                 zr = gl.arange(0, BN, layout=KL)
                 for it in range(0, NT):
                     r = (pid1 * NT + it) * BN + zr
-                    gl.store(out_ptr + pid0.to(gl.int64) * stride_out + r,
-                             gl.zeros([BN], gl.bfloat16, KL), mask=r < H)
+                    gl.store(
+                        out_ptr + pid0.to(gl.int64) * stride_out + r,
+                        gl.zeros([BN], gl.bfloat16, KL),
+                        mask=r < H,
+                    )
     if SLOT_MODE:
         e = gl.load(ids_ptr + pid0).to(gl.int32)
         ok = (e >= 0) & (e < E)
@@ -803,8 +1243,9 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
     kc1 = gl.minimum(kc0 + CPS, KC)
     nchunk = gl.cdiv(m, BT)
     for nb in range(pid1 * NT, gl.minimum(pid1 * NT + NT, NB)):
-        qoff, soff, koff, goff, n1, rows, cols, wrow = _offsets(nb, q_row_stride, BN, BT, WL, XL,
-                                                                ML)
+        qoff, soff, koff, goff, n1, rows, cols, wrow = _offsets(
+            nb, q_row_stride, BN, BT, WL, XL, ML
+        )
         alpha = gl.load(a_ptr + e64 * NP + wrow) * _TWO_P26
         for c in range(cs, nchunk, SPLIT_T):
             slot = c * BT + n1
@@ -812,8 +1253,9 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
             pairs = gl.load(lbase + slot, mask=pm, other=0)
             xp = xw + gl.expand_dims(gl.expand_dims(pairs.to(gl.int64) * (I // 2), 1), 2) + koff
             xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
-            acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, I, s_chunk_stride,
-                             BN, BT, ML)
+            acc = _w4a16_acc(
+                qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, I, s_chunk_stride, BN, BT, ML
+            )
             cslot = c * BT + cols
             cm = cslot < m
             cpairs = gl.load(lbase + cslot, mask=cm, other=0)
@@ -845,8 +1287,12 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
                         for s in range(0, SPLIT_K):
                             rp = (tok64 * TOP_K + j) * SPLIT_K + s
                             rp = ws_ptr + gl.expand_dims(rp * NP, 0)
-                            o += gl.load(rp + gl.expand_dims(wrow, 1), mask=vj, other=0.0,
-                                         cache_modifier=".cg")
+                            o += gl.load(
+                                rp + gl.expand_dims(wrow, 1),
+                                mask=vj,
+                                other=0.0,
+                                cache_modifier=".cg",
+                            )
                     op = out_ptr + gl.expand_dims(tok64 * stride_out, 0) + gl.expand_dims(wrow, 1)
                     om = gl.expand_dims(last, 0) & gl.expand_dims(wrow < H, 1)
                     gl.store(op, o.to(gl.bfloat16), mask=om)
@@ -854,8 +1300,19 @@ def _gemm2(inter_ptr, ids_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, out_ptr, ws_ptr, cnt
 
 
 @gluon.jit
-def _combine(ws_ptr, ids_ptr, out_ptr, E, H, NP, stride_out, TOP_K, SPLIT_K,
-             BLOCK: gl.constexpr, PDL: gl.constexpr = 0):
+def _combine(
+    ws_ptr,
+    ids_ptr,
+    out_ptr,
+    E,
+    H,
+    NP,
+    stride_out,
+    TOP_K,
+    SPLIT_K,
+    BLOCK: gl.constexpr,
+    PDL: gl.constexpr = 0,
+):
     """``out[t, rows]`` = the sum of token ``t``'s GEMM2 partials (ws (P, SPLIT_K, NP) fp32) in the
     fixed order slot ``j``, then split ``s`` (the order of ``_gemm2``'s in-kernel combine, so the
     result is the same to the bit); a token with no local expert gets zeros. With ``PDL`` it

@@ -8,14 +8,16 @@ and the tuned tables live in ``config.py``; this module imports no launcher.
 experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weights in registers,
 see ``decode._dot_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
 ``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K
-until the expected busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits) reach about
-four per SM, keeping at least 2 K chunks per split (Little's law: ~25-30 KB in flight per SM
+until the expected busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x
+splits) reach about four per SM, keeping at least 2 K chunks per split (Little's law: ~25-30 KB in
+flight per SM
 covers DRAM latency). GEMM2 (K = I, one chunk per expert under TP) does the same with its K, then
 packs ``tiles2`` row tiles into a program while there are more than ~8 programs per SM, so the
 per-program setup and the combine bookkeeping are amortised. While experts see few pairs
 (``T * top_k / D <= 2``; H200 tuning picked it for GLM-5 TP8 up to T = 32) GEMM2 is
-token-centric instead (``gemm2="tokens"``), unless that gives fewer 32-row programs than SMs. On the Gluon family the pairs GEMM2 leaves its top-k
-sum to a third launch (``combine="kernel"``). At one token with the pairs GEMM2 the Gluon launches
+token-centric instead (``gemm2="tokens"``), unless that gives fewer 32-row programs than SMs. On the
+Gluon family the pairs GEMM2 leaves its top-k sum to a third launch (``combine="kernel"``). At one
+token with the pairs GEMM2 the Gluon launches
 use programmatic dependent launch where the GPU has it (``pdl``). On the Gluon family
 it then takes the forms ``fp4ext tune`` found faster on Hopper (``_measured_forms``): a fused
 shared expert's pair chunks spread over programs, 32-row token GEMM2 tiles where its chains are
@@ -206,8 +208,12 @@ class DecodeConfig(ConfigDict):
         """``self`` with ``changes``, for a config derived in another form (the tl.dot family,
         stacked splits): GEMM1's register cap stays behind where the new form does not take it
         (unless ``changes`` names it), so no deriving caller has to know the rule."""
-        if self.maxnreg1 and "maxnreg1" not in changes and not takes_gemm1_cap(
-            *(changes.get(k, getattr(self, k)) for k in ("kernels", "kstack1"))
+        if (
+            self.maxnreg1
+            and "maxnreg1" not in changes
+            and not takes_gemm1_cap(
+                *(changes.get(k, getattr(self, k)) for k in ("kernels", "kstack1"))
+            )
         ):
             changes["maxnreg1"] = 0
         return dataclasses.replace(self, **changes)

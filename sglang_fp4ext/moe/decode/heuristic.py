@@ -89,14 +89,16 @@ def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True
         # vs 25.2 us) but won with pdl 2, GEMM1 releasing it after its K loops: TP8 24.9 -> 23.3
         # us back to back, 26.9 -> 25.2 with a kernel between layers (decode_v2_step4/). From
         # T = 2 both lost or tied (T = 4: 40.8 -> 46.6 us with pdl 2).
-        pdl=(1 if gemm2 == "pairs" else 2) if gluon and b == 1 and target_info.supports_pdl(
-            target_info.arch_capability(target.arch)) else 0,
+        pdl=(1 if gemm2 == "pairs" else 2)
+        if gluon and b == 1 and target_info.supports_pdl(target_info.arch_capability(target.arch))
+        else 0,
     )
     return _measured_forms(cfg, b, shape, target, wide) if forms else cfg
 
 
-def _measured_forms(cfg: DecodeConfig, b: int, shape: MoEShape, target: Target,
-                    wide: bool) -> DecodeConfig:
+def _measured_forms(
+    cfg: DecodeConfig, b: int, shape: MoEShape, target: Target, wide: bool
+) -> DecodeConfig:
     """The Gluon forms where ``fp4ext tune`` found them faster (on both Hopper cards unless a
     rule says otherwise: the H200 table, and the H100 runs in
     ``benchmarks/results/decode_v2_step9/``), for shapes and GPUs without a table of their own.
@@ -136,11 +138,17 @@ def _measured_forms(cfg: DecodeConfig, b: int, shape: MoEShape, target: Target,
     if -(-shape.I // K_CHUNK) <= shape.ep:
         cfg = r(cfg, block_n2=32)
     kc1 = -(-shape.H // K_CHUNK)
-    splits = [s for s in (8, 4, 2) if s <= min(8 // b, 4 if shape.top_k > 8 else 8)
-              and kc1 % s == 0]
+    splits = [
+        s for s in (8, 4, 2) if s <= min(8 // b, 4 if shape.top_k > 8 else 8) and kc1 % s == 0
+    ]
     if b <= 4 and splits and not (wide and b != 2) and not (b == 2 and shape.top_k > 8):
-        cfg = r(cfg, kstack1=1, split_k1=splits[0], warps1=2 if b == 4 else 1,
-                block_n1=64 if b == 4 else 32)
+        cfg = r(
+            cfg,
+            kstack1=1,
+            split_k1=splits[0],
+            warps1=2 if b == 4 else 1,
+            block_n1=64 if b == 4 else 32,
+        )
     if b <= 2 and shape.top_k <= 8 and shape.ep == 1:
         cfg = r(cfg, slots2=1, warps2=1, block_n2=64 if b == 1 else 32)
     return cfg

@@ -66,6 +66,7 @@ def clear_workspaces() -> None:
     _WORKSPACES.clear()
     _RETIRED.clear()
 
+
 # ---- launch ----
 
 
@@ -127,8 +128,9 @@ def launch_family(config: DecodeConfig) -> str:
     return "gluon" if config.kernels == "gluon" and not target_info.is_interpreter() else "dot"
 
 
-def plan(x, w: PreparedMoEWeights, ids, tw, out, config: DecodeConfig, family: str,
-         pdl: int = 0) -> list[Launch]:
+def plan(
+    x, w: PreparedMoEWeights, ids, tw, out, config: DecodeConfig, family: str, pdl: int = 0
+) -> list[Launch]:
     """The 2-3 launches of one call (GEMM1; the token GEMM2, or the pairs GEMM2 and, with
     ``combine="kernel"``, its combine) with the workspaces they share, as data. ``family``: the
     one that runs (:func:`launch_family`); ``pdl``: the programmatic dependent launch the Gluon
@@ -153,8 +155,9 @@ def plan(x, w: PreparedMoEWeights, ids, tw, out, config: DecodeConfig, family: s
         inter_ptr=_workspace(dev, "inter", P * shape.I, torch.bfloat16, zero=False),
         ws1=_workspace(dev, "ws1", ws1_numel, torch.float32, zero=False),
         cnt1=_workspace(dev, "cnt1", g1[0] * g1[1], torch.int32, zero=True),
-        ws2=_workspace(dev, "ws2", P * config.split_k2 * w.w2.n_pad if pairs2 else 1,
-                       torch.float32, zero=False),
+        ws2=_workspace(
+            dev, "ws2", P * config.split_k2 * w.w2.n_pad if pairs2 else 1, torch.float32, zero=False
+        ),
         cnt2=_workspace(dev, "cnt2", T * nb2, torch.int32, zero=True),
         # Routing lists: GEMM1 writes every entry GEMM2 reads, so no clearing is needed.
         plist_ptr=_workspace(dev, "plist", shape.E * P, torch.int32, zero=False),
@@ -222,8 +225,9 @@ def _pdl_options(pdl: int) -> dict:
     return dict(launch_pdl=True) if pdl else {}  # Triton's launch attribute
 
 
-def _launch(family: str, role: str, cfg: DecodeConfig, grid, pdl: int, top_k: int,
-            kwargs: dict) -> Launch:
+def _launch(
+    family: str, role: str, cfg: DecodeConfig, grid, pdl: int, top_k: int, kwargs: dict
+) -> Launch:
     """The launch of ``role`` in ``family`` with the arguments every family takes (``kwargs``),
     plus what this family and config add: ``BT``, the Gluon layouts, PDL, the forms that swap a
     kernel (``kstack1``: GEMM1 with its K splits stacked on one program's warps; ``slots2``: the

@@ -102,8 +102,17 @@ def _run_length(b1, c1, b2, c2):
 
 @triton.jit
 def _group_scatter(
-    ids_ptr, tw_ptr, prefix_ptr, start_ptr, sorted_ptr, sorted_tw_ptr, P, E, NBINS: tl.constexpr,
-    BLOCK_P: tl.constexpr, WITH_TW: tl.constexpr
+    ids_ptr,
+    tw_ptr,
+    prefix_ptr,
+    start_ptr,
+    sorted_ptr,
+    sorted_tw_ptr,
+    P,
+    E,
+    NBINS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    WITH_TW: tl.constexpr,
 ):
     """sorted_pair[start[e] + prefix[b, e] + rank] = p for every valid pair p of block b, and with
     ``WITH_TW`` sorted_tw[same row] = topk_weights[p] as fp32 (the GEMM2 epilogues then read the
@@ -146,7 +155,8 @@ def _tile_of(counts_ptr, m, NBINS: tl.constexpr, BM: tl.constexpr):
 @triton.jit
 def _permute_k(x_ptr, y_ptr, T, K, stride_x, BT: tl.constexpr):
     """y (T, K) bf16 contiguous = x with each 128-wide K block in ``layout.mma_k_order``: position
-    ``s = 16b + 8c1 + 2q + c0`` takes element ``32q + 4b + 2c1 + c0``. Grid (cdiv(T, BT), K / 128)."""
+    ``s = 16b + 8c1 + 2q + c0`` takes element ``32q + 4b + 2c1 + c0``. Grid (cdiv(T, BT), K / 128).
+    """
     t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
     s = tl.arange(0, 128)
     src = tl.program_id(1) * 128 + 32 * ((s // 2) % 4) + 4 * (s // 16) + 2 * ((s // 8) % 2) + s % 2
@@ -322,7 +332,8 @@ def _prefill_gemm2(
     """GEMM2 x routing weight for M tile ``program_id(1)`` and the ``NG`` row blocks of ``BN``
     weight rows from ``program_id(0) * NG`` (the tile's rows, routing weights and expert are read
     once for all of them). ``dst``: (P, H) bf16 rows by pair
-    slot, or with ``ATOMIC`` (T, H) fp32 accumulated with ``atomic_add`` (zero before the launch)."""
+    slot, or with ``ATOMIC`` (T, H) fp32 accumulated with ``atomic_add`` (zero before the launch).
+    """
     e, row0, nrows = _tile_of(counts_ptr, tl.program_id(1), NBINS, BM)
     if nrows <= 0:
         return

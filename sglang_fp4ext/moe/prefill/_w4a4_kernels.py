@@ -115,8 +115,11 @@ def _fp4_f32(p, s, R: tl.constexpr):
     """Packed [R, 64] uint8 with e4m3 scales [R, 8] (int32) -> fp32 [R, 128] (interpreter)."""
     n = tl.reshape(tl.join(p & 0xF, p >> 4), [R, 128]).to(tl.int32)
     m = n & 7
-    mag = tl.where(m < 2, m.to(tl.float32) * 0.5,
-                   tl.exp2(((m >> 1) - 1).to(tl.float32)) * (1.0 + 0.5 * (m & 1).to(tl.float32)))
+    mag = tl.where(
+        m < 2,
+        m.to(tl.float32) * 0.5,
+        tl.exp2(((m >> 1) - 1).to(tl.float32)) * (1.0 + 0.5 * (m & 1).to(tl.float32)),
+    )
     val = tl.where((n & 8) != 0, -mag, mag)
     return tl.reshape(tl.reshape(val, [R, 8, 16]) * _e4m3_value(s)[:, :, None], [R, 128])
 
@@ -128,23 +131,41 @@ def _mma(acc, w, ws, x, xs, BN: tl.constexpr, BM: tl.constexpr, COMPUTE_F32: tl.
         acc = tl.dot(_fp4_f32(w, ws, BN), tl.trans(_fp4_f32(x, xs, BM)), acc)
     else:
         acc = tl.dot_scaled(
-            w, ws.to(tl.uint8).to(tl.float8e4nv, bitcast=True), "e2m1",
-            tl.trans(x), xs.to(tl.uint8).to(tl.float8e4nv, bitcast=True), "e2m1", acc=acc,
+            w,
+            ws.to(tl.uint8).to(tl.float8e4nv, bitcast=True),
+            "e2m1",
+            tl.trans(x),
+            xs.to(tl.uint8).to(tl.float8e4nv, bitcast=True),
+            "e2m1",
+            acc=acc,
         )
     return acc
 
 
 @triton.jit
-def _w4a4_k_loop(q_ptr, s_ptr, xq_ptr, xs_ptr, xrow, rows, KC, q_row_stride, s_chunk_stride,
-                 BN: tl.constexpr, BM: tl.constexpr, COMPUTE_F32: tl.constexpr):
+def _w4a4_k_loop(
+    q_ptr,
+    s_ptr,
+    xq_ptr,
+    xs_ptr,
+    xrow,
+    rows,
+    KC,
+    q_row_stride,
+    s_chunk_stride,
+    BN: tl.constexpr,
+    BM: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
     """acc [BN, BM] fp32 over ``KC`` chunks; ``xrow`` (BM,) int64 activation rows (packed row
     length ``KC * 128`` bytes, ``KC * 16`` scale bytes)."""
     kk = tl.arange(0, 64)
     ks = tl.arange(0, 8)
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     for kc in range(0, KC):
-        w_lo, s_lo, w_hi, s_hi = _weight_halves(q_ptr, s_ptr, rows, kc, q_row_stride,
-                                                s_chunk_stride, BN)
+        w_lo, s_lo, w_hi, s_hi = _weight_halves(
+            q_ptr, s_ptr, rows, kc, q_row_stride, s_chunk_stride, BN
+        )
         xp = xq_ptr + xrow[:, None] * (KC * 128) + kc * 128 + kk[None, :]
         sp = xs_ptr + xrow[:, None] * (KC * 16) + kc * 16 + ks[None, :]
         x_lo, x_hi = tl.load(xp), tl.load(xp + 64)
@@ -163,19 +184,42 @@ def _quant_act(x_ptr, q_ptr, s_ptr, gs_ptr, T, H, stride_x, BT: tl.constexpr):
     t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
     c = tl.program_id(1)
     tmask = t[:, None] < T
-    x = tl.load(x_ptr + t[:, None] * stride_x + c * 256 + tl.arange(0, 256)[None, :], mask=tmask,
-                other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr + t[:, None] * stride_x + c * 256 + tl.arange(0, 256)[None, :], mask=tmask, other=0.0
+    ).to(tl.float32)
     packed, sc = _nvfp4_quantize(x, tl.load(gs_ptr), BT, 256)
-    tl.store(q_ptr + t[:, None] * (H // 2) + c * 128 + tl.arange(0, 128)[None, :], packed,
-             mask=tmask)
+    tl.store(
+        q_ptr + t[:, None] * (H // 2) + c * 128 + tl.arange(0, 128)[None, :], packed, mask=tmask
+    )
     tl.store(s_ptr + t[:, None] * (H // 16) + c * 16 + tl.arange(0, 16)[None, :], sc, mask=tmask)
 
 
 @triton.jit
-def _w4a4_gemm1(xq_ptr, xs_ptr, sorted_ptr, counts_ptr, q_ptr, s_ptr, a_ptr, gs1_ptr, gs2_ptr,
-                iq_ptr, is_ptr, I, NP, KC, TOP_K, q_e_stride, q_row_stride, s_e_stride,
-                s_chunk_stride, NBINS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                COMPUTE_F32: tl.constexpr):
+def _w4a4_gemm1(
+    xq_ptr,
+    xs_ptr,
+    sorted_ptr,
+    counts_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    gs1_ptr,
+    gs2_ptr,
+    iq_ptr,
+    is_ptr,
+    I,
+    NP,
+    KC,
+    TOP_K,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    NBINS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
     """GEMM1 + SiLU·mul for M tile ``program_id(1)``, weight rows ``program_id(0) * BN ..``
     (interleaved gate/up: ``BN / 2`` intermediate columns), quantized to NVFP4 with ``gs2``."""
     nb = tl.program_id(0)
@@ -187,8 +231,20 @@ def _w4a4_gemm1(xq_ptr, xs_ptr, sorted_ptr, counts_ptr, q_ptr, s_ptr, a_ptr, gs1
     tok = (tl.load(sorted_ptr + r) // TOP_K).to(tl.int64)
     e64 = e.to(tl.int64)
     rows = nb * BN + tl.arange(0, BN)
-    acc = _w4a4_k_loop(q_ptr + e64 * q_e_stride, s_ptr + e64 * s_e_stride, xq_ptr, xs_ptr, tok,
-                       rows, KC, q_row_stride, s_chunk_stride, BN, BM, COMPUTE_F32)
+    acc = _w4a4_k_loop(
+        q_ptr + e64 * q_e_stride,
+        s_ptr + e64 * s_e_stride,
+        xq_ptr,
+        xs_ptr,
+        tok,
+        rows,
+        KC,
+        q_row_stride,
+        s_chunk_stride,
+        BN,
+        BM,
+        COMPUTE_F32,
+    )
     y = acc * (tl.load(a_ptr + e64 * NP + rows) * tl.load(gs1_ptr))[:, None]
     g, u = tl.split(tl.permute(tl.reshape(y, [BN // 2, 2, BM]), (0, 2, 1)))
     h = tl.trans(g / (1.0 + tl.exp(-g)) * u)  # [BM, BN / 2]
@@ -202,10 +258,30 @@ def _w4a4_gemm1(xq_ptr, xs_ptr, sorted_ptr, counts_ptr, q_ptr, s_ptr, a_ptr, gs1
 
 
 @triton.jit
-def _w4a4_gemm2(iq_ptr, is_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, gs2_ptr,
-                dst_ptr, H, NP, KC, q_e_stride, q_row_stride, s_e_stride, s_chunk_stride,
-                stride_dst, NBINS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                COMPUTE_F32: tl.constexpr):
+def _w4a4_gemm2(
+    iq_ptr,
+    is_ptr,
+    sorted_ptr,
+    counts_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    gs2_ptr,
+    dst_ptr,
+    H,
+    NP,
+    KC,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    stride_dst,
+    NBINS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
+):
     """GEMM2 x routing weight for M tile ``program_id(1)``, output columns ``program_id(0) * BN
     ..``: bf16 partial rows by pair slot (ordered combine)."""
     nb = tl.program_id(0)
@@ -216,9 +292,20 @@ def _w4a4_gemm2(iq_ptr, is_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_
     r = row0 + tl.minimum(i, nrows - 1)
     e64 = e.to(tl.int64)
     rows = nb * BN + tl.arange(0, BN)
-    acc = _w4a4_k_loop(q_ptr + e64 * q_e_stride, s_ptr + e64 * s_e_stride, iq_ptr, is_ptr,
-                       r.to(tl.int64), rows, KC, q_row_stride, s_chunk_stride, BN, BM,
-                       COMPUTE_F32)
+    acc = _w4a4_k_loop(
+        q_ptr + e64 * q_e_stride,
+        s_ptr + e64 * s_e_stride,
+        iq_ptr,
+        is_ptr,
+        r.to(tl.int64),
+        rows,
+        KC,
+        q_row_stride,
+        s_chunk_stride,
+        BN,
+        BM,
+        COMPUTE_F32,
+    )
     pair = tl.load(sorted_ptr + r)
     tw = tl.load(tw_ptr + r).to(tl.float32)  # sorted_tw, by sorted row
     y = acc * (tl.load(a_ptr + e64 * NP + rows) * tl.load(gs2_ptr))[:, None] * tw[None, :]

@@ -3,10 +3,11 @@
 Same grouping, M tiles, workspaces and ordered combine as the ``tl.dot`` kernels in
 ``prefill._dot_kernels`` (read their docstring first): ``_wgmma_gemm1`` replaces
 ``_prefill_gemm1`` (GEMM1 + SiLU·mul) and ``_wgmma_gemm2`` ``_prefill_gemm2`` (routing weight,
-one bf16 partial row per pair slot); both run ``_grouped_wgmma``. What changes is how the decode and the tensor cores share the
-warps: v1's ``tl.dot`` waits for each ``wgmma`` before it decodes the next weights, so the FP4
-decode and the MMA serialise on the same warps (docs/performance.md, Open misses: 0.19-0.22 issued per
-scheduler-cycle, tensor pipe 38%). Here the loop is software-pipelined by hand:
+one bf16 partial row per pair slot); both run ``_grouped_wgmma``. What changes is how the decode and
+the tensor cores share the warps: v1's ``tl.dot`` waits for each ``wgmma`` before it decodes the
+next weights, so the FP4
+decode and the MMA serialise on the same warps (docs/performance.md, Open misses: 0.19-0.22 issued
+per scheduler-cycle, tensor pipe 38%). Here the loop is software-pipelined by hand:
 
 * **Register A, asynchronous MMA.** The decoded weights are ``wgmma``'s register operand (the
   weight rows are its M side, the tile's tokens its N side, so 16-token tiles waste nothing), and
@@ -25,8 +26,8 @@ scheduler-cycle, tensor pipe 38%). Here the loop is software-pipelined by hand:
   adds two more per chunk (``_ring``); ``SR`` (``PrefillConfig.static_ring*``) avoids them.
 
 K (``H`` for GEMM1, ``I`` for GEMM2) must be a multiple of 256 (``prefill.config`` checks); the
-grid is ``(Np / BN, m_tiles)`` as in v1. Gluon kernels do not run under the Triton interpreter; the CPU tier compiles them ahead of time and the GPU
-tier checks them against the torch twin.
+grid is ``(Np / BN, m_tiles)`` as in v1. Gluon kernels do not run under the Triton interpreter; the
+CPU tier compiles them ahead of time and the GPU tier checks them against the torch twin.
 """
 
 import functools
@@ -59,11 +60,13 @@ from sglang_fp4ext.moe.decode._gluon_kernels import (
 
 @functools.cache
 def layouts(BN: int, BM: int, W: int) -> dict:
-    """The constexpr layout arguments of ``_wgmma_gemm1`` / ``_wgmma_gemm2``: ``BN`` weight rows (``16 W``), ``BM``
-    tokens, ``W`` warps (one or two warpgroups stacked along the weight rows)."""
+    """The constexpr layout arguments of ``_wgmma_gemm1`` / ``_wgmma_gemm2``: ``BN`` weight rows
+    (``16 W``), ``BM`` tokens, ``W`` warps (one or two warpgroups stacked along the weight rows)."""
     return dict(
         WL=weight_layout(BN, W),
-        ML=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM, 16]),
+        ML=gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM, 16]
+        ),
         AL=gl.BlockedLayout([1, 8], [2, 16], [W, 1], [1, 0]),
         XS=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2),
         CL=gl.BlockedLayout([1], [32], [W], [0]),
@@ -120,30 +123,66 @@ def _ring(BM: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr):
     barrier before each half's copies (two per chunk; Nsight Compute, prefill_v2_step2: 13% of
     GEMM1's stall samples on the first)."""
     if NS == 2:
-        r = (gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
-             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
-             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
-             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS))
+        r = (
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+        )
     else:
-        r = (gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
-             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
-             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
-             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
-             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
-             gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS))
+        r = (
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+            gl.allocate_shared_memory(gl.bfloat16, [BM, 128], XS),
+        )
     return r
 
 
 @gluon.jit
-def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr,
-                 K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                 s_e_stride, s_chunk_stride,
-                 NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                 PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr, CR: gl.constexpr,
-                 WL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr,
-                 CL: gl.constexpr, SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
-                 CW: gl.constexpr, BT: gl.constexpr, MT: gl.constexpr, TM: gl.constexpr,
-                 TW: gl.constexpr):
+def _wgmma_gemm1(
+    x_ptr,
+    sorted_ptr,
+    counts_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    dst_ptr,
+    K,
+    NOUT,
+    NP,
+    TOP_K,
+    stride_x,
+    stride_dst,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    NBINS: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    NS: gl.constexpr,
+    PF: gl.constexpr,
+    LP: gl.constexpr,
+    SR: gl.constexpr,
+    CR: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    AL: gl.constexpr,
+    XS: gl.constexpr,
+    CL: gl.constexpr,
+    SL: gl.constexpr,
+    CP: gl.constexpr,
+    SP: gl.constexpr,
+    CW: gl.constexpr,
+    BT: gl.constexpr,
+    MT: gl.constexpr,
+    TM: gl.constexpr,
+    TW: gl.constexpr,
+):
     """GEMM1 + SiLU·mul (``_grouped_wgmma`` with ``GATED``; ``TW``: times the routing weight,
     ``PrefillConfig.tw1``); grid ``(Np1 / BN, m_tiles)`` over
     M tiles of ``TM`` rows. With GEMM1's tail (``PrefillConfig.tail1``) ``TM`` = ``BM`` + the
@@ -162,22 +201,97 @@ def _wgmma_gemm1(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     elif TM > BM:  # the other launch of a tailed config: the rest
         if nrows > BM:
             return
-    _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                   gl.program_id(0), K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride,
-                   q_row_stride, s_e_stride, s_chunk_stride, True, BM, BN, NS, 1, PF, LP, SR, CR,
-                   0, WL, ML, AL, XS, CL, SL, CP, SP, CW, BT, MT, TW)
+    _grouped_wgmma(
+        x_ptr,
+        sorted_ptr,
+        tw_ptr,
+        q_ptr,
+        s_ptr,
+        a_ptr,
+        dst_ptr,
+        e,
+        row0,
+        nrows,
+        gl.program_id(0),
+        K,
+        NOUT,
+        NP,
+        TOP_K,
+        stride_x,
+        stride_dst,
+        q_e_stride,
+        q_row_stride,
+        s_e_stride,
+        s_chunk_stride,
+        True,
+        BM,
+        BN,
+        NS,
+        1,
+        PF,
+        LP,
+        SR,
+        CR,
+        0,
+        WL,
+        ML,
+        AL,
+        XS,
+        CL,
+        SL,
+        CP,
+        SP,
+        CW,
+        BT,
+        MT,
+        TW,
+    )
 
 
 @gluon.jit
-def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr,
-                 K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                 s_e_stride, s_chunk_stride,
-                 NBINS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                 NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, ACCS: gl.constexpr,
-                 SR: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
-                 ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
-                 SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
-                 HO: gl.constexpr, TW: gl.constexpr, MS: gl.constexpr):
+def _wgmma_gemm2(
+    x_ptr,
+    sorted_ptr,
+    counts_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    dst_ptr,
+    K,
+    NOUT,
+    NP,
+    TOP_K,
+    stride_x,
+    stride_dst,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    NBINS: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    NS: gl.constexpr,
+    NG: gl.constexpr,
+    PF: gl.constexpr,
+    LP: gl.constexpr,
+    ACCS: gl.constexpr,
+    SR: gl.constexpr,
+    CR: gl.constexpr,
+    EPI: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    AL: gl.constexpr,
+    XS: gl.constexpr,
+    CL: gl.constexpr,
+    SL: gl.constexpr,
+    CP: gl.constexpr,
+    SP: gl.constexpr,
+    CW: gl.constexpr,
+    HO: gl.constexpr,
+    TW: gl.constexpr,
+    MS: gl.constexpr,
+):
     """GEMM2 x routing weight into the ordered partials, ``NG`` row blocks per program; grid
     ``(cdiv(Np2 / BN, NG), m_tiles)`` over M tiles of ``MS * BM`` rows. ``ACCS == 2``:
     ``_one_chunk_2acc`` (``K`` = 256), or ``_one_chunk_msub`` with ``MS`` > 1 (``msub2``).
@@ -190,31 +304,172 @@ def _wgmma_gemm2(x_ptr, sorted_ptr, counts_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst
     if nrows <= 0:
         return
     if MS > 1:
-        _one_chunk_msub(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                        nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride,
-                        s_e_stride, BM, BN, NG, WL, ML, AL, XS, SL, CP, SP, CW, TW, MS)
+        _one_chunk_msub(
+            x_ptr,
+            sorted_ptr,
+            tw_ptr,
+            q_ptr,
+            s_ptr,
+            a_ptr,
+            dst_ptr,
+            e,
+            row0,
+            nrows,
+            nb0,
+            NOUT,
+            NP,
+            stride_x,
+            stride_dst,
+            q_e_stride,
+            q_row_stride,
+            s_e_stride,
+            BM,
+            BN,
+            NG,
+            WL,
+            ML,
+            AL,
+            XS,
+            SL,
+            CP,
+            SP,
+            CW,
+            TW,
+            MS,
+        )
     elif ACCS == 2:
-        _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                        nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride,
-                        s_e_stride, BM, BN, NG, PF, LP, CR, EPI, WL, ML, AL, XS, CL, SL, CP, SP,
-                        CW, HO, TW)
+        _one_chunk_2acc(
+            x_ptr,
+            sorted_ptr,
+            tw_ptr,
+            q_ptr,
+            s_ptr,
+            a_ptr,
+            dst_ptr,
+            e,
+            row0,
+            nrows,
+            nb0,
+            NOUT,
+            NP,
+            stride_x,
+            stride_dst,
+            q_e_stride,
+            q_row_stride,
+            s_e_stride,
+            BM,
+            BN,
+            NG,
+            PF,
+            LP,
+            CR,
+            EPI,
+            WL,
+            ML,
+            AL,
+            XS,
+            CL,
+            SL,
+            CP,
+            SP,
+            CW,
+            HO,
+            TW,
+        )
     else:
-        _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                       nb0, K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                       s_e_stride, s_chunk_stride, False, BM, BN, NS, NG, PF, LP, SR, CR, EPI, WL,
-                       ML, AL, XS, CL, SL, CP, SP, CW, 0, ML, TW)
+        _grouped_wgmma(
+            x_ptr,
+            sorted_ptr,
+            tw_ptr,
+            q_ptr,
+            s_ptr,
+            a_ptr,
+            dst_ptr,
+            e,
+            row0,
+            nrows,
+            nb0,
+            K,
+            NOUT,
+            NP,
+            TOP_K,
+            stride_x,
+            stride_dst,
+            q_e_stride,
+            q_row_stride,
+            s_e_stride,
+            s_chunk_stride,
+            False,
+            BM,
+            BN,
+            NS,
+            NG,
+            PF,
+            LP,
+            SR,
+            CR,
+            EPI,
+            WL,
+            ML,
+            AL,
+            XS,
+            CL,
+            SL,
+            CP,
+            SP,
+            CW,
+            0,
+            ML,
+            TW,
+        )
 
 
 @gluon.jit
-def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, nb0,
-                   K, NOUT, NP, TOP_K, stride_x, stride_dst, q_e_stride, q_row_stride,
-                   s_e_stride, s_chunk_stride,
-                   GATED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                   NG: gl.constexpr, PF: gl.constexpr, LP: gl.constexpr, SR: gl.constexpr,
-                   CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
-                   AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr,
-                   CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, BT: gl.constexpr,
-                   MT: gl.constexpr, TW: gl.constexpr):
+def _grouped_wgmma(
+    x_ptr,
+    sorted_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    dst_ptr,
+    e,
+    row0,
+    nrows,
+    nb0,
+    K,
+    NOUT,
+    NP,
+    TOP_K,
+    stride_x,
+    stride_dst,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    GATED: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    NS: gl.constexpr,
+    NG: gl.constexpr,
+    PF: gl.constexpr,
+    LP: gl.constexpr,
+    SR: gl.constexpr,
+    CR: gl.constexpr,
+    EPI: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    AL: gl.constexpr,
+    XS: gl.constexpr,
+    CL: gl.constexpr,
+    SL: gl.constexpr,
+    CP: gl.constexpr,
+    SP: gl.constexpr,
+    CW: gl.constexpr,
+    BT: gl.constexpr,
+    MT: gl.constexpr,
+    TW: gl.constexpr,
+):
     """Row blocks ``nb0 ..`` (``NG``, ``BN`` weight rows each) of the M tile of expert
     ``e`` (``nrows > 0`` sorted rows from ``row0``; module docstring). ``BT`` > 0 (GEMM1, one
     row block, static ring): rows ``BM ..`` of the tile (up to ``BT``) are a tail with a ring
@@ -242,8 +497,9 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
 
     nmain = gl.minimum(nrows, BM)
     xp = _act_ptrs(x_ptr, sorted_ptr, row0, nmain, TOP_K, stride_x, GATED, BM, AL)
-    qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
-                                        BN, WL)
+    qe, se, qoff, soff, QB = _code_ptrs(
+        q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride, BN, WL
+    )
     KD = KC
     if NG == 1:
         KD = _ONE_BLOCK
@@ -253,14 +509,28 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         xpt = xp
         if BT:  # the tail's rows (GEMM1's tail launch: nrows > BM); past its end: the last
             xt = _ring(BT, NS, XS)
-            xpt = _act_ptrs(x_ptr, sorted_ptr, row0 + BM, nrows - BM, TOP_K, stride_x, GATED,
-                            BT, AL)
+            xpt = _act_ptrs(
+                x_ptr, sorted_ptr, row0 + BM, nrows - BM, TOP_K, stride_x, GATED, BT, AL
+            )
         cr = xs  # unused without the code ring
         if CR:  # chunks 0 .. CR - 1's codes in a group of their own, ahead of the activations
             cr = _code_slots(BN, CR)
             for i in gl.static_range(CR):
-                _copy_codes(cr[2 * i], cr[2 * i + 1], qe, se, QB, nb0, i, KD, NIT,
-                            s_chunk_stride, BN, CP, SP)
+                _copy_codes(
+                    cr[2 * i],
+                    cr[2 * i + 1],
+                    qe,
+                    se,
+                    QB,
+                    nb0,
+                    i,
+                    KD,
+                    NIT,
+                    s_chunk_stride,
+                    BN,
+                    CP,
+                    SP,
+                )
             cp.commit_group()
         for i in gl.static_range(NS - 1):
             if BT:
@@ -292,33 +562,178 @@ def _grouped_wgmma(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, r
         acc_t = warpgroup_mma_init(gl.zeros([BN, BT], gl.float32, MT))
     if NG == 1:  # no block loop: the K loop alone (fewer live registers: 214 vs 255 + spills)
         acc, p_lo, p_hi, q0, q1, q2, acc_t = _row_block(
-            acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, nb0, 0, KC, KD,
-            NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW, xt, xpt, acc_t,
-            BT)
+            acc,
+            p_lo,
+            p_hi,
+            q0,
+            q1,
+            q2,
+            xs,
+            cr,
+            xp,
+            qe,
+            se,
+            qoff,
+            soff,
+            QB,
+            nb0,
+            0,
+            KC,
+            KD,
+            NIT,
+            s_chunk_stride,
+            BN,
+            NS,
+            PF,
+            LP,
+            SR,
+            CR,
+            WL,
+            ML,
+            CL,
+            CP,
+            SP,
+            CW,
+            xt,
+            xpt,
+            acc_t,
+            BT,
+        )
         y, yt, p_lo, p_hi = _mma_done(acc, acc_t, p_lo, p_hi, BT)
         if BT:  # only tiles with rows past BM run with the tail (_wgmma_gemm1)
-            _epilogue(yt, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + BM, nrows - BM,
-                      nb0, NOUT, NP, stride_dst, GATED, EPI, BN, BT, MT, SL, nrows - BM, TW,
-                      0, 0, 0)
-        _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nmain, nb0, NOUT, NP,
-                  stride_dst, GATED, EPI, BN, BM, ML, SL, nmain, TW, 0, 0, 0)
+            _epilogue(
+                yt,
+                sorted_ptr,
+                tw_ptr,
+                a_ptr,
+                dst_ptr,
+                e64,
+                row0 + BM,
+                nrows - BM,
+                nb0,
+                NOUT,
+                NP,
+                stride_dst,
+                GATED,
+                EPI,
+                BN,
+                BT,
+                MT,
+                SL,
+                nrows - BM,
+                TW,
+                0,
+                0,
+                0,
+            )
+        _epilogue(
+            y,
+            sorted_ptr,
+            tw_ptr,
+            a_ptr,
+            dst_ptr,
+            e64,
+            row0,
+            nmain,
+            nb0,
+            NOUT,
+            NP,
+            stride_dst,
+            GATED,
+            EPI,
+            BN,
+            BM,
+            ML,
+            SL,
+            nmain,
+            TW,
+            0,
+            0,
+            0,
+        )
     else:
         for g in range(NIT // KC):
             acc, p_lo, p_hi, q0, q1, q2, acc_t = _row_block(
-                acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, nb0, g, KC, KD,
-                NIT, s_chunk_stride, BN, NS, PF, LP, SR, CR, WL, ML, CL, CP, SP, CW, xt, xpt,
-                acc_t, 0)
+                acc,
+                p_lo,
+                p_hi,
+                q0,
+                q1,
+                q2,
+                xs,
+                cr,
+                xp,
+                qe,
+                se,
+                qoff,
+                soff,
+                QB,
+                nb0,
+                g,
+                KC,
+                KD,
+                NIT,
+                s_chunk_stride,
+                BN,
+                NS,
+                PF,
+                LP,
+                SR,
+                CR,
+                WL,
+                ML,
+                CL,
+                CP,
+                SP,
+                CW,
+                xt,
+                xpt,
+                acc_t,
+                0,
+            )
             y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
-            _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + g, NOUT,
-                      NP, stride_dst, GATED, EPI, BN, BM, ML, SL, nrows, TW, 0, 0, 0)
+            _epilogue(
+                y,
+                sorted_ptr,
+                tw_ptr,
+                a_ptr,
+                dst_ptr,
+                e64,
+                row0,
+                nrows,
+                nb0 + g,
+                NOUT,
+                NP,
+                stride_dst,
+                GATED,
+                EPI,
+                BN,
+                BM,
+                ML,
+                SL,
+                nrows,
+                TW,
+                0,
+                0,
+                0,
+            )
             p_lo = gl.zeros([BN, 128], gl.bfloat16, A_OP)  # done: not live into the next block
             p_hi = gl.zeros([BN, 128], gl.bfloat16, A_OP)
     cp.wait_group(0)
 
 
 @gluon.jit
-def _act_ptrs(x_ptr, sorted_ptr, row0, nrows, TOP_K, stride_x, GATED: gl.constexpr,
-              BM: gl.constexpr, AL: gl.constexpr):
+def _act_ptrs(
+    x_ptr,
+    sorted_ptr,
+    row0,
+    nrows,
+    TOP_K,
+    stride_x,
+    GATED: gl.constexpr,
+    BM: gl.constexpr,
+    AL: gl.constexpr,
+):
     """Pointers [BM, 128] to the first 128 columns of the tile's activation rows: by token
     (``GATED``: GEMM1 reads ``x``) or by sorted row (GEMM2 reads ``inter``). Rows past the tile's
     end re-read its last row (results dropped): sorted slots past the valid pairs are not
@@ -334,8 +749,9 @@ def _act_ptrs(x_ptr, sorted_ptr, row0, nrows, TOP_K, stride_x, GATED: gl.constex
 
 
 @gluon.jit
-def _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride, BN: gl.constexpr,
-               WL: gl.constexpr):
+def _code_ptrs(
+    q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride, BN: gl.constexpr, WL: gl.constexpr
+):
     """Expert ``e64``'s code words and scale codes, and their offsets in row block 0 (MMA rows
     -> weight rows, as in decode): ``(qe, se, qoff, soff, QB)``, ``QB`` code words per block."""
     SL: gl.constexpr = gl.SliceLayout(2, WL)
@@ -352,8 +768,9 @@ def _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride, BN: gl.c
 
 
 @gluon.jit
-def _code_queue(qe, se, qoff, soff, QB, nb0, KC, NIT, s_chunk_stride, BN: gl.constexpr,
-                PF: gl.constexpr):
+def _code_queue(
+    qe, se, qoff, soff, QB, nb0, KC, NIT, s_chunk_stride, BN: gl.constexpr, PF: gl.constexpr
+):
     """The code queue at the program's start: chunk 0 (``q0``), 1 (``q1``, ``PF`` >= 2) and 2
     (``q2``, ``PF`` == 3); unused slots repeat ``q0`` (never loop-carried, no registers)."""
     q0 = _load_chunk(qe, se, qoff, soff, QB, nb0, 0, KC, NIT, s_chunk_stride, BN)
@@ -374,8 +791,9 @@ def _load_chunk(qe, se, qoff, soff, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl
 
 
 @gluon.jit
-def _prefetch_chunk(qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr,
-                    CL: gl.constexpr):
+def _prefetch_chunk(
+    qe, se, QB, nb0, it, KC, NIT, s_chunk_stride, BN: gl.constexpr, CL: gl.constexpr
+):
     """Ask L2 for flat chunk ``it``'s code lines (one 128-byte line per weight row) and scale
     lines (one per 8 rows), clamped to the last chunk as ``_load_chunk`` is
     (``PrefillConfig.l2_prefetch*``): the register queue then loads from L2, not DRAM, and
@@ -399,18 +817,66 @@ def _code_slots(BN: gl.constexpr, N: gl.constexpr):
     if N >= 4:
         r = (r[0], r[1], r[2], r[3], r[4], r[5], _code_slot(BN), _scale_slot(BN))
     if N == 8:
-        r = (r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], _code_slot(BN), _scale_slot(BN),
-             _code_slot(BN), _scale_slot(BN), _code_slot(BN), _scale_slot(BN), _code_slot(BN),
-             _scale_slot(BN))
+        r = (
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            r[6],
+            r[7],
+            _code_slot(BN),
+            _scale_slot(BN),
+            _code_slot(BN),
+            _scale_slot(BN),
+            _code_slot(BN),
+            _scale_slot(BN),
+            _code_slot(BN),
+            _scale_slot(BN),
+        )
     return r
 
 
 @gluon.jit
-def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, nb0, g, KC, KD,
-               NIT, s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr, PF: gl.constexpr,
-               LP: gl.constexpr, SR: gl.constexpr, CR: gl.constexpr, WL: gl.constexpr,
-               ML: gl.constexpr, CL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
-               CW: gl.constexpr, xt, xpt, acc_t, BT: gl.constexpr):
+def _row_block(
+    acc,
+    p_lo,
+    p_hi,
+    q0,
+    q1,
+    q2,
+    xs,
+    cr,
+    xp,
+    qe,
+    se,
+    qoff,
+    soff,
+    QB,
+    nb0,
+    g,
+    KC,
+    KD,
+    NIT,
+    s_chunk_stride,
+    BN: gl.constexpr,
+    NS: gl.constexpr,
+    PF: gl.constexpr,
+    LP: gl.constexpr,
+    SR: gl.constexpr,
+    CR: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    CL: gl.constexpr,
+    CP: gl.constexpr,
+    SP: gl.constexpr,
+    CW: gl.constexpr,
+    xt,
+    xpt,
+    acc_t,
+    BT: gl.constexpr,
+):
     """The K loop of row block ``nb0 + g``: issues its MMAs (the last ones still in flight on
     return) with the code queue ``q0 .. q{PF-1}`` (chunks ``it ..``, flat ``it = g KC + kc``)
     refilled ``PF`` chunks ahead. ``SR``: ``xs`` is ``_ring``'s static slots (``KC`` a multiple
@@ -426,33 +892,152 @@ def _row_block(acc, p_lo, p_hi, q0, q1, q2, xs, cr, xp, qe, se, qoff, soff, QB, 
         for kq in range(KC // U):
             for u in gl.static_range(U):  # ring slot u % NS; refill the previous chunk's
                 acc, p_lo, p_hi, q0, q1, q2, acc_t = _chunk(
-                    acc, p_lo, p_hi, q0, q1, q2, xs[2 * (u % NS)], xs[2 * (u % NS) + 1],
-                    xs[2 * ((u + NS - 1) % NS)], xs[2 * ((u + NS - 1) % NS) + 1],
-                    cr[2 * u], cr[2 * u + 1], cr[2 * ((u + 1) % U)], cr[2 * ((u + 1) % U) + 1],
-                    xp, qe, se,
-                    qoff, soff, QB, nb0, g * KC + kq * U + u, kq * U + u, KD, NIT,
-                    s_chunk_stride, BN, NS, PF, LP, CR, WL, ML, CL, CP, SP, CW,
-                    xt[2 * (u % NS)], xt[2 * (u % NS) + 1], xt[2 * ((u + NS - 1) % NS)],
-                    xt[2 * ((u + NS - 1) % NS) + 1], xpt, acc_t, BT)
+                    acc,
+                    p_lo,
+                    p_hi,
+                    q0,
+                    q1,
+                    q2,
+                    xs[2 * (u % NS)],
+                    xs[2 * (u % NS) + 1],
+                    xs[2 * ((u + NS - 1) % NS)],
+                    xs[2 * ((u + NS - 1) % NS) + 1],
+                    cr[2 * u],
+                    cr[2 * u + 1],
+                    cr[2 * ((u + 1) % U)],
+                    cr[2 * ((u + 1) % U) + 1],
+                    xp,
+                    qe,
+                    se,
+                    qoff,
+                    soff,
+                    QB,
+                    nb0,
+                    g * KC + kq * U + u,
+                    kq * U + u,
+                    KD,
+                    NIT,
+                    s_chunk_stride,
+                    BN,
+                    NS,
+                    PF,
+                    LP,
+                    CR,
+                    WL,
+                    ML,
+                    CL,
+                    CP,
+                    SP,
+                    CW,
+                    xt[2 * (u % NS)],
+                    xt[2 * (u % NS) + 1],
+                    xt[2 * ((u + NS - 1) % NS)],
+                    xt[2 * ((u + NS - 1) % NS) + 1],
+                    xpt,
+                    acc_t,
+                    BT,
+                )
     else:
         for kc in range(KC):
             it = g * KC + kc
             buf = it % NS
             nxt = (it + NS - 1) % NS
             acc, p_lo, p_hi, q0, q1, q2, acc_t = _chunk(
-                acc, p_lo, p_hi, q0, q1, q2, xs.index(2 * buf), xs.index(2 * buf + 1),
-                xs.index(2 * nxt), xs.index(2 * nxt + 1), xs, xs, xs, xs, xp, qe, se, qoff, soff,
-                QB, nb0, it, kc, KD, NIT, s_chunk_stride, BN, NS, PF, LP, 0, WL, ML, CL, CP, SP, CW,
-                xs, xs, xs, xs, xpt, acc_t, 0)
+                acc,
+                p_lo,
+                p_hi,
+                q0,
+                q1,
+                q2,
+                xs.index(2 * buf),
+                xs.index(2 * buf + 1),
+                xs.index(2 * nxt),
+                xs.index(2 * nxt + 1),
+                xs,
+                xs,
+                xs,
+                xs,
+                xp,
+                qe,
+                se,
+                qoff,
+                soff,
+                QB,
+                nb0,
+                it,
+                kc,
+                KD,
+                NIT,
+                s_chunk_stride,
+                BN,
+                NS,
+                PF,
+                LP,
+                0,
+                WL,
+                ML,
+                CL,
+                CP,
+                SP,
+                CW,
+                xs,
+                xs,
+                xs,
+                xs,
+                xpt,
+                acc_t,
+                0,
+            )
     return acc, p_lo, p_hi, q0, q1, q2, acc_t
 
 
 @gluon.jit
-def _chunk(acc, p_lo, p_hi, q0, q1, q2, x_lo, x_hi, n_lo, n_hi, c_s, s_s, c_n, s_n, xp, qe, se,
-           qoff, soff, QB, nb0, it, kc, KC, NIT, s_chunk_stride, BN: gl.constexpr, NS: gl.constexpr,
-           PF: gl.constexpr, LP: gl.constexpr, CR: gl.constexpr, WL: gl.constexpr,
-           ML: gl.constexpr, CL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr,
-           CW: gl.constexpr, t_lo, t_hi, tn_lo, tn_hi, xpt, acc_t, BT: gl.constexpr):
+def _chunk(
+    acc,
+    p_lo,
+    p_hi,
+    q0,
+    q1,
+    q2,
+    x_lo,
+    x_hi,
+    n_lo,
+    n_hi,
+    c_s,
+    s_s,
+    c_n,
+    s_n,
+    xp,
+    qe,
+    se,
+    qoff,
+    soff,
+    QB,
+    nb0,
+    it,
+    kc,
+    KC,
+    NIT,
+    s_chunk_stride,
+    BN: gl.constexpr,
+    NS: gl.constexpr,
+    PF: gl.constexpr,
+    LP: gl.constexpr,
+    CR: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    CL: gl.constexpr,
+    CP: gl.constexpr,
+    SP: gl.constexpr,
+    CW: gl.constexpr,
+    t_lo,
+    t_hi,
+    tn_lo,
+    tn_hi,
+    xpt,
+    acc_t,
+    BT: gl.constexpr,
+):
     """Flat chunk ``it`` (``kc`` of its block): decode it while the previous chunk's MMAs run,
     start its MMAs on the ring slot ``x_lo``/``x_hi``, refill ``n_lo``/``n_hi`` (the previous
     chunk's slot) with chunk ``it + NS - 1``. Returns the accumulator, this chunk's operands
@@ -495,21 +1080,53 @@ def _mma_done(acc, acc_t, p_lo, p_hi, BT: gl.constexpr):
     with a tail (``BT``) its accumulator ``acc_t`` is waited for too (else it is returned as
     given, unused)."""
     if BT:
-        acc, acc_t, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0,
-                                                    deps=(acc, acc_t, p_lo, p_hi))
+        acc, acc_t, p_lo, p_hi = warpgroup_mma_wait(
+            num_outstanding=0, deps=(acc, acc_t, p_lo, p_hi)
+        )
     else:
         acc, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_lo, p_hi))
     return acc, acc_t, p_lo, p_hi
 
 
 @gluon.jit
-def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                    nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                    BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, PF: gl.constexpr,
-                    LP: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
-                    ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, CL: gl.constexpr,
-                    SL: gl.constexpr, CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr,
-                    HO: gl.constexpr, TW: gl.constexpr):
+def _one_chunk_2acc(
+    x_ptr,
+    sorted_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    dst_ptr,
+    e,
+    row0,
+    nrows,
+    nb0,
+    NOUT,
+    NP,
+    stride_x,
+    stride_dst,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    NG: gl.constexpr,
+    PF: gl.constexpr,
+    LP: gl.constexpr,
+    CR: gl.constexpr,
+    EPI: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    AL: gl.constexpr,
+    XS: gl.constexpr,
+    CL: gl.constexpr,
+    SL: gl.constexpr,
+    CP: gl.constexpr,
+    SP: gl.constexpr,
+    CW: gl.constexpr,
+    HO: gl.constexpr,
+    TW: gl.constexpr,
+):
     """GEMM2 when K is one chunk (``I`` = 256: GLM-5 TP8): row blocks ``nb0 ..`` (``NG``)
     of the M tile, each one chunk of MMAs, with two accumulators so that a block's epilogue
     runs while the next block's MMAs do (``_grouped_wgmma`` with one accumulator waits for
@@ -542,8 +1159,9 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     xs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, 128], XS)
     _copy_chunk(xs.index(0), xs.index(1), xp, 0)
 
-    qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
-                                        BN, WL)
+    qe, se, qoff, soff, QB = _code_ptrs(
+        q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride, BN, WL
+    )
     if CR:
         cr = _code_slots(BN, NG)
         for i in gl.static_range(NG):
@@ -577,33 +1195,208 @@ def _one_chunk_2acc(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
         q0, q1, q2 = _shift(q0, q1, q2, qn, PF)
     for h in gl.static_range((NG - 1) // 2):
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2, a_g = _block_2acc(
-            acc_b, acc_a, p_lo, p_hi, q0, q1, q2, 2 * h + 1, x_lo, x_hi, qe, se, qoff, soff, QB,
-            nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG, a_g, pair, HO, TW)
+            acc_b,
+            acc_a,
+            p_lo,
+            p_hi,
+            q0,
+            q1,
+            q2,
+            2 * h + 1,
+            x_lo,
+            x_hi,
+            qe,
+            se,
+            qoff,
+            soff,
+            QB,
+            nb0,
+            NB,
+            sorted_ptr,
+            tw_ptr,
+            a_ptr,
+            dst_ptr,
+            e64,
+            row0,
+            nrows,
+            NOUT,
+            NP,
+            stride_dst,
+            BN,
+            BM,
+            PF,
+            LP,
+            CR,
+            EPI,
+            WL,
+            ML,
+            CL,
+            SL,
+            CW,
+            cr,
+            NG,
+            a_g,
+            pair,
+            HO,
+            TW,
+        )
         acc_a, acc_b, p_lo, p_hi, q0, q1, q2, a_g = _block_2acc(
-            acc_a, acc_b, p_lo, p_hi, q0, q1, q2, 2 * h + 2, x_lo, x_hi, qe, se, qoff, soff, QB,
-            nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG, a_g, pair, HO, TW)
+            acc_a,
+            acc_b,
+            p_lo,
+            p_hi,
+            q0,
+            q1,
+            q2,
+            2 * h + 2,
+            x_lo,
+            x_hi,
+            qe,
+            se,
+            qoff,
+            soff,
+            QB,
+            nb0,
+            NB,
+            sorted_ptr,
+            tw_ptr,
+            a_ptr,
+            dst_ptr,
+            e64,
+            row0,
+            nrows,
+            NOUT,
+            NP,
+            stride_dst,
+            BN,
+            BM,
+            PF,
+            LP,
+            CR,
+            EPI,
+            WL,
+            ML,
+            CL,
+            SL,
+            CW,
+            cr,
+            NG,
+            a_g,
+            pair,
+            HO,
+            TW,
+        )
     if NG % 2 == 0:
         acc_b, acc_a, p_lo, p_hi, q0, q1, q2, a_g = _block_2acc(
-            acc_b, acc_a, p_lo, p_hi, q0, q1, q2, NG - 1, x_lo, x_hi, qe, se, qoff, soff, QB,
-            nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT, NP, stride_dst,
-            BN, BM, PF, LP, CR, EPI, WL, ML, CL, SL, CW, cr, NG, a_g, pair, HO, TW)
+            acc_b,
+            acc_a,
+            p_lo,
+            p_hi,
+            q0,
+            q1,
+            q2,
+            NG - 1,
+            x_lo,
+            x_hi,
+            qe,
+            se,
+            qoff,
+            soff,
+            QB,
+            nb0,
+            NB,
+            sorted_ptr,
+            tw_ptr,
+            a_ptr,
+            dst_ptr,
+            e64,
+            row0,
+            nrows,
+            NOUT,
+            NP,
+            stride_dst,
+            BN,
+            BM,
+            PF,
+            LP,
+            CR,
+            EPI,
+            WL,
+            ML,
+            CL,
+            SL,
+            CW,
+            cr,
+            NG,
+            a_g,
+            pair,
+            HO,
+            TW,
+        )
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b, p_lo, p_hi))
     else:
         y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, p_lo, p_hi))
-    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0 + NB - 1, NOUT, NP,
-              stride_dst, False, EPI, BN, BM, ML, SL, gl.where(NG - 1 < NB, nrows, 0), TW, a_g,
-              pair, HO)
+    _epilogue(
+        y,
+        sorted_ptr,
+        tw_ptr,
+        a_ptr,
+        dst_ptr,
+        e64,
+        row0,
+        nrows,
+        nb0 + NB - 1,
+        NOUT,
+        NP,
+        stride_dst,
+        False,
+        EPI,
+        BN,
+        BM,
+        ML,
+        SL,
+        gl.where(NG - 1 < NB, nrows, 0),
+        TW,
+        a_g,
+        pair,
+        HO,
+    )
 
 
 @gluon.jit
-def _one_chunk_msub(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                    nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                    BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, WL: gl.constexpr,
-                    ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, SL: gl.constexpr,
-                    CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, TW: gl.constexpr,
-                    MS: gl.constexpr):
+def _one_chunk_msub(
+    x_ptr,
+    sorted_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    dst_ptr,
+    e,
+    row0,
+    nrows,
+    nb0,
+    NOUT,
+    NP,
+    stride_x,
+    stride_dst,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    NG: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    AL: gl.constexpr,
+    XS: gl.constexpr,
+    SL: gl.constexpr,
+    CP: gl.constexpr,
+    SP: gl.constexpr,
+    CW: gl.constexpr,
+    TW: gl.constexpr,
+    MS: gl.constexpr,
+):
     """``_one_chunk_2acc`` over an M tile of up to ``MS`` sub-tiles of ``BM`` rows
     (``PrefillConfig.msub2``; code ring, hoisted loads and staged epilogue on): each row block is
     decoded once and multiplied by every sub-tile the tile's rows reach, where ``MS`` tiles of
@@ -618,18 +1411,75 @@ def _one_chunk_msub(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, 
     S = (nrows + BM - 1) // BM
     for n in gl.static_range(1, MS + 1):
         if S == n:
-            _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows,
-                       nb0, NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-                       BM, BN, NG, WL, ML, AL, XS, SL, CP, SP, CW, TW, n)
+            _msub_body(
+                x_ptr,
+                sorted_ptr,
+                tw_ptr,
+                q_ptr,
+                s_ptr,
+                a_ptr,
+                dst_ptr,
+                e,
+                row0,
+                nrows,
+                nb0,
+                NOUT,
+                NP,
+                stride_x,
+                stride_dst,
+                q_e_stride,
+                q_row_stride,
+                s_e_stride,
+                BM,
+                BN,
+                NG,
+                WL,
+                ML,
+                AL,
+                XS,
+                SL,
+                CP,
+                SP,
+                CW,
+                TW,
+                n,
+            )
 
 
 @gluon.jit
-def _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0, nrows, nb0,
-               NOUT, NP, stride_x, stride_dst, q_e_stride, q_row_stride, s_e_stride,
-               BM: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr, WL: gl.constexpr,
-               ML: gl.constexpr, AL: gl.constexpr, XS: gl.constexpr, SL: gl.constexpr,
-               CP: gl.constexpr, SP: gl.constexpr, CW: gl.constexpr, TW: gl.constexpr,
-               S: gl.constexpr):
+def _msub_body(
+    x_ptr,
+    sorted_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    dst_ptr,
+    e,
+    row0,
+    nrows,
+    nb0,
+    NOUT,
+    NP,
+    stride_x,
+    stride_dst,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    NG: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    AL: gl.constexpr,
+    XS: gl.constexpr,
+    SL: gl.constexpr,
+    CP: gl.constexpr,
+    SP: gl.constexpr,
+    CW: gl.constexpr,
+    TW: gl.constexpr,
+    S: gl.constexpr,
+):
     """``_one_chunk_msub`` for a tile of ``S`` sub-tiles: steps ``k = S g + s`` (block ``g``,
     sub-tile ``s``) alternate between two accumulators as ``_one_chunk_2acc``'s blocks do; step
     ``k`` starts its MMAs, then stores step ``k - 1`` while they run. Block ``g`` is decoded at
@@ -639,12 +1489,12 @@ def _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0,
     NB = gl.minimum(NG, NP // BN - nb0)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BM, 128], XS)
     for j in gl.static_range(S):
-        xp = _act_ptrs(x_ptr, sorted_ptr, row0 + j * BM, nrows - j * BM, 1, stride_x, False, BM,
-                       AL)
+        xp = _act_ptrs(x_ptr, sorted_ptr, row0 + j * BM, nrows - j * BM, 1, stride_x, False, BM, AL)
         _copy_rows(xs.index(2 * j), xs.index(2 * j + 1), xp, 0)
     cp.commit_group()
-    qe, se, qoff, soff, QB = _code_ptrs(q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride,
-                                        BN, WL)
+    qe, se, qoff, soff, QB = _code_ptrs(
+        q_ptr, s_ptr, e64, q_e_stride, q_row_stride, s_e_stride, BN, WL
+    )
     cr = _code_slots(BN, NG)
     for i in gl.static_range(NG):
         _copy_codes(cr[2 * i], cr[2 * i + 1], qe, se, QB, nb0, i, 1, NB, 0, BN, CP, SP)
@@ -676,20 +1526,114 @@ def _msub_body(x_ptr, sorted_ptr, tw_ptr, q_ptr, s_ptr, a_ptr, dst_ptr, e, row0,
             q = _next_block_codes(cr, 0, NG, BN, CW, WL)
     for k in gl.static_range(1, NG * S):  # (no constexpr assignments here: they become tensors)
         busy, free, c_lo, c_hi, p_lo, p_hi, q, a_old = _msub_step(
-            busy, free, c_lo, c_hi, p_lo, p_hi, q, a_old, xs, cr, sorted_ptr, tw_ptr, a_ptr,
-            dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP, stride_dst, BN, BM, NG, WL, ML, SL, CW,
-            TW, p0, p1, p2, p3, k // S, k % S, S)
+            busy,
+            free,
+            c_lo,
+            c_hi,
+            p_lo,
+            p_hi,
+            q,
+            a_old,
+            xs,
+            cr,
+            sorted_ptr,
+            tw_ptr,
+            a_ptr,
+            dst_ptr,
+            e64,
+            row0,
+            nrows,
+            nb0,
+            NB,
+            NOUT,
+            NP,
+            stride_dst,
+            BN,
+            BM,
+            NG,
+            WL,
+            ML,
+            SL,
+            CW,
+            TW,
+            p0,
+            p1,
+            p2,
+            p3,
+            k // S,
+            k % S,
+            S,
+        )
     y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=0, deps=(busy, p_lo, p_hi))
-    _msub_store(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP,
-                stride_dst, BN, BM, ML, SL, TW, a_old, p0, p1, p2, p3, NG - 1, S - 1)
+    _msub_store(
+        y,
+        sorted_ptr,
+        tw_ptr,
+        a_ptr,
+        dst_ptr,
+        e64,
+        row0,
+        nrows,
+        nb0,
+        NB,
+        NOUT,
+        NP,
+        stride_dst,
+        BN,
+        BM,
+        ML,
+        SL,
+        TW,
+        a_old,
+        p0,
+        p1,
+        p2,
+        p3,
+        NG - 1,
+        S - 1,
+    )
 
 
 @gluon.jit
-def _msub_step(busy, free, c_lo, c_hi, p_lo, p_hi, q, a_old, xs, cr, sorted_ptr, tw_ptr, a_ptr,
-               dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP, stride_dst, BN: gl.constexpr,
-               BM: gl.constexpr, NG: gl.constexpr, WL: gl.constexpr, ML: gl.constexpr,
-               SL: gl.constexpr, CW: gl.constexpr, TW: gl.constexpr, p0, p1, p2, p3,
-               g: gl.constexpr, s: gl.constexpr, S: gl.constexpr):
+def _msub_step(
+    busy,
+    free,
+    c_lo,
+    c_hi,
+    p_lo,
+    p_hi,
+    q,
+    a_old,
+    xs,
+    cr,
+    sorted_ptr,
+    tw_ptr,
+    a_ptr,
+    dst_ptr,
+    e64,
+    row0,
+    nrows,
+    nb0,
+    NB,
+    NOUT,
+    NP,
+    stride_dst,
+    BN: gl.constexpr,
+    BM: gl.constexpr,
+    NG: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    SL: gl.constexpr,
+    CW: gl.constexpr,
+    TW: gl.constexpr,
+    p0,
+    p1,
+    p2,
+    p3,
+    g: gl.constexpr,
+    s: gl.constexpr,
+    S: gl.constexpr,
+):
     """Step (block ``g``, sub-tile ``s``) > 0 of ``_msub_body``: at a block's first step its
     global scales are loaded and its codes ``q`` decoded into ``c_lo``/``c_hi`` while the
     previous block's last MMAs (into ``busy``, operands ``p_lo``/``p_hi``) run; this step's MMAs
@@ -699,17 +1643,66 @@ def _msub_step(busy, free, c_lo, c_hi, p_lo, p_hi, q, a_old, xs, cr, sorted_ptr,
     if s == 0:
         a_new = _alpha_raw(a_ptr, e64, NP, nb0 + gl.minimum(g, NB - 1), BN, ML)
         c_lo, c_hi = _decode_chunk(q[0], q[1], q[2], BN, ML)
-    free = warpgroup_mma(c_lo, xs.index(2 * s).permute((1, 0)), free, use_acc=False,
-                         is_async=True)
+    free = warpgroup_mma(c_lo, xs.index(2 * s).permute((1, 0)), free, use_acc=False, is_async=True)
     free = warpgroup_mma(c_hi, xs.index(2 * s + 1).permute((1, 0)), free, is_async=True)
     # Two commit groups per step: the previous step's are done once at most 2 are in flight.
     y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=2, deps=(busy, p_lo, p_hi))
     if s == 0:
-        _msub_store(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP,
-                    stride_dst, BN, BM, ML, SL, TW, a_old, p0, p1, p2, p3, g - 1, S - 1)
+        _msub_store(
+            y,
+            sorted_ptr,
+            tw_ptr,
+            a_ptr,
+            dst_ptr,
+            e64,
+            row0,
+            nrows,
+            nb0,
+            NB,
+            NOUT,
+            NP,
+            stride_dst,
+            BN,
+            BM,
+            ML,
+            SL,
+            TW,
+            a_old,
+            p0,
+            p1,
+            p2,
+            p3,
+            g - 1,
+            S - 1,
+        )
     else:
-        _msub_store(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP,
-                    stride_dst, BN, BM, ML, SL, TW, a_old, p0, p1, p2, p3, g, s - 1)
+        _msub_store(
+            y,
+            sorted_ptr,
+            tw_ptr,
+            a_ptr,
+            dst_ptr,
+            e64,
+            row0,
+            nrows,
+            nb0,
+            NB,
+            NOUT,
+            NP,
+            stride_dst,
+            BN,
+            BM,
+            ML,
+            SL,
+            TW,
+            a_old,
+            p0,
+            p1,
+            p2,
+            p3,
+            g,
+            s - 1,
+        )
     if s == S - 1:
         if g + 1 < NG:
             q = _next_block_codes(cr, g, NG, BN, CW, WL)
@@ -717,10 +1710,33 @@ def _msub_step(busy, free, c_lo, c_hi, p_lo, p_hi, q, a_old, xs, cr, sorted_ptr,
 
 
 @gluon.jit
-def _msub_store(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NB, NOUT, NP,
-                stride_dst, BN: gl.constexpr, BM: gl.constexpr, ML: gl.constexpr,
-                SL: gl.constexpr, TW: gl.constexpr, a_raw, p0, p1, p2, p3, g: gl.constexpr,
-                s: gl.constexpr):
+def _msub_store(
+    y,
+    sorted_ptr,
+    tw_ptr,
+    a_ptr,
+    dst_ptr,
+    e64,
+    row0,
+    nrows,
+    nb0,
+    NB,
+    NOUT,
+    NP,
+    stride_dst,
+    BN: gl.constexpr,
+    BM: gl.constexpr,
+    ML: gl.constexpr,
+    SL: gl.constexpr,
+    TW: gl.constexpr,
+    a_raw,
+    p0,
+    p1,
+    p2,
+    p3,
+    g: gl.constexpr,
+    s: gl.constexpr,
+):
     """The staged epilogue of step (block ``g``, sub-tile ``s``) of ``_msub_body``: rows
     ``s BM ..`` of the tile, pair rows ``p{s}``; blocks past ``NB`` (a ragged last program)
     repeat block ``NB - 1`` and store nothing."""
@@ -732,18 +1748,80 @@ def _msub_store(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb0, NB
     if s == 3:
         pair = p3
     n = nrows - s * BM
-    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0 + s * BM, n,
-              nb0 + gl.minimum(g, NB - 1), NOUT, NP, stride_dst, False, 1, BN, BM, ML, SL,
-              gl.where(g < NB, n, 0), TW, a_raw, pair, True)
+    _epilogue(
+        y,
+        sorted_ptr,
+        tw_ptr,
+        a_ptr,
+        dst_ptr,
+        e64,
+        row0 + s * BM,
+        n,
+        nb0 + gl.minimum(g, NB - 1),
+        NOUT,
+        NP,
+        stride_dst,
+        False,
+        1,
+        BN,
+        BM,
+        ML,
+        SL,
+        gl.where(g < NB, n, 0),
+        TW,
+        a_raw,
+        pair,
+        True,
+    )
 
 
 @gluon.jit
-def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi, qe, se, qoff,
-                soff, QB, nb0, NB, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, NOUT,
-                NP, stride_dst, BN: gl.constexpr, BM: gl.constexpr, PF: gl.constexpr,
-                LP: gl.constexpr, CR: gl.constexpr, EPI: gl.constexpr, WL: gl.constexpr,
-                ML: gl.constexpr, CL: gl.constexpr, SL: gl.constexpr, CW: gl.constexpr, cr,
-                NG: gl.constexpr, a_prev, pair, HO: gl.constexpr, TW: gl.constexpr):
+def _block_2acc(
+    free,
+    busy,
+    p_lo,
+    p_hi,
+    q0,
+    q1,
+    q2,
+    g: gl.constexpr,
+    x_lo,
+    x_hi,
+    qe,
+    se,
+    qoff,
+    soff,
+    QB,
+    nb0,
+    NB,
+    sorted_ptr,
+    tw_ptr,
+    a_ptr,
+    dst_ptr,
+    e64,
+    row0,
+    nrows,
+    NOUT,
+    NP,
+    stride_dst,
+    BN: gl.constexpr,
+    BM: gl.constexpr,
+    PF: gl.constexpr,
+    LP: gl.constexpr,
+    CR: gl.constexpr,
+    EPI: gl.constexpr,
+    WL: gl.constexpr,
+    ML: gl.constexpr,
+    CL: gl.constexpr,
+    SL: gl.constexpr,
+    CW: gl.constexpr,
+    cr,
+    NG: gl.constexpr,
+    a_prev,
+    pair,
+    HO: gl.constexpr,
+    TW: gl.constexpr,
+):
     """Block ``g`` of ``_one_chunk_2acc``: decode it while block ``g - 1``'s MMAs (into ``busy``)
     run, start its MMAs into ``free``, then store block ``g - 1`` while they run. Returns the
     accumulators swapped (``g``'s in flight, ``g - 1``'s free), the operands, the queue and
@@ -761,9 +1839,31 @@ def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi,
     # Two commit groups per block: block g - 1's are done once at most 2 are in flight.
     y, p_lo, p_hi = warpgroup_mma_wait(num_outstanding=2, deps=(busy, p_lo, p_hi))
     # Blocks past NB (a ragged last program) repeat block NB - 1 and store nothing.
-    _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows,
-              nb0 + gl.minimum(g - 1, NB - 1), NOUT, NP, stride_dst, False, EPI, BN, BM, ML, SL,
-              gl.where(g - 1 < NB, nrows, 0), TW, a_prev, pair, HO)
+    _epilogue(
+        y,
+        sorted_ptr,
+        tw_ptr,
+        a_ptr,
+        dst_ptr,
+        e64,
+        row0,
+        nrows,
+        nb0 + gl.minimum(g - 1, NB - 1),
+        NOUT,
+        NP,
+        stride_dst,
+        False,
+        EPI,
+        BN,
+        BM,
+        ML,
+        SL,
+        gl.where(g - 1 < NB, nrows, 0),
+        TW,
+        a_prev,
+        pair,
+        HO,
+    )
     if CR:
         if g + 1 < NG:
             q0 = _next_block_codes(cr, g, NG, BN, CW, WL)
@@ -773,8 +1873,9 @@ def _block_2acc(free, busy, p_lo, p_hi, q0, q1, q2, g: gl.constexpr, x_lo, x_hi,
 
 
 @gluon.jit
-def _next_block_codes(cr, g: gl.constexpr, NG: gl.constexpr, BN: gl.constexpr, CW: gl.constexpr,
-                      WL: gl.constexpr):
+def _next_block_codes(
+    cr, g: gl.constexpr, NG: gl.constexpr, BN: gl.constexpr, CW: gl.constexpr, WL: gl.constexpr
+):
     """Block ``g + 1``'s codes from ``_code_slots``' slots, once its commit group has landed
     (``NG - 2 - g`` newer groups may still be in flight) and every thread's copies are visible."""
     cp.wait_group(NG - 2 - g)
@@ -798,10 +1899,31 @@ def _shift(q0, q1, q2, qn, PF: gl.constexpr):
 
 
 @gluon.jit
-def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT, NP,
-              stride_dst, GATED: gl.constexpr, EPI: gl.constexpr, BN: gl.constexpr,
-              BM: gl.constexpr, ML: gl.constexpr, SL: gl.constexpr, nstore, TW: gl.constexpr,
-              a_raw, pair, HO: gl.constexpr):
+def _epilogue(
+    y,
+    sorted_ptr,
+    tw_ptr,
+    a_ptr,
+    dst_ptr,
+    e64,
+    row0,
+    nrows,
+    nb,
+    NOUT,
+    NP,
+    stride_dst,
+    GATED: gl.constexpr,
+    EPI: gl.constexpr,
+    BN: gl.constexpr,
+    BM: gl.constexpr,
+    ML: gl.constexpr,
+    SL: gl.constexpr,
+    nstore,
+    TW: gl.constexpr,
+    a_raw,
+    pair,
+    HO: gl.constexpr,
+):
     """Stores row block ``nb``'s finished accumulator (GEMM1: SiLU·mul; GEMM2: weighted), its
     first ``nstore`` (``nrows``, or 0: nothing) of the tile's ``nrows`` columns. GEMM2's ``EPI``
     (``smem_epi2``): 1 stores through shared memory (``_store_staged``), 0 from the accumulator
@@ -829,11 +1951,26 @@ def _epilogue(y, sorted_ptr, tw_ptr, a_ptr, dst_ptr, e64, row0, nrows, nb, NOUT,
             tw = gl.load(tw_ptr + rc).to(gl.float32)  # sorted_tw: no load chain through pair
             y = y * gl.expand_dims(tw, 0)
         if EPI:
-            _store_staged(y, sorted_ptr, dst_ptr, row0, nrows, nstore, nb, NOUT, stride_dst, BN,
-                          BM, SL, pair, HO)
+            _store_staged(
+                y,
+                sorted_ptr,
+                dst_ptr,
+                row0,
+                nrows,
+                nstore,
+                nb,
+                NOUT,
+                stride_dst,
+                BN,
+                BM,
+                SL,
+                pair,
+                HO,
+            )
         else:
-            _store_weighted(y, dst_ptr, rows, gl.load(sorted_ptr + rc), cmask, nb, NOUT,
-                            stride_dst, BN, BM)
+            _store_weighted(
+                y, dst_ptr, rows, gl.load(sorted_ptr + rc), cmask, nb, NOUT, stride_dst, BN, BM
+            )
 
 
 @gluon.jit
@@ -853,8 +1990,9 @@ def _pair_rows(sorted_ptr, row0, nrows, BM: gl.constexpr, SL: gl.constexpr):
 
 
 @gluon.jit
-def _store_gated(y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN: gl.constexpr,
-                 BM: gl.constexpr):
+def _store_gated(
+    y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN: gl.constexpr, BM: gl.constexpr
+):
     """SiLU·mul of row block ``nb`` -> inter[rc, k_slot(j)] bf16. MMA rows ``8h + g`` hold weight
     rows ``2g + h``: gate (h = 0) and up (h = 1) of intermediate column ``j`` in one thread."""
     j = nb * (BN // 2) + (rows // 16) * 8 + rows % 8
@@ -867,27 +2005,57 @@ def _store_gated(y, dst_ptr, rows, rc, cmask, nb, NOUT, stride_dst, BN: gl.const
 
 
 @gluon.jit
-def _store_weighted(y, dst_ptr, rows, pair, cmask, nb, NOUT, stride_dst, BN: gl.constexpr,
-                    BM: gl.constexpr):
+def _store_weighted(
+    y, dst_ptr, rows, pair, cmask, nb, NOUT, stride_dst, BN: gl.constexpr, BM: gl.constexpr
+):
     """Row block ``nb`` -> partials[pair, h] bf16. MMA rows ``g`` and ``g + 8`` of each 16 are
     weight rows ``2g`` and ``2g + 1`` (one thread): stored as one 4-byte bf16 pair."""
     h = nb * BN + _phys_row(rows)
     lo, hi = gl.split(gl.permute(gl.reshape(y, [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
-    hh, _ = gl.split(gl.permute(gl.reshape(gl.expand_dims(h, 1) + gl.expand_dims(pair * 0, 0),
-                                           [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
-    pp, _ = gl.split(gl.permute(gl.reshape(gl.expand_dims(rows * 0, 1) + gl.expand_dims(pair, 0),
-                                           [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
-    mm, _ = gl.split(gl.permute(gl.reshape(gl.expand_dims(h < NOUT, 1) & gl.expand_dims(cmask, 0),
-                                           [BN // 16, 2, 8, BM]), [0, 2, 3, 1]))
+    hh, _ = gl.split(
+        gl.permute(
+            gl.reshape(gl.expand_dims(h, 1) + gl.expand_dims(pair * 0, 0), [BN // 16, 2, 8, BM]),
+            [0, 2, 3, 1],
+        )
+    )
+    pp, _ = gl.split(
+        gl.permute(
+            gl.reshape(gl.expand_dims(rows * 0, 1) + gl.expand_dims(pair, 0), [BN // 16, 2, 8, BM]),
+            [0, 2, 3, 1],
+        )
+    )
+    mm, _ = gl.split(
+        gl.permute(
+            gl.reshape(
+                gl.expand_dims(h < NOUT, 1) & gl.expand_dims(cmask, 0), [BN // 16, 2, 8, BM]
+            ),
+            [0, 2, 3, 1],
+        )
+    )
     word = lo.to(gl.bfloat16).to(gl.uint16, bitcast=True).to(gl.uint32) | (
-        hi.to(gl.bfloat16).to(gl.uint16, bitcast=True).to(gl.uint32) << 16)
+        hi.to(gl.bfloat16).to(gl.uint16, bitcast=True).to(gl.uint32) << 16
+    )
     wp = dst_ptr.to(gl.pointer_type(gl.uint32)) + (pp.to(gl.int64) * stride_dst + hh) // 2
     gl.store(wp, word, mask=mm)
 
 
 @gluon.jit
-def _store_staged(y, sorted_ptr, dst_ptr, row0, nrows, nstore, nb, NOUT, stride_dst,
-                  BN: gl.constexpr, BM: gl.constexpr, SL: gl.constexpr, pair, HO: gl.constexpr):
+def _store_staged(
+    y,
+    sorted_ptr,
+    dst_ptr,
+    row0,
+    nrows,
+    nstore,
+    nb,
+    NOUT,
+    stride_dst,
+    BN: gl.constexpr,
+    BM: gl.constexpr,
+    SL: gl.constexpr,
+    pair,
+    HO: gl.constexpr,
+):
     """``_store_weighted`` through shared memory (``PrefillConfig.smem_epi2``): row block ``nb``
     [BN MMA rows, BM columns] -> bf16 in weight-row order, transposed to [BM, BN] and moved by
     ``convert_layout`` (Triton's shared-memory round trip) to ``SL``, where each thread holds 16

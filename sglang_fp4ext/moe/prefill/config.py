@@ -1,4 +1,4 @@
-"""Launch config of the NVFP4 prefill path (``prefill.launch.fused_moe_nvfp4_prefill``) and its heuristic.
+"""Launch config of the NVFP4 prefill path (``prefill.launch.fused_moe_nvfp4_prefill``).
 
 :class:`PrefillConfig` is the frozen description of one prefill call (grouping, GEMM1, GEMM2,
 combine); :func:`prefill_heuristic_config` the deterministic default for any shape (its docstring
@@ -13,7 +13,14 @@ from dataclasses import dataclass, fields, replace
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 from sglang_fp4ext.moe.shape import ConfigDict
 
-__all__ = ["PREFILL_KERNEL_FAMILIES", "PrefillConfig", "prefill_activations", "served_prefill_config", "w4a16_twin_config", "wgmma_supports_shape"]
+__all__ = [
+    "PREFILL_KERNEL_FAMILIES",
+    "PrefillConfig",
+    "prefill_activations",
+    "served_prefill_config",
+    "w4a16_twin_config",
+    "wgmma_supports_shape",
+]
 
 #: Prefill GEMM families: "dot" (Triton ``tl.dot``, v1), "wgmma" (Gluon, Hopper, v2) and
 #: "w4a4" (Triton ``tl.dot_scaled``, NVFP4 activations, Blackwell).
@@ -25,12 +32,25 @@ WGMMA_SMEM_LIMIT = 232_448
 #: The wgmma family's knobs at their off values: the other families take only these, and the
 #: W4A16 twin of a wgmma config sets them (``block_m1`` is not among them: every family tiles
 #: GEMM1 by it, the twin drops it for the dot family's shared memory).
-WGMMA_KNOBS_OFF = dict(prefetch1=1, prefetch2=1, accs2=1, static_ring1=0, static_ring2=0,
-                       smem_epi2=0, l2_prefetch1=0, l2_prefetch2=0, code_ring1=0, code_ring2=0,
-                       tail1=0, tw1=0, hoist2=0, msub2=1)
+WGMMA_KNOBS_OFF = dict(
+    prefetch1=1,
+    prefetch2=1,
+    accs2=1,
+    static_ring1=0,
+    static_ring2=0,
+    smem_epi2=0,
+    l2_prefetch1=0,
+    l2_prefetch2=0,
+    code_ring1=0,
+    code_ring2=0,
+    tail1=0,
+    tw1=0,
+    hoist2=0,
+    msub2=1,
+)
 
 
-def w4a16_twin_config(cfg: "PrefillConfig") -> "PrefillConfig":
+def w4a16_twin_config(cfg: PrefillConfig) -> PrefillConfig:
     """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
     self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
     return replace(cfg, kernels="dot", block_k2=128, block_m1=0, **WGMMA_KNOBS_OFF)
@@ -46,7 +66,7 @@ def prefill_activations() -> str:
     return acts
 
 
-def served_prefill_config(cfg: "PrefillConfig", has_input_scales: bool) -> "PrefillConfig":
+def served_prefill_config(cfg: PrefillConfig, has_input_scales: bool) -> PrefillConfig:
     """The config a prefill call runs for ``cfg`` (a table entry or heuristic choice): a W4A4
     config runs as W4A16 (``w4a16_twin_config``) on weights without static input scales or
     when the user asked for bf16 activations."""
@@ -73,6 +93,7 @@ def _pow2(x) -> bool:
 def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
+
 @dataclass(frozen=True)
 class PrefillConfig(ConfigDict):
     """Tiles and launch parameters of one prefill call. ``eval(repr(cfg)) == cfg``.
@@ -83,8 +104,8 @@ class PrefillConfig(ConfigDict):
     a chunk). ``warps*``/``stages*``: Triton ``num_warps``/``num_stages``. Suffix 1 = GEMM1, 2 =
     GEMM2. ``block_p``: pair slots per grouping program (sorted in registers). ``combine``:
     ``"ordered"`` (deterministic) or ``"atomic"`` (fp32 atomics, opt-in, dot). ``kernels``: the
-    GEMMs' family, ``"dot"`` (``prefill._dot_kernels``, v1, every GPU and the interpreter) or ``"wgmma"``
-    (``prefill._wgmma_kernels``, sm_90 only: ``block_n*`` 128 weight rows on 8 warps,
+    GEMMs' family, ``"dot"`` (``prefill._dot_kernels``, v1, every GPU and the interpreter) or
+    ``"wgmma"`` (``prefill._wgmma_kernels``, sm_90 only: ``block_n*`` 128 weight rows on 8 warps,
     ``block_k*`` 256, ``stages*`` the activation ring's depth 2-4,
     ``block_m`` <= 128, the ordered combine; H and I multiples of 256) or ``"w4a4"``
     (``prefill._w4a4_kernels``, sm_100/sm_120 and the interpreter: NVFP4 activations with the
@@ -215,13 +236,15 @@ class PrefillConfig(ConfigDict):
             )
         if self.kernels not in PREFILL_KERNEL_FAMILIES:
             raise ValueError(
-                f"PrefillConfig.kernels must be one of {PREFILL_KERNEL_FAMILIES}, got {self.kernels!r}"
+                f"PrefillConfig.kernels must be one of {PREFILL_KERNEL_FAMILIES}, "
+                f"got {self.kernels!r}"
             )
         if self.kernels == "wgmma":
             self._check_wgmma()
         else:
-            wrong = {k: getattr(self, k) for k, off in WGMMA_KNOBS_OFF.items()
-                     if getattr(self, k) != off}
+            wrong = {
+                k: getattr(self, k) for k, off in WGMMA_KNOBS_OFF.items() if getattr(self, k) != off
+            }
             if wrong:
                 raise ValueError(
                     f"PrefillConfig: {', '.join(WGMMA_KNOBS_OFF)} are knobs of the wgmma kernels; "
@@ -243,7 +266,11 @@ class PrefillConfig(ConfigDict):
                 f"accumulator lives in registers), got {self.block_m}, {self.block_m1}"
             )
         for i in (1, 2):
-            bn, w, bk = getattr(self, f"block_n{i}"), getattr(self, f"warps{i}"), getattr(self, f"block_k{i}")
+            bn, w, bk = (
+                getattr(self, f"block_n{i}"),
+                getattr(self, f"warps{i}"),
+                getattr(self, f"block_k{i}"),
+            )
             ns = getattr(self, f"stages{i}")
             bm = self.gemm1_block_m if i == 1 else self.block_m
             one_wg = i == 2 and (bn, w, ns) == (64, 4, 2)
@@ -277,10 +304,13 @@ class PrefillConfig(ConfigDict):
             if i == 2 and self.msub2 > 1:  # the tile's sub-tiles, copied once per program
                 ring = self.msub2 * bm * 256 * 2
             if not 2 <= ns <= 4 or ring + extra > WGMMA_SMEM_LIMIT:
+                plus = (
+                    f", plus {extra} B for the staged epilogue, code ring and tail" if extra else ""
+                )
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
                     f"(2 x stages x block_m x 256 B, or msub2 x block_m x 512 B = {ring} B"
-                    f"{f', plus {extra} B for the staged epilogue, code ring and tail' if extra else ''}"
+                    f"{plus}"
                     f") within "
                     f"{WGMMA_SMEM_LIMIT} B, got stages{i}={ns}, GEMM{i} block_m={bm}"
                 )
@@ -309,8 +339,12 @@ class PrefillConfig(ConfigDict):
                     f"PrefillConfig(kernels='wgmma'): {name} must be in 0..4 (chunks past the "
                     f"register queue asked of L2; 0: off), got {getattr(self, name)!r}"
                 )
-        if self.accs2 == 2 and self.code_ring2 not in (0, 1) or self.accs2 == 2 and (
-                self.code_ring2 and (self.prefetch2, self.l2_prefetch2) != (1, 0)):
+        if (
+            self.accs2 == 2
+            and self.code_ring2 not in (0, 1)
+            or self.accs2 == 2
+            and (self.code_ring2 and (self.prefetch2, self.l2_prefetch2) != (1, 0))
+        ):
             raise ValueError(
                 f"PrefillConfig(kernels='wgmma'): with accs2=2 code_ring2 must be 0 or 1 (every "
                 f"row block's codes copied into shared memory when the program starts), with "
@@ -321,19 +355,32 @@ class PrefillConfig(ConfigDict):
             crg, ns = getattr(self, f"code_ring{i}"), getattr(self, f"stages{i}")
             if i == 2 and self.accs2 == 2:
                 continue
-            if crg not in (0, 2, 3, 4) or (crg and (crg % ns or (
-                    getattr(self, f"static_ring{i}"), getattr(self, f"prefetch{i}"),
-                    getattr(self, f"l2_prefetch{i}")) != (1, 1, 0))):
+            if crg not in (0, 2, 3, 4) or (
+                crg
+                and (
+                    crg % ns
+                    or (
+                        getattr(self, f"static_ring{i}"),
+                        getattr(self, f"prefetch{i}"),
+                        getattr(self, f"l2_prefetch{i}"),
+                    )
+                    != (1, 1, 0)
+                )
+            ):
                 raise ValueError(
                     f"PrefillConfig(kernels='wgmma'): code_ring{i} must be 0 (off) or the code "
                     f"ring's depth 2-4, a multiple of stages{i}, with static_ring{i}=1, "
                     f"prefetch{i}=1 and l2_prefetch{i}=0 (the ring replaces the register queue), "
-                    f"got code_ring{i}={crg!r}, stages{i}={ns}, static_ring{i}="
-                    f"{getattr(self, f'static_ring{i}')}, prefetch{i}={getattr(self, f'prefetch{i}')}"
-                    f", l2_prefetch{i}={getattr(self, f'l2_prefetch{i}')}"
+                    f"got code_ring{i}={crg!r}, stages{i}={ns}, "
+                    f"static_ring{i}={getattr(self, f'static_ring{i}')}, "
+                    f"prefetch{i}={getattr(self, f'prefetch{i}')}, "
+                    f"l2_prefetch{i}={getattr(self, f'l2_prefetch{i}')}"
                 )
-        if self.tail1 not in (0, 16, 32, 64) or self.tail1 and (
-                self.static_ring1 != 1 or self.code_ring1 or self.tail1 > self.gemm1_block_m):
+        if (
+            self.tail1 not in (0, 16, 32, 64)
+            or self.tail1
+            and (self.static_ring1 != 1 or self.code_ring1 or self.tail1 > self.gemm1_block_m)
+        ):
             raise ValueError(
                 f"PrefillConfig(kernels='wgmma'): tail1 must be 0 (off), 16, 32 or 64, at most "
                 f"GEMM1's block_m, with static_ring1=1 and code_ring1=0, got tail1={self.tail1!r}, "
@@ -347,16 +394,18 @@ class PrefillConfig(ConfigDict):
             )
         if self.smem_epi2 not in (0, 1):
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): smem_epi2 must be 0 or 1, "
-                f"got {self.smem_epi2!r}"
+                f"PrefillConfig(kernels='wgmma'): smem_epi2 must be 0 or 1, got {self.smem_epi2!r}"
             )
         if self.static_ring2 and self.accs2 == 2:
             raise ValueError(
                 "PrefillConfig(kernels='wgmma'): static_ring2 is for GEMM2's ring; with accs2=2 "
                 "GEMM2 has none (its activations are copied once per program)"
             )
-        if self.msub2 not in (1, 2, 3, 4) or self.msub2 > 1 and (
-                self.accs2, self.code_ring2, self.hoist2, self.smem_epi2) != (2, 1, 1, 1):
+        if (
+            self.msub2 not in (1, 2, 3, 4)
+            or self.msub2 > 1
+            and (self.accs2, self.code_ring2, self.hoist2, self.smem_epi2) != (2, 1, 1, 1)
+        ):
             raise ValueError(
                 f"PrefillConfig(kernels='wgmma'): msub2 must be 1 (off) or 2-4 GEMM2 sub-tiles "
                 f"per M tile, the latter with accs2=2, code_ring2=1, hoist2=1 and smem_epi2=1; got "
@@ -364,5 +413,6 @@ class PrefillConfig(ConfigDict):
                 f"hoist2={self.hoist2}, smem_epi2={self.smem_epi2}"
             )
         if self.combine == "atomic":
-            raise ValueError("PrefillConfig(kernels='wgmma') has the ordered combine, not the "
-                             "atomic one")
+            raise ValueError(
+                "PrefillConfig(kernels='wgmma') has the ordered combine, not the atomic one"
+            )

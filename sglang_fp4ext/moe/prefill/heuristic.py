@@ -51,8 +51,12 @@ def wgmma_gemm1_knobs(block_m: int, shape: MoEShape, rows: float | None = None) 
     tile1 = block_m
     if block_m == 64 and shape.I <= 512:
         tile1 = 128 if rows is None or not sr else min(128, max(64, _nearest_pow2(rows)))
-    return dict(stages1=3 if big else 2, static_ring1=sr,
-                block_m1=tile1 if tile1 != block_m else 0, tail1=16 if sr else 0)
+    return dict(
+        stages1=3 if big else 2,
+        static_ring1=sr,
+        block_m1=tile1 if tile1 != block_m else 0,
+        tail1=16 if sr else 0,
+    )
 
 
 def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
@@ -220,8 +224,10 @@ def prefill_heuristic_config(
     if kernels is None:
         kernels = default_prefill_family(shape, target)
     if kernels not in PREFILL_KERNEL_FAMILIES:
-        raise ValueError(f"prefill_heuristic_config: kernels must be one of "
-                         f"{PREFILL_KERNEL_FAMILIES} or None, got {kernels!r}")
+        raise ValueError(
+            f"prefill_heuristic_config: kernels must be one of "
+            f"{PREFILL_KERNEL_FAMILIES} or None, got {kernels!r}"
+        )
     if kernels == "wgmma":
         return _wgmma_config(rows, shape, block_p)
     if kernels == "w4a4":

@@ -6,12 +6,13 @@ below), ``wgmma`` (W4A16, Gluon, sm_90: ``_plan_wgmma``) and ``w4a4`` (NVFP4 act
 combine.
 
 ``fused_moe_nvfp4_prefill(hidden_states, weights, topk_ids, topk_weights)`` computes the same
-``(T, H)`` bf16 partial sum as the decode entry point ``decode.launch.fused_moe_nvfp4`` and reads the
-same :class:`~sglang_fp4ext.moe.prepared.PreparedMoEWeights` (one load-time preparation serves
+``(T, H)`` bf16 partial sum as the decode entry point ``decode.launch.fused_moe_nvfp4`` and reads
+the same :class:`~sglang_fp4ext.moe.prepared.PreparedMoEWeights` (one load-time preparation serves
 both paths), but is built for hundreds of tokens per expert: the pair slots are grouped by expert
 on the device and each expert runs as a tiled GEMM with ``block_m`` tokens per MMA tile
-(``prefill/_dot_kernels.py`` describes the kernels). Ids ``< 0`` (experts of another EP rank) and ids
-``>= E`` contribute nothing; a token with no local expert gets zeros. ``topk_weights`` is used as
+(``prefill/_dot_kernels.py`` describes the kernels). Ids ``< 0`` (experts of another EP rank) and
+ids ``>= E`` contribute nothing; a token with no local expert gets zeros. ``topk_weights`` is used
+as
 given. The torch twin is ``sglang_fp4ext.moe.reference.fused_moe_nvfp4_torch``; the grouping's
 twin is :func:`group_by_expert_torch`. The config (``prefill.config.PrefillConfig``) and its
 heuristic live in ``prefill.config.py``.
@@ -38,8 +39,9 @@ workspace         shape, dtype                    meaning
 with ``P = T * top_k``, ``NB = cdiv(P, block_p)``, ``NBINS = next_pow2(E + 1)``. The ordered
 partials cost ``2 P H`` bytes (906 MB at T = 8192, top_k = 9, H = 6144), as SGLang's Triton MoE.
 
-Determinism: the default ``combine="ordered"`` is bit-identical run to run. ``combine="atomic"`` (opt-in, never chosen by the heuristic) adds the top-k rows
-with fp32 ``atomic_add`` in arrival order.
+Determinism: the default ``combine="ordered"`` is bit-identical run to run. ``combine="atomic"``
+(opt-in, never chosen by the heuristic) adds the top-k rows with fp32 ``atomic_add`` in arrival
+order.
 """
 
 from __future__ import annotations
@@ -117,15 +119,29 @@ def _validate(x, weights, topk_ids, topk_weights, out, config):
 _DOT, _WGMMA, _W4A4 = "prefill._dot_kernels", "prefill._wgmma_kernels", "prefill._w4a4_kernels"
 
 
-def _launch(kernel: str, grid: tuple, args: tuple, constexprs: dict, num_warps: int,
-            num_stages: int, gluon: bool = False, module: str = "dot") -> Launch:
+def _launch(
+    kernel: str,
+    grid: tuple,
+    args: tuple,
+    constexprs: dict,
+    num_warps: int,
+    num_stages: int,
+    gluon: bool = False,
+    module: str = "dot",
+) -> Launch:
     """One launch of ``prefill._dot_kernels`` (``module="w4a4"``: ``prefill._w4a4_kernels``; with
     ``gluon``: ``prefill._wgmma_kernels``, which take no stages): runtime arguments in order,
     constexprs (the Gluon layouts among them) by name."""
     if gluon:
         return Launch(_WGMMA, kernel, grid, args, constexprs, dict(num_warps=num_warps))
-    return Launch(_W4A4 if module == "w4a4" else _DOT, kernel, grid, args, constexprs,
-                  dict(num_warps=num_warps, num_stages=num_stages))
+    return Launch(
+        _W4A4 if module == "w4a4" else _DOT,
+        kernel,
+        grid,
+        args,
+        constexprs,
+        dict(num_warps=num_warps, num_stages=num_stages),
+    )
 
 
 def _group_plan(ids: torch.Tensor, E: int, block_p: int, tw: torch.Tensor | None = None):
@@ -190,7 +206,8 @@ def _plan(
     atomic = config.combine == "atomic"
 
     launches, sorted_pair, counts, _, sorted_tw = _group_plan(
-        topk_ids.reshape(-1), E, config.block_p, topk_weights.reshape(-1))
+        topk_ids.reshape(-1), E, config.block_p, topk_weights.reshape(-1)
+    )
     inter = torch.empty(P, I, dtype=torch.bfloat16, device=dev)
     if atomic:
         partial = torch.zeros(T, H, dtype=torch.float32, device=dev)
@@ -320,7 +337,8 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     dev = x.device
     nbins = num_bins(E)
     launches, sorted_pair, counts, _, sorted_tw = _group_plan(
-        topk_ids.reshape(-1), E, config.block_p, topk_weights.reshape(-1))
+        topk_ids.reshape(-1), E, config.block_p, topk_weights.reshape(-1)
+    )
     xk = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     inter = torch.empty(P, I, dtype=torch.bfloat16, device=dev)
     partial = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
@@ -380,10 +398,17 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                         LP=getattr(config, f"l2_prefetch{i}"),
                         CR=getattr(config, f"code_ring{i}"),
                         SR=getattr(config, f"static_ring{i}"),
-                        **(dict(NG=ng, ACCS=config.accs2, EPI=config.smem_epi2, HO=config.hoist2,
-                                MS=config.msub2)
-                           if i == 2 else dict(BT=tail, MT=G.layouts(bn, tail or bm, warps)["ML"],
-                                               TM=tm)),
+                        **(
+                            dict(
+                                NG=ng,
+                                ACCS=config.accs2,
+                                EPI=config.smem_epi2,
+                                HO=config.hoist2,
+                                MS=config.msub2,
+                            )
+                            if i == 2
+                            else dict(BT=tail, MT=G.layouts(bn, tail or bm, warps)["ML"], TM=tm)
+                        ),
                         TW=config.tw1,
                         **G.layouts(bn, bm, warps),
                     ),
@@ -396,8 +421,15 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     return launches
 
 
-def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, config: PrefillConfig,
-               compute_f32: bool):
+def _plan_w4a4(
+    x,
+    weights: PreparedMoEWeights,
+    topk_ids,
+    topk_weights,
+    out,
+    config: PrefillConfig,
+    compute_f32: bool,
+):
     """The W4A4 family's 7 launches (``prefill._w4a4_kernels``): grouping (3), ``x`` to NVFP4,
     GEMM1 (+ SiLU·mul, to NVFP4), GEMM2, the ordered combine."""
     T, H = x.shape
@@ -415,7 +447,8 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
     dev = x.device
     nbins = num_bins(E)
     launches, sorted_pair, counts, _, sorted_tw = _group_plan(
-        topk_ids.reshape(-1), E, config.block_p, topk_weights.reshape(-1))
+        topk_ids.reshape(-1), E, config.block_p, topk_weights.reshape(-1)
+    )
     xq = torch.empty(T, H // 2, dtype=torch.uint8, device=dev)
     xs = torch.empty(T, H // 16, dtype=torch.uint8, device=dev)
     iq = torch.empty(P, I // 2, dtype=torch.uint8, device=dev)
@@ -429,16 +462,41 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
     m_tiles = max_m_tiles(P, E, config.block_m)
     common = dict(NBINS=nbins, BM=config.block_m, COMPUTE_F32=compute_f32)
     launches.append(
-        _launch("_quant_act", (-(-T // _QUANT_BT), H // K_CHUNK), (x, xq, xs, gs1, T, H, x.stride(0)),
-                dict(BT=_QUANT_BT), 4, 1, module="w4a4")
+        _launch(
+            "_quant_act",
+            (-(-T // _QUANT_BT), H // K_CHUNK),
+            (x, xq, xs, gs1, T, H, x.stride(0)),
+            dict(BT=_QUANT_BT),
+            4,
+            1,
+            module="w4a4",
+        )
     )
     launches.append(
         _launch(
             "_w4a4_gemm1",
             (w13.n_pad // config.block_n1, max_m_tiles(P, E, config.gemm1_block_m)),
-            (xq, xs, sorted_pair, counts, w13.q, w13.scale, w13.alpha, gs1, gs2, iq, is_, I,
-             w13.n_pad, H // K_CHUNK, top_k, w13.q.stride(0), w13.q.stride(1),
-             w13.scale.stride(0), w13.scale.stride(1)),
+            (
+                xq,
+                xs,
+                sorted_pair,
+                counts,
+                w13.q,
+                w13.scale,
+                w13.alpha,
+                gs1,
+                gs2,
+                iq,
+                is_,
+                I,
+                w13.n_pad,
+                H // K_CHUNK,
+                top_k,
+                w13.q.stride(0),
+                w13.q.stride(1),
+                w13.scale.stride(0),
+                w13.scale.stride(1),
+            ),
             dict(common, BM=config.gemm1_block_m, BN=config.block_n1),
             config.warps1,
             config.stages1,
@@ -449,9 +507,26 @@ def _plan_w4a4(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, conf
         _launch(
             "_w4a4_gemm2",
             (w2.n_pad // config.block_n2, m_tiles),
-            (iq, is_, sorted_pair, counts, sorted_tw, w2.q, w2.scale, w2.alpha, gs2, partial, H,
-             w2.n_pad, I // K_CHUNK, w2.q.stride(0), w2.q.stride(1), w2.scale.stride(0),
-             w2.scale.stride(1), partial.stride(0)),
+            (
+                iq,
+                is_,
+                sorted_pair,
+                counts,
+                sorted_tw,
+                w2.q,
+                w2.scale,
+                w2.alpha,
+                gs2,
+                partial,
+                H,
+                w2.n_pad,
+                I // K_CHUNK,
+                w2.q.stride(0),
+                w2.q.stride(1),
+                w2.scale.stride(0),
+                w2.scale.stride(1),
+                partial.stride(0),
+            ),
             dict(common, BN=config.block_n2),
             config.warps2,
             config.stages2,
@@ -500,8 +575,9 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_p: int = 102
         raise ValueError(f"group_by_expert: block_p must be a power of two >= 16, got {block_p}")
     if not topk_ids.is_contiguous() or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError("group_by_expert: topk_ids must be a contiguous int32/int64 tensor")
-    launches, sorted_pair, counts, start, _ = _group_plan(topk_ids.reshape(-1), num_experts,
-                                                          block_p)
+    launches, sorted_pair, counts, start, _ = _group_plan(
+        topk_ids.reshape(-1), num_experts, block_p
+    )
     for launch in launches:
         launch.run()
     return sorted_pair, counts, start
