@@ -64,8 +64,7 @@ def rates():
     """Copy bandwidth and bf16 matmul rate, measured once on this GPU; env and spec."""
     from sglang_fp4ext import hardware
     from sglang_fp4ext.bench.report import environment
-    from sglang_fp4ext.bench.timing import bf16_matmul_tflops
-    from sglang_fp4ext.bench.timing import copy_bandwidth_Bps
+    from sglang_fp4ext.bench.timing import bf16_matmul_tflops, copy_bandwidth_Bps
 
     env = environment()
     return {

@@ -1,8 +1,9 @@
 """Render the generated result tables of the README and docs/performance.md from committed JSON.
 
     python benchmarks/readme_table.py              # print every generated block
-    python benchmarks/readme_table.py --write      # rewrite the blocks in README.md and docs/performance.md
-    python benchmarks/readme_table.py --check      # exit 1 if a block there differs from its JSON
+    python benchmarks/readme_table.py --write      # rewrite the blocks in README.md and
+    docs/performance.md python benchmarks/readme_table.py --check      # exit 1 if a block there
+    differs from its JSON
     python benchmarks/readme_table.py RUN.json     # print one benchmarks/run_decode.py result
 
 Every number in a generated block is read from a file under ``benchmarks/results``; which
@@ -177,8 +178,9 @@ def headline() -> str:
     parts, runs = [], []
     for name in man["headline"]["gpus"]:
         run = PeerRun(name, man["figures"][name])
-        parts.append(f"**{run.gpu}**, {run.caption()}\n\n{headline_table(run, Ts)}\n\n"
-                     f"{run.misses()}")
+        parts.append(
+            f"**{run.gpu}**, {run.caption()}\n\n{headline_table(run, Ts)}\n\n{run.misses()}"
+        )
         runs.append(run)
     parts.append(accuracy_line(runs) + " " + prefill_line())
     return "\n\n".join(parts)
@@ -217,8 +219,18 @@ def prefill_line() -> str:
 def peers_full_table(run: PeerRun) -> str:
     """docs/performance.md: every T of a peer run, with ratios, local experts, the accuracy of
     both sides against the fp32 twin and, where the run has it, the v1 -> v2 A/B."""
-    cols = ["shape", "T", "local experts", "fp4ext µs (% BW)", "Marlin µs", "Marlin / fp4ext",
-            "fp4ext µs, tk run", "triton_kernels µs", "tk / fp4ext", "rms vs fp32: fp4ext, Marlin"]
+    cols = [
+        "shape",
+        "T",
+        "local experts",
+        "fp4ext µs (% BW)",
+        "Marlin µs",
+        "Marlin / fp4ext",
+        "fp4ext µs, tk run",
+        "triton_kernels µs",
+        "tk / fp4ext",
+        "rms vs fp32: fp4ext, Marlin",
+    ]
     if run.ab is not None:
         cols.append("A/B run: v1 → v2 µs")
     rows = []
@@ -232,8 +244,9 @@ def peers_full_table(run: PeerRun) -> str:
         ]  # fmt: skip
         if run.ab is not None:
             a = run.ab.get((r["shape"], r["T"]))
-            row.append(f"{a['v1']['us']:.1f} → {a['v2_best']['us']:.1f}"
-                       if a and a.get("v2_best") else "-")
+            row.append(
+                f"{a['v1']['us']:.1f} → {a['v2_best']['us']:.1f}" if a and a.get("v2_best") else "-"
+            )
         rows.append(row)
     return f"{run.gpu}, {run.caption()}\n\n" + _table(cols, rows) + "\n\n" + run.misses()
 
@@ -274,8 +287,9 @@ def prefill_rows():
             if t["fp4ext"]["path"] != "prefill":
                 continue
             t = dict(t, day=day)
-            out.append((s, T, t, rows_ab.get((s, T, "v2 shipped")),
-                        rows_ab.get((s, T, "torch bf16"))))
+            out.append(
+                (s, T, t, rows_ab.get((s, T, "v2 shipped")), rows_ab.get((s, T, "torch bf16")))
+            )
     return out, ab
 
 
@@ -361,8 +375,12 @@ def decode_table(path) -> str:
             if r is None:
                 row += ["-"] * 4
                 continue
-            row += [f"{r['us']:.1f}", f"{r['floor_us']:.1f}",
-                    f"{100 * r['fraction_of_copy_bw']:.0f}%", f"{r['speedup_vs_peer']:.2f}×"]
+            row += [
+                f"{r['us']:.1f}",
+                f"{r['floor_us']:.1f}",
+                f"{100 * r['fraction_of_copy_bw']:.0f}%",
+                f"{r['speedup_vs_peer']:.2f}×",
+            ]
         rows.append(row)
     return head + _table(cols, rows)
 
@@ -517,8 +535,11 @@ def main(argv=None) -> int:
             for name, text in named.items():
                 print(f"{start_marker(name)}\n\n{text}\n\n{end_marker(name)}\n")
     if stale:
-        print(f"readme_table: stale generated blocks in {', '.join(stale)}; run "
-              "python benchmarks/readme_table.py --write", file=sys.stderr)
+        print(
+            f"readme_table: stale generated blocks in {', '.join(stale)}; run "
+            "python benchmarks/readme_table.py --write",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

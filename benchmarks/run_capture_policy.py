@@ -40,9 +40,7 @@ from pathlib import Path
 #: tests/test_capture_policy_bench.py resolves it through SGLang and fails, printing the current
 #: list, when it goes stale: paste that list here.
 SGLANG_DEFAULT_DECODE_BS: tuple[int, ...] = (
-    (1, 2, 4, 8, 12)
-    + tuple(range(16, 257, 8))
-    + tuple(range(272, 513, 16))
+    (1, 2, 4, 8, 12) + tuple(range(16, 257, 8)) + tuple(range(272, 513, 16))
 )
 
 #: GLM-5 routing as one TP8 rank sees it: top-8 of 256 routed experts, plus the shared expert.
@@ -186,10 +184,10 @@ def measure(args) -> dict:
     from sglang_fp4ext.bench import random_packed_weights
     from sglang_fp4ext.bench.report import environment
     from sglang_fp4ext.bench.timing import gpu_clocks, time_graph_replay
-    from sglang_fp4ext.moe.tables import config_for
     from sglang_fp4ext.moe.experts import run_experts
     from sglang_fp4ext.moe.prepared import PreparedMoEWeights
     from sglang_fp4ext.moe.shape import current_target
+    from sglang_fp4ext.moe.tables import config_for
 
     policy = cp.policy_for("glm-5", 8, 1)
     shape = policy.inputs.per_rank_shape()  # E=257 (256 + fused shared), I=256, top_k=9

@@ -40,13 +40,13 @@ from sglang_fp4ext.bench.timing import (
     kernel_times_us,
     time_graph_replay,
 )
-from sglang_fp4ext.moe.tables import config_for
-from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import current_target
+from sglang_fp4ext.moe.tables import config_for
 from sglang_fp4ext.testing.compare import error_stats
 
 

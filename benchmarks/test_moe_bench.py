@@ -48,11 +48,11 @@ import statistics
 import pytest
 
 from sglang_fp4ext import model_shapes
-from sglang_fp4ext.bench.peers import SGLANG_PEERS as _SGLANG_PEER_SPECS
 from sglang_fp4ext.bench.figures import row_numbers
+from sglang_fp4ext.bench.peers import SGLANG_PEERS as _SGLANG_PEER_SPECS
 from sglang_fp4ext.bench.report import SUITE_TOKENS
-from sglang_fp4ext.bench.tk_peer import ENTRY_POINT as _TK_ENTRY_POINT
 from sglang_fp4ext.bench.tk_availability import TK_PEER
+from sglang_fp4ext.bench.tk_peer import ENTRY_POINT as _TK_ENTRY_POINT
 from sglang_fp4ext.moe.tables import override_config
 
 PEER = "torch-bf16"
@@ -92,8 +92,8 @@ def test_moe_layer(benchmark, case, rates, layers, log_peer, request):
     preset_name, T, impl = case
     shape = model_shapes.preset(preset_name)
     benchmark.group = f"{preset_name} T={T}"
-    from sglang_fp4ext.bench.peers import has_grouped_mm, sglang_peer_unavailable
     from sglang_fp4ext.bench.gpu_run import slowed_config
+    from sglang_fp4ext.bench.peers import has_grouped_mm, sglang_peer_unavailable
     from sglang_fp4ext.bench.timing import capture_replay
 
     if impl in SGLANG_PEERS:

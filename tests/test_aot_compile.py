@@ -19,7 +19,6 @@ from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from tests.kernel_cases import compile_per_arch
 
-
 _SCRIPT = r"""
 import json, sys
 import triton

@@ -1,5 +1,5 @@
-"""``fp4ext bench`` (``bench/bench_cli.py`` and the ``bench/`` modules it runs) and the benchmark suite's
-GPU-less collection.
+"""``fp4ext bench`` (``bench/bench_cli.py`` and the ``bench/`` modules it runs) and the
+benchmark suite's GPU-less collection.
 
 CPU tier: the CLI end to end without a GPU (correctness check only, JSON fields, PNG written,
 no timing reported), bad input, the projection arithmetic against hand-computed values, the
@@ -157,8 +157,10 @@ def test_prefill_projection_hand_computed():
     shape = model_shapes.preset("glm5-tp8")
     h200, pro = hardware.spec_by_key("h200"), hardware.spec_by_key("rtx-pro-6000-ws")
     F = 3 * 2 * 4096 * 8 * 6144 * 256
-    rows = [{"T": 4096, "us": 1667.0, "bytes_floor": 7.8e8, "path": "prefill", "flops": F},
-            {"T": 1, "us": 26.0, "bytes_floor": 1.1e8, "path": "decode", "flops": 1e9}]
+    rows = [
+        {"T": 4096, "us": 1667.0, "bytes_floor": 7.8e8, "path": "prefill", "flops": F},
+        {"T": 1, "us": 26.0, "bytes_floor": 1.1e8, "path": "decode", "flops": 1e9},
+    ]
     p = figures.project_rows(rows, shape, 4.0e12, pro, h200, 794.0)
     r, d = p["rows"]
     assert r["prefill_w4a16_us"] == pytest.approx(1667.0 * 989 / 504, rel=1e-9)
@@ -197,7 +199,9 @@ def test_projection_random_cases(seed):
 
 def test_row_numbers_hand_computed():
     shape = model_shapes.preset("glm5-ep8")  # H 6144, I_local 2048, top_k 8, 21,233,676 B/expert
-    r = figures.row_numbers(shape, 2, 3.0, 50.0, copy_bw_Bps=4e12, matmul_tflops=500.0, peer_us=75.0)
+    r = figures.row_numbers(
+        shape, 2, 3.0, 50.0, copy_bw_Bps=4e12, matmul_tflops=500.0, peer_us=75.0
+    )
     nbytes = 3 * 21_233_676 + 2 * 2 * 6144 * 2
     assert r["bytes_floor"] == nbytes
     assert r["floor_us"] == pytest.approx(nbytes / 4e12 * 1e6)
@@ -245,9 +249,9 @@ def test_make_routing_layouts(seed):
 def test_dispatch_path_is_the_dispatchers_choice():
     """The suite's "served" marking asks the code the runner core runs (moe.dispatch): the
     heuristic switch without a table, the shipped table's per-bucket path on a tabled GPU."""
-    from sglang_fp4ext.moe import tables as C
     from sglang_fp4ext.moe import dispatch, experts
     from sglang_fp4ext.moe import shape as S
+    from sglang_fp4ext.moe import tables as C
 
     assert "dispatch" in inspect.getsource(experts.run_experts)  # the runner's path goes there
     assert "select(" in inspect.getsource(dispatch.choose)

@@ -26,9 +26,9 @@ import torch
 
 from sglang_fp4ext import capture_policy as cp
 from sglang_fp4ext.moe import dispatch
-from sglang_fp4ext.moe.tables import select
 from sglang_fp4ext.moe.experts import run_experts
 from sglang_fp4ext.moe.shape import current_target
+from sglang_fp4ext.moe.tables import select
 from tests import glm5_cases
 
 pytestmark = pytest.mark.gpu

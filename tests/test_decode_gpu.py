@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from sglang_fp4ext.moe.decode import launch as fm
-from sglang_fp4ext.moe.tables import config_for
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+from sglang_fp4ext.moe.tables import config_for
 from sglang_fp4ext.testing.compare import assert_close
 from tests import glm5_cases
 
@@ -47,12 +47,17 @@ def _as(cfg, kernels):
     if kernels == "gluonk":
         sk = 4 if cfg.split_k1 >= 4 else 2
         w = min(cfg.warps1, 32 // sk)
-        return _as(cfg, "gluon").reform(kstack1=1, split_k1=sk, warps1=w,
-                                        block_n1=max(cfg.block_n1, 16 * w), split_t=1)
+        return _as(cfg, "gluon").reform(
+            kstack1=1, split_k1=sk, warps1=w, block_n1=max(cfg.block_n1, 16 * w), split_t=1
+        )
     if kernels == "gluons":
         w = min(cfg.warps2, 2)
         return _as(cfg, "gluon").reform(
-            gemm2="tokens", split_k2=1, tiles2=1, slots2=1, warps2=w,
+            gemm2="tokens",
+            split_k2=1,
+            tiles2=1,
+            slots2=1,
+            warps2=w,
             block_n2=max(cfg.block_n2, 16 * w),
         )
     if kernels == "gluonp":
@@ -61,8 +66,12 @@ def _as(cfg, kernels):
     if kernels == "gluon3":
         pairs = cfg.gemm2 == "pairs"
         return cfg.reform(
-            kernels="gluon", gemm2="pairs", combine="kernel", split_t=4,
-            split_k2=cfg.split_k2 if pairs else 1, tiles2=cfg.tiles2 if pairs else 1,
+            kernels="gluon",
+            gemm2="pairs",
+            combine="kernel",
+            split_t=4,
+            split_k2=cfg.split_k2 if pairs else 1,
+            tiles2=cfg.tiles2 if pairs else 1,
         )
     return cfg.reform(kernels=kernels, combine="counter")
 
@@ -176,8 +185,13 @@ def test_graph_replay_matches_eager_bit_for_bit(name, T, gemm2, kernels, seed):
 @pytest.mark.parametrize("pdl", [1, 2])
 @pytest.mark.parametrize(
     "name,T,gemm2",
-    [("tp8_shared", 1, "pairs"), ("tp8_shared", 4, "tokens"), ("tp8_shared", 64, "pairs"),
-     ("ep8", 2, "pairs"), ("ep8", 16, "tokens")],
+    [
+        ("tp8_shared", 1, "pairs"),
+        ("tp8_shared", 4, "tokens"),
+        ("tp8_shared", 64, "pairs"),
+        ("ep8", 2, "pairs"),
+        ("ep8", 16, "tokens"),
+    ],
 )
 def test_pdl_chain_matches_eager_bit_for_bit(name, T, gemm2, pdl, seed):
     """Three layer calls in one graph with programmatic dependent launch, either trigger (each
@@ -186,8 +200,9 @@ def test_pdl_chain_matches_eager_bit_for_bit(name, T, gemm2, pdl, seed):
     the bit, so no kernel read a workspace before the kernel writing it had finished."""
     _, pw = glm5_cases.weights(name)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    base = dataclasses.replace(_config(pw, glm5_cases.inputs(name, T, g)[1], gemm2, "gluonp"),
-                               pdl=pdl)
+    base = dataclasses.replace(
+        _config(pw, glm5_cases.inputs(name, T, g)[1], gemm2, "gluonp"), pdl=pdl
+    )
     plain = dataclasses.replace(base, pdl=0)
     static = [[t.clone() for t in glm5_cases.inputs(name, T, g)] for _ in range(3)]
     outs = [torch.empty(T, 6144, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
@@ -219,8 +234,9 @@ def test_pdl_chain_matches_eager_bit_for_bit(name, T, gemm2, pdl, seed):
 
 
 @pytest.mark.parametrize("warps2,block_n2,pdl", [(1, 32, 0), (2, 32, 2), (1, 64, 0), (2, 64, 1)])
-@pytest.mark.parametrize("name,T", [("tp8_shared", 1), ("tp8_shared", 2), ("ep8", 2), ("ep8", 9),
-                                    ("tp8_shared", 24)])
+@pytest.mark.parametrize(
+    "name,T", [("tp8_shared", 1), ("tp8_shared", 2), ("ep8", 2), ("ep8", 9), ("tp8_shared", 24)]
+)
 def test_slots2_changes_no_bit(name, T, warps2, block_n2, pdl, seed):
     """The token GEMM2 with the slots side by side (``slots2``) sums the same per-slot products
     in the same slot order as the walk it replaces: the same bits, with a dropped slot and an id
@@ -231,8 +247,9 @@ def test_slots2_changes_no_bit(name, T, warps2, block_n2, pdl, seed):
     x, ids, tw = glm5_cases.inputs(name, T, g)
     ids[0, 1] = -1  # a dropped slot
     ids[-1, 2] = pw.num_experts  # an id >= E: no expert
-    cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
-                              warps2=warps2, block_n2=block_n2)
+    cfg = dataclasses.replace(
+        _as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl, warps2=warps2, block_n2=block_n2
+    )
     out = _same_bits(x, pw, ids, tw, cfg, slots2=1)
     ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
     assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} slots2")
@@ -250,18 +267,33 @@ def test_split_t_beside_the_token_gemm2_changes_no_bit(T, split_k1, split_t, see
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs("tp8_shared", T, g)
     ids[0, 1] = -1  # a dropped slot
-    cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), grid="experts",
-                              kstack1=0, slots2=0, split_k1=split_k1, split_t=1, pdl=0)
+    cfg = dataclasses.replace(
+        _as(_config(pw, ids, "tokens", "gluon"), "gluon"),
+        grid="experts",
+        kstack1=0,
+        slots2=0,
+        split_k1=split_k1,
+        split_t=1,
+        pdl=0,
+    )
     out = _same_bits(x, pw, ids, tw, cfg, split_t=split_t)
-    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
-                 what=f"tp8_shared T={T} split_t={split_t} split_k1={split_k1}")
+    assert_close(
+        out,
+        fused_moe_nvfp4_torch(x, w, ids, tw),
+        max_rel=MAX_REL,
+        rms_rel=RMS_REL,
+        what=f"tp8_shared T={T} split_t={split_t} split_k1={split_k1}",
+    )
     _counters_zero()
 
 
-@pytest.mark.parametrize("split_k1,block_n1,warps1,pdl", [
-    (8, 32, 1, 2), (8, 64, 2, 0), (4, 32, 1, 0), (2, 64, 4, 1), (4, 128, 4, 0)])
-@pytest.mark.parametrize("name,T", [("tp8_shared", 1), ("tp8_shared", 2), ("ep8", 2), ("ep8", 9),
-                                    ("tp8_shared", 40)])
+@pytest.mark.parametrize(
+    "split_k1,block_n1,warps1,pdl",
+    [(8, 32, 1, 2), (8, 64, 2, 0), (4, 32, 1, 0), (2, 64, 4, 1), (4, 128, 4, 0)],
+)
+@pytest.mark.parametrize(
+    "name,T", [("tp8_shared", 1), ("tp8_shared", 2), ("ep8", 2), ("ep8", 9), ("tp8_shared", 40)]
+)
 def test_kstack1_changes_no_bit(name, T, split_k1, block_n1, warps1, pdl, seed):
     """GEMM1 with its K splits on one program's warps (``kstack1``) sums the same split
     partials in the same order as the splits across programs through the workspace: the same
@@ -274,9 +306,15 @@ def test_kstack1_changes_no_bit(name, T, split_k1, block_n1, warps1, pdl, seed):
     ids[0, 1] = -1  # a dropped slot
     ids[-1, 2] = pw.num_experts  # an id >= E: no expert
     # maxnreg1=0: a table's register cap was picked for its own GEMM1 tile, not the one set here
-    cfg = dataclasses.replace(_as(_config(pw, ids, "tokens", "gluon"), "gluon"), pdl=pdl,
-                              split_k1=split_k1, block_n1=block_n1, warps1=warps1, split_t=1,
-                              maxnreg1=0)
+    cfg = dataclasses.replace(
+        _as(_config(pw, ids, "tokens", "gluon"), "gluon"),
+        pdl=pdl,
+        split_k1=split_k1,
+        block_n1=block_n1,
+        warps1=warps1,
+        split_t=1,
+        maxnreg1=0,
+    )
     out = _same_bits(x, pw, ids, tw, cfg, kstack1=1)
     ref = fused_moe_nvfp4_torch(x, w, torch.where(ids >= pw.num_experts, -1, ids), tw)
     assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} kstack1")
@@ -287,8 +325,9 @@ def test_kstack1_needs_k_chunks_that_divide(seed):
     """DeepSeek-R1's H = 7,168 is 28 K chunks: 8 splits on one program's warps would be ragged;
     the launcher says so instead of reading past a split."""
     _, pw, x, ids, tw = glm5_cases.other_shape_case("dsr1_tp8", 1, seed)
-    cfg = dataclasses.replace(_as(config_for(1, pw.shape(8)), "gluon"), kstack1=1, split_k1=8,
-                              warps1=1, split_t=1)
+    cfg = dataclasses.replace(
+        _as(config_for(1, pw.shape(8)), "gluon"), kstack1=1, split_k1=8, warps1=1, split_t=1
+    )
     with pytest.raises(ValueError, match="28 K chunks of 256 .* split_k1=8"):
         fused_moe_nvfp4(x, pw, ids, tw, config=cfg)
 
@@ -306,8 +345,13 @@ def test_maxnreg1_changes_no_bit(name, T, maxnreg1, seed):
     if cfg.kstack1:  # the cap is _gemm1's: its K splits across programs
         cfg = dataclasses.replace(cfg, kstack1=0, split_k1=1)
     out = _same_bits(x, pw, ids, tw, cfg, maxnreg1=maxnreg1)
-    assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
-                 what=f"{name} T={T} maxnreg1={maxnreg1}")
+    assert_close(
+        out,
+        fused_moe_nvfp4_torch(x, w, ids, tw),
+        max_rel=MAX_REL,
+        rms_rel=RMS_REL,
+        what=f"{name} T={T} maxnreg1={maxnreg1}",
+    )
 
 
 @pytest.mark.parametrize("kernels", FAMILIES)
@@ -324,9 +368,7 @@ def test_deterministic_across_runs(name, T, kernels, seed):
 
 
 @pytest.mark.parametrize("kernels", FAMILIES)
-@pytest.mark.parametrize(
-    "kind", glm5_cases.ADVERSARIAL
-)
+@pytest.mark.parametrize("kind", glm5_cases.ADVERSARIAL)
 @pytest.mark.parametrize("name,T", [("tp8_shared", 5), ("tp8_shared", 96), ("ep8", 33)])
 def test_adversarial_routings(name, T, kind, kernels, seed):
     w, pw = glm5_cases.weights(name)
@@ -343,8 +385,6 @@ def test_adversarial_routings(name, T, kind, kernels, seed):
         return
     st = assert_close(out, ref, max_rel=MAX_REL, rms_rel=RMS_REL, what=f"{name} T={T} {kind}")
     print(f"{name} T={T} {kind} {kernels}: {st}")
-
-
 
 
 @pytest.mark.parametrize("kernels", FAMILIES)

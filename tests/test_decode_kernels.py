@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from sglang_fp4ext.moe.decode import launch as fm
-from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.testing.compare import assert_close
 from tests.kernel_cases import DEV, small_weights
@@ -143,8 +143,9 @@ CASES = [
         k=9,
         shared=True,
         drop=0.2,
-        cfg=DecodeConfig(grid="experts", split_k1=2, split_k2=2, kernels="gluon",
-                         combine="kernel", split_t=2),
+        cfg=DecodeConfig(
+            grid="experts", split_k1=2, split_k2=2, kernels="gluon", combine="kernel", split_t=2
+        ),
     ),
 ]
 
@@ -256,8 +257,15 @@ def test_decode_bit_exact_vs_torch_twin(seed):
     from sglang_fp4ext.target_info import is_interpreter
 
     K._decode_probe[(m.n_pad // 32, m.k_pad // 256)](
-        qd[0], sd[0], out, m.k_pad // 256, qd.stride(1), sd.stride(1),
-        BN=32, COMPUTE_F32=is_interpreter(), num_warps=2,
+        qd[0],
+        sd[0],
+        out,
+        m.k_pad // 256,
+        qd.stride(1),
+        sd.stride(1),
+        BN=32,
+        COMPUTE_F32=is_interpreter(),
+        num_warps=2,
     )
     got = out.cpu()[:N, :Kd]
     assert torch.equal(got, ref), (got - ref).abs().max()

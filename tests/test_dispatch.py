@@ -16,14 +16,14 @@ import json
 import pytest
 import torch
 
-from sglang_fp4ext.moe import tables as C
 from sglang_fp4ext.moe import dispatch
 from sglang_fp4ext.moe import shape as S
-from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
+from sglang_fp4ext.moe import tables as C
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
-from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.prefill.config import PrefillConfig
+from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import MoEShape, Target

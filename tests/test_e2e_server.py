@@ -34,7 +34,6 @@ import time
 
 import pytest
 
-
 # The README's main command on its bundled tiny GLM-4.5 (glm4_moe, BF16 shared expert), with the
 # seed of this module's checkpoint. It serves the glm45 case of the assertions below as well:
 # the same model, servers and oracle the module would otherwise build a second time.
@@ -54,14 +53,17 @@ def glm45_cli(tmp_path_factory):
     root = tmp_path_factory.mktemp("glm45")
     proc = subprocess.run(
         [sys.executable, "-m", "sglang_fp4ext", *CLI_GLM45, "--work-dir", str(root)],
-        capture_output=True, text=True, timeout=1200,
+        capture_output=True,
+        text=True,
+        timeout=1200,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     result = root / "result.json"  # written whether the check passes or not
     assert result.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
     r = json.loads(result.read_text())
-    r["moe_layers_served"] = {int(k): [tuple(x) for x in v]
-                              for k, v in r["moe_layers_served"].items()}
+    r["moe_layers_served"] = {
+        int(k): [tuple(x) for x in v] for k, v in r["moe_layers_served"].items()
+    }
     hf = e2e.hf_choice_gaps(root / "dequantized", r["prompts"], r["served"])
     r["hf_gaps"] = [j["gaps"] for j in hf]
     r["hf_max_gap"] = max(max(j["gaps"]) for j in hf)
@@ -78,8 +80,14 @@ def dsv3_served(tmp_path_factory):
     ckpt = make_tiny_checkpoint(root / "model", seed=1234, routed_scaling_factor=1.0, **kwargs)
     args, env = cpu_workarounds.cpu_server_args()
     r = e2e.check_checkpoint_against_oracle(
-        ckpt, n_prompts=4, max_new_tokens=16, extra_args=args, env=env, work_dir=root / "run",
-        hf_oracle=True, fp4ext_args=fp4ext_args,
+        ckpt,
+        n_prompts=4,
+        max_new_tokens=16,
+        extra_args=args,
+        env=env,
+        work_dir=root / "run",
+        hf_oracle=True,
+        fp4ext_args=fp4ext_args,
     )
     return ckpt, r
 
@@ -133,10 +141,14 @@ def test_fp4ext_check_cli(glm45_cli):
     assert "prompts identical to the oracle's greedy tokens: " in proc.stdout
     # Every phase on its own line with the time since the start (issue 17), e.g.
     # "  [  14.4 s] starting fp4ext server on 127.0.0.1:18944".
-    for phase in (r"quantizing and exporting the tiny model",
-                  r"starting fp4ext server on 127\.0\.0\.1:\d+", r"fp4ext server up after",
-                  r"starting oracle server on 127\.0\.0\.1:\d+", r"oracle server up after",
-                  r"done"):
+    for phase in (
+        r"quantizing and exporting the tiny model",
+        r"starting fp4ext server on 127\.0\.0\.1:\d+",
+        r"fp4ext server up after",
+        r"starting oracle server on 127\.0\.0\.1:\d+",
+        r"oracle server up after",
+        r"done",
+    ):
         assert re.search(rf"^  \[ *\d+\.\d s\] {phase}", proc.stdout, re.M), (phase, proc.stdout)
 
 
@@ -151,9 +163,24 @@ def test_fp4ext_check_cli_port_taken_fails_at_once(tmp_path):
         port = taken.getsockname()[1]
         t0 = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "sglang_fp4ext", "check", "--work-dir", str(tmp_path),
-             "--prompts", "1", "--tokens", "1", "--", "--port", str(port)],
-            capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "sglang_fp4ext",
+                "check",
+                "--work-dir",
+                str(tmp_path),
+                "--prompts",
+                "1",
+                "--tokens",
+                "1",
+                "--",
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
         elapsed = time.monotonic() - t0
@@ -169,8 +196,13 @@ def test_moe_layer_ids_from_config_and_log():
     """The two halves of the "fp4ext served every MoE layer" check, on fixed inputs."""
     from sglang_fp4ext.testing.e2e import expected_moe_layers, served_moe_layers
 
-    dsv3 = dict(model_type="deepseek_v3", n_routed_experts=16, num_hidden_layers=6,
-                first_k_dense_replace=1, moe_layer_freq=2)
+    dsv3 = dict(
+        model_type="deepseek_v3",
+        n_routed_experts=16,
+        num_hidden_layers=6,
+        first_k_dense_replace=1,
+        moe_layer_freq=2,
+    )
     assert expected_moe_layers(dsv3) == [2, 4]
     assert expected_moe_layers({**dsv3, "model_type": "glm4_moe"}) == [1, 2, 3, 4, 5]
     assert expected_moe_layers({**dsv3, "n_routed_experts": None}) == []

@@ -3,8 +3,9 @@
 Gluon kernels cannot run under the Triton interpreter (it executes ``triton.language`` only), so
 the CPU tier checks them by compiling, and the GPU tier (``test_decode_gpu.py``) by running them
 against the torch twin. Every Gluon config the shipped tables name, plus the Gluon form of the
-heuristic's configs for the GLM-5 TP8/EP8 shapes (GEMM1, token GEMM2 and pairs GEMM2), is compiled with ``triton.compile(
-GluonASTSource, target=GPUTarget(...))`` with the Triton installed here (3.8 in CI) and, where a
+heuristic's configs for the GLM-5 TP8/EP8 shapes (GEMM1, token GEMM2 and pairs GEMM2), is compiled
+with ``triton.compile( GluonASTSource, target=GPUTarget(...))`` with the Triton installed here (3.8
+in CI) and, where a
 Triton 3.6 site directory exists (``.ci/triton36``, which ``.ci/run`` installs, or
 ``$FP4EXT_TRITON36``), with 3.6 too (the H200's version). The PTX must hold what the design relies
 on: ``mma.sync`` m16n8k16 bf16, the inline FP4 decode (``fma.rn.bf16x2``), 16-byte global loads,
@@ -79,8 +80,11 @@ def _served_heuristic(shape):
 
     real, target_info.is_interpreter = target_info.is_interpreter, lambda: False
     try:
-        return {heuristic_config(T, shape, tgt) for T in (1, 2, 4, 8, 16, 64, 256)
-                for tgt in (Target("sm_90", None, 132), Target("sm_120", None, 188))}
+        return {
+            heuristic_config(T, shape, tgt)
+            for T in (1, 2, 4, 8, 16, 64, 256)
+            for tgt in (Target("sm_90", None, 132), Target("sm_120", None, 188))
+        }
     finally:
         target_info.is_interpreter = real
 
@@ -96,8 +100,11 @@ def _gluon_configs():
     # What the heuristic serves where Gluon runs (the interpreter's heuristic is the dot
     # family): its stacked GEMM1, side-by-side slots (top_k 8, no EP: TP8, DeepSeek-R1 TP8,
     # Qwen3-30B-A3B) and hot-expert pair chunks (the fused shared expert).
-    for s in shapes + (MoEShape(256, 6144, 256, 8), MoEShape(256, 7168, 256, 8),
-                       MoEShape(128, 2048, 768, 8)):
+    for s in shapes + (
+        MoEShape(256, 6144, 256, 8),
+        MoEShape(256, 7168, 256, 8),
+        MoEShape(128, 2048, 768, 8),
+    ):
         cfgs |= {(s.top_k, c) for c in _served_heuristic(s)}
     for s in shapes:
         for tgt in (Target("sm_90", None, 132), Target("sm_120", None, 188)):
@@ -117,15 +124,34 @@ def _gluon_configs():
             cfgs.add((s.top_k, c))
         for T, w, pdl in ((1, 1, 2), (2, 1, 0), (2, 2, 0), (8, 1, 0)):  # slot-parallel token GEMM2
             c = heuristic_config(T, s, Target("sm_90", None, 132))
-            c = dataclasses.replace(c, kernels="gluon", gemm2="tokens", split_k2=1, tiles2=1,
-                                    block_n2=max(c.block_n2, 16 * w), warps2=w, slots2=1, pdl=pdl,
-                                    combine="counter")
+            c = dataclasses.replace(
+                c,
+                kernels="gluon",
+                gemm2="tokens",
+                split_k2=1,
+                tiles2=1,
+                block_n2=max(c.block_n2, 16 * w),
+                warps2=w,
+                slots2=1,
+                pdl=pdl,
+                combine="counter",
+            )
             cfgs.add((s.top_k, c))
-        for T, sk, bn, w, pdl in ((1, 8, 32, 1, 2), (1, 8, 64, 2, 0), (2, 4, 32, 1, 0),
-                                  (2, 2, 64, 4, 1)):  # GEMM1's K splits stacked in a program
+        for T, sk, bn, w, pdl in (
+            (1, 8, 32, 1, 2),
+            (1, 8, 64, 2, 0),
+            (2, 4, 32, 1, 0),
+            (2, 2, 64, 4, 1),
+        ):  # GEMM1's K splits stacked in a program
             c = heuristic_config(T, s, Target("sm_90", None, 132))
-            cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", kstack1=1, split_k1=sk,
-                                                   block_n1=bn, warps1=w, pdl=pdl)))
+            cfgs.add(
+                (
+                    s.top_k,
+                    dataclasses.replace(
+                        c, kernels="gluon", kstack1=1, split_k1=sk, block_n1=bn, warps1=w, pdl=pdl
+                    ),
+                )
+            )
         for T in (128, 256):  # a register cap on GEMM1 (maxnreg1, opt-in)
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             if not c.kstack1:
@@ -138,31 +164,84 @@ def _variants():
     seen, out = set(), []
     for k, c in sorted(_gluon_configs(), key=repr):
         pdl = dict(PDL=c.pdl)  # AOT: constexprs are named, defaults too
-        vs = [dict(kernel=1, BN=c.block_n1, BT=c.block_t, num_warps=c.warps1,
-                   constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=c.block_t,
-                                   BLOCK_P=c.block_p, SPLIT_T=c.split_t, **pdl))]
+        vs = [
+            dict(
+                kernel=1,
+                BN=c.block_n1,
+                BT=c.block_t,
+                num_warps=c.warps1,
+                constexprs=dict(
+                    SLOT_MODE=c.grid == "slots",
+                    BN=c.block_n1,
+                    BT=c.block_t,
+                    BLOCK_P=c.block_p,
+                    SPLIT_T=c.split_t,
+                    **pdl,
+                ),
+            )
+        ]
         if c.maxnreg1:  # a launch option, not a constexpr
             vs[0]["maxnreg_asked"] = c.maxnreg1
         if c.kstack1:
-            vs = [dict(kernel=7, BN=c.block_n1, BT=8, num_warps=c.split_k1 * c.warps1,
-                       constexprs=dict(SLOT_MODE=c.grid == "slots", BN=c.block_n1, BT=8,
-                                       BLOCK_P=c.block_p, KS=c.split_k1, **pdl))]
+            vs = [
+                dict(
+                    kernel=7,
+                    BN=c.block_n1,
+                    BT=8,
+                    num_warps=c.split_k1 * c.warps1,
+                    constexprs=dict(
+                        SLOT_MODE=c.grid == "slots",
+                        BN=c.block_n1,
+                        BT=8,
+                        BLOCK_P=c.block_p,
+                        KS=c.split_k1,
+                        **pdl,
+                    ),
+                )
+            ]
         k_pow2 = 1 << (k - 1).bit_length()
         if c.slots2:
-            vs.append(dict(kernel=6, BN=c.block_n2, BT=8, num_warps=min(k_pow2, 8) * c.warps2,
-                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=8, **pdl)))
+            vs.append(
+                dict(
+                    kernel=6,
+                    BN=c.block_n2,
+                    BT=8,
+                    num_warps=min(k_pow2, 8) * c.warps2,
+                    constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=8, **pdl),
+                )
+            )
         elif c.gemm2 == "tokens":
-            vs.append(dict(kernel=2, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
-                           constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t, **pdl)))
+            vs.append(
+                dict(
+                    kernel=2,
+                    BN=c.block_n2,
+                    BT=c.block_t,
+                    num_warps=c.warps2,
+                    constexprs=dict(K_POW2=k_pow2, BN=c.block_n2, BT=c.block_t, **pdl),
+                )
+            )
         else:
-            vs.append(dict(kernel=3, BN=c.block_n2, BT=c.block_t, num_warps=c.warps2,
-                           constexprs=dict(K_POW2=k_pow2, SLOT_MODE=c.grid == "slots",
-                                           BN=c.block_n2, BT=c.block_t,
-                                           COMBINE=c.combine == "counter",
-                                           SPLIT_T=c.split_t, **pdl)))
+            vs.append(
+                dict(
+                    kernel=3,
+                    BN=c.block_n2,
+                    BT=c.block_t,
+                    num_warps=c.warps2,
+                    constexprs=dict(
+                        K_POW2=k_pow2,
+                        SLOT_MODE=c.grid == "slots",
+                        BN=c.block_n2,
+                        BT=c.block_t,
+                        COMBINE=c.combine == "counter",
+                        SPLIT_T=c.split_t,
+                        **pdl,
+                    ),
+                )
+            )
             if c.combine == "kernel":
-                vs.append(dict(kernel=5, BN=0, BT=0, num_warps=4,
-                               constexprs=dict(BLOCK=1024, **pdl)))
+                vs.append(
+                    dict(kernel=5, BN=0, BT=0, num_warps=4, constexprs=dict(BLOCK=1024, **pdl))
+                )
         for v in vs:
             key = json.dumps(v, sort_keys=True)
             if key not in seen:
@@ -174,12 +253,19 @@ def _variants():
 @pytest.fixture(scope="module")
 def compiled():
     variants = _variants()
-    some = [next(v for v in variants if v["kernel"] == i and not v["constexprs"].get("PDL"))
-            for i in (1, 2, 3, 5, 6, 7)]
-    pdl = [next(v for v in variants if v["kernel"] == i and v["constexprs"].get("PDL") == p)
-           for i in (1, 2, 3, 5) for p in (1, 2)]  # griddepcontrol: sm_90+ (none on sm_80)
-    pdl += [next(v for v in variants if v["kernel"] == i and v["constexprs"]["PDL"] == 2)
-            for i in (6, 7)]
+    some = [
+        next(v for v in variants if v["kernel"] == i and not v["constexprs"].get("PDL"))
+        for i in (1, 2, 3, 5, 6, 7)
+    ]
+    pdl = [
+        next(v for v in variants if v["kernel"] == i and v["constexprs"].get("PDL") == p)
+        for i in (1, 2, 3, 5)
+        for p in (1, 2)
+    ]  # griddepcontrol: sm_90+ (none on sm_80)
+    pdl += [
+        next(v for v in variants if v["kernel"] == i and v["constexprs"]["PDL"] == 2)
+        for i in (6, 7)
+    ]
     todo = {80: some, 90: variants, 100: some + pdl, 120: variants}
     res = {"3.8": compile_per_arch(_SCRIPT, todo, timeout=900)}
     site = triton36_site()
@@ -263,7 +349,9 @@ def test_sm120_shared_memory_fits(compiled):
 def test_triton_36_compiles_them_too(compiled):
     _, res = compiled
     if "3.6" not in res:
-        pytest.skip("no Triton 3.6 site dir (.ci/triton36 or $FP4EXT_TRITON36): .ci/run installs one")
+        pytest.skip(
+            "no Triton 3.6 site dir (.ci/triton36 or $FP4EXT_TRITON36): .ci/run installs one"
+        )
     for cc, rows in res["3.6"].items():
         assert rows and all(r["triton"].startswith("3.6") for r in rows), rows
         for r in rows:
@@ -294,7 +382,9 @@ def _assert_named_fully(launch):
     """Every argument by name, each naming a parameter of the kernel, and only Triton's options
     beside them (an unknown keyword fails only at launch, on a GPU)."""
     assert not launch.args and set(launch.kwargs) == set(launch.fn().arg_names), (
-        launch.kernel, set(launch.kwargs) ^ set(launch.fn().arg_names))
+        launch.kernel,
+        set(launch.kwargs) ^ set(launch.fn().arg_names),
+    )
     assert set(launch.options) <= _LAUNCH_OPTIONS, launch.options
 
 
@@ -312,20 +402,29 @@ def test_both_families_take_the_launchers_arguments(gemm2):
         _assert_named_fully(g)
         _assert_named_fully(d)
         assert set(d.kwargs) - {"COMPUTE_F32"} == set(g.kwargs) - {
-            "WL", "XL", "ML", "COMBINE", "SPLIT_T", "PDL"}
+            "WL",
+            "XL",
+            "ML",
+            "COMBINE",
+            "SPLIT_T",
+            "PDL",
+        }
         assert g.kwargs["BT"] == d.kwargs["BT"] == cfg.block_t and g.grid[:2] == d.grid[:2]
         assert g.options["num_warps"] == d.options["num_warps"] and "num_stages" in d.options
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(gemm2="tokens"),
-    dict(gemm2="tokens", pdl=2),
-    dict(gemm2="tokens", slots2=1, block_n2=32, warps2=1),
-    dict(gemm2="tokens", kstack1=1, split_k1=4, block_n1=32, warps1=1),
-    dict(gemm2="pairs", pdl=1, combine="kernel", split_t=2),
-    dict(gemm2="pairs", kstack1=1, split_k1=2),
-    dict(gemm2="pairs", maxnreg1=128, split_t=2),
-])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(gemm2="tokens"),
+        dict(gemm2="tokens", pdl=2),
+        dict(gemm2="tokens", slots2=1, block_n2=32, warps2=1),
+        dict(gemm2="tokens", kstack1=1, split_k1=4, block_n1=32, warps1=1),
+        dict(gemm2="pairs", pdl=1, combine="kernel", split_t=2),
+        dict(gemm2="pairs", kstack1=1, split_k1=2),
+        dict(gemm2="pairs", maxnreg1=128, split_t=2),
+    ],
+)
 def test_every_launch_keyword_is_a_kernel_parameter(knobs):
     """Each launch of the plan, for each knob, names every parameter of the kernel it launches
     and nothing else (a keyword meant for one role must not reach another)."""
@@ -366,7 +465,8 @@ def test_split_stacked_gemm1_takes_the_same_arguments():
     (g, _), pw = _plan(cfg, H=2048)
     assert g.kernel == "_gemm1_kstack"
     assert [a for a in g.fn().arg_names if a != "KS"] == [
-        a for a in G._gemm1.arg_names if a != "SPLIT_T"]
+        a for a in G._gemm1.arg_names if a != "SPLIT_T"
+    ]
     assert g.options["num_warps"] == 8 and g.kwargs["BT"] == 8 and g.kwargs["KS"] == 8
     assert g.kwargs["WL"] == G.weight_layout(8 * 32, 8)
     assert g.grid == (6, pw.w13.n_pad // 32, 1)

@@ -65,9 +65,15 @@ class RoutingTape:
 
 
 def _greedy(model, prompt, n):
-    out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, prompt.shape[1]:].tolist()
+    out = model.generate(
+        prompt,
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, prompt.shape[1] :].tolist()
 
 
 def _run(path, device, seed, logits_tol, pin_routing=False):
@@ -86,8 +92,10 @@ def _run(path, device, seed, logits_tol, pin_routing=False):
         ref_logits = oracle(batch).logits.float()
         got_logits = ours(batch).logits.float()
         st = error_stats(got_logits, ref_logits)
-        print(f"seed {seed}: logits ({path}) vs HF: max_rel {st.max_rel:.2e}, "
-              f"rms_rel {st.rms_rel:.2e} (tolerance {logits_tol})")
+        print(
+            f"seed {seed}: logits ({path}) vs HF: max_rel {st.max_rel:.2e}, "
+            f"rms_rel {st.rms_rel:.2e} (tolerance {logits_tol})"
+        )
         assert_close(got_logits, ref_logits, what=f"logits ({path})", **logits_tol)
         ref_tokens = _greedy(oracle, prompt, 32)
         got_tokens = _greedy(ours, prompt, 32)

@@ -133,8 +133,18 @@ LAYERS = (
     ("facts", ("target_info", "compat", "hardware_table", "hardware", "roofline", "model_shapes")),
     ("nvfp4", ("nvfp4",)),
     ("moe", ("moe",)),
-    ("serving", ("capture_inputs", "capture_policy", "capture_hooks", "sglang_weights",
-                 "sglang_backend", "plugin", "patch_check")),
+    (
+        "serving",
+        (
+            "capture_inputs",
+            "capture_policy",
+            "capture_hooks",
+            "sglang_weights",
+            "sglang_backend",
+            "plugin",
+            "patch_check",
+        ),
+    ),
     ("tools", ("bench", "testing", "tune", "tune_cli")),
     ("cli", ("cli", "__main__")),
 )
@@ -154,7 +164,9 @@ def layer_of(module: str, layers=LAYERS, root: str = "sglang_fp4ext") -> int | N
 def climbing_arrows(graph: dict[str, set[str]], layers=LAYERS, root="sglang_fp4ext"):
     """``(importer, imported)`` pairs whose imported module sits in a higher layer."""
     return sorted(
-        (a, b) for a, deps in graph.items() for b in deps
+        (a, b)
+        for a, deps in graph.items()
+        for b in deps
         if layer_of(b, layers, root) > layer_of(a, layers, root)
     )
 
@@ -165,8 +177,10 @@ def test_every_module_has_a_layer_and_no_arrow_climbs():
     assert not unplaced, f"modules in no layer (add them to LAYERS): {unplaced}"
     climbs = climbing_arrows({m: d for m, d in graph.items() if m != "sglang_fp4ext"})
     assert not climbs, "imports that climb a layer (module-level and lazy imports count):\n" + (
-        "\n".join(f"  {a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
-                  for a, b in climbs))
+        "\n".join(
+            f"  {a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})" for a, b in climbs
+        )
+    )
 
 
 def test_layer_checker_finds_a_climbing_lazy_import(tmp_path):

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from sglang_fp4ext.moe import tables as C
-from sglang_fp4ext.moe.tables import config_for
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
+from sglang_fp4ext.moe.tables import config_for
 
 H200 = Target("sm_90", "NVIDIA H200", 132)
 PRO6000 = Target("sm_120", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 188)
@@ -101,8 +101,12 @@ def test_heuristic_pdl_only_at_one_token_where_the_gpu_has_it(monkeypatch):
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
     qwen3 = MoEShape(128, 2048, 768, 8)
     a100 = Target("sm_80", None, 108)
-    got = {(s.E, t.arch, T): heuristic_config(T, s, t) for s in (qwen3, EP8, TP8)
-           for t in (H200, PRO6000, a100) for T in (1, 2, 16)}
+    got = {
+        (s.E, t.arch, T): heuristic_config(T, s, t)
+        for s in (qwen3, EP8, TP8)
+        for t in (H200, PRO6000, a100)
+        for T in (1, 2, 16)
+    }
     for (E, arch, T), c in got.items():
         on = T == 1 and arch != "sm_80" and c.kernels == "gluon"
         assert c.pdl == (0 if not on else 1 if c.gemm2 == "pairs" else 2), (E, arch, T, c)

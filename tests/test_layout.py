@@ -6,16 +6,16 @@ import torch
 
 from sglang_fp4ext.moe.layout import (
     E2M1_VALUES,
-    SCALE_CODE_BF16_BIAS,
     K_CHUNK,
     ROW_ALIGN,
+    SCALE_CODE_BF16_BIAS,
     dequantize_kernel_matrix,
+    e4m3_to_scale_code,
     prepare_matrix,
     prepare_w2,
     prepare_w13,
     scale_code_to_e4m3,
     scale_code_values,
-    e4m3_to_scale_code,
     unprepare_matrix,
     unprepare_w13,
 )

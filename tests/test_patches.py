@@ -182,7 +182,8 @@ from sglang_fp4ext import sglang_backend as sb, capture_hooks as ch
 ours = lambda f: (getattr(f, "__module__", "") or "").startswith("sglang_fp4ext")
 state = {
     "sglang_file": sglang.__file__,
-    "hooks": sorted(t for t, regs in HookRegistry._hooks.items() if any(ours(h) for _, h, _ in regs)),
+    "hooks": sorted(t for t, regs in HookRegistry._hooks.items()
+                    if any(ours(h) for _, h, _ in regs)),
     "resolution": sorted(n for n, fns in _HOOKS.items() if any(ours(f) for f in fns)),
     "modes": sb.hook_modes(),
     "policy_status": ch.hook_status(),

@@ -18,8 +18,8 @@ import torch
 
 from sglang_fp4ext import model_shapes
 from sglang_fp4ext import tune as TU
-from sglang_fp4ext.moe import tables as C
 from sglang_fp4ext.moe import dispatch, paths, selfcheck
+from sglang_fp4ext.moe import tables as C
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.prefill.config import PrefillConfig
 from sglang_fp4ext.moe.shape import ConfigDict, MoEShape, Target
@@ -146,11 +146,21 @@ def test_a_family_added_in_one_place_is_tuned_and_benchmarked(chunked):
             step(i)
         return (time.perf_counter() - t) * 1e6 / n
 
-    space = TU.search_space(2, MoEShape(8, 256, 128, 2), TGT, ranges={"decode": (0, 0),
-                                                                     "prefill": (0, 0)})
+    space = TU.search_space(
+        2, MoEShape(8, 256, 128, 2), TGT, ranges={"decode": (0, 0), "prefill": (0, 0)}
+    )
     assert space == {"decode": [], "prefill": [], "chunked": [ChunkedConfig(2), ChunkedConfig(1)]}
-    log = TU.tune([TINY], [1, 2], budget_s=30, copies=1, device="cpu", timer=wall, target=TGT,
-                  ranges={"decode": (0, 0), "prefill": (0, 0)}, stream=io.StringIO())
+    log = TU.tune(
+        [TINY],
+        [1, 2],
+        budget_s=30,
+        copies=1,
+        device="cpu",
+        timer=wall,
+        target=TGT,
+        ranges={"decode": (0, 0), "prefill": (0, 0)},
+        stream=io.StringIO(),
+    )
     assert log["ok"]
     key = "E=8,H=256,I=128,top_k=2"
     assert [log["shapes"][key]["buckets"][b]["winner"] for b in ("1", "2")] == ["chunked"] * 2

@@ -26,8 +26,9 @@ state = {
     "choices": MOE_RUNNER_BACKEND_CHOICES.count("fp4ext"),
     "spec_choices": None,
     "factory": _CUSTOM_RUNNER_CORE_FACTORIES.get("fp4ext") is sb.make_runner_core,
-    "registered_hooks": {s.target: sum(h is s.hook for _, h, _ in HookRegistry._hooks.get(s.target, ()))
-                         for s in sb.HOOKS},
+    "registered_hooks": {
+        s.target: sum(h is s.hook for _, h, _ in HookRegistry._hooks.get(s.target, ()))
+        for s in sb.HOOKS},
     "live_hooks": sb.hook_status(),
 }
 """
@@ -245,7 +246,8 @@ print(json.dumps({"same": same, "changed": changed, "names": sorted(pa_), "errs"
 
 
 def test_runner_factory_raises_when_hooks_not_applied():
-    """SGLang swallows hook errors; our factory must not: registered but unapplied -> clear error."""
+    """SGLang swallows hook errors; our factory must not: registered but unapplied -> a clear
+    error."""
     r = run_child(
         """
 import json

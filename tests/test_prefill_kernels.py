@@ -4,8 +4,9 @@ CPU tier (kernels under ``TRITON_INTERPRET=1``; compiled on a GPU machine): the 
 against ``group_by_expert_torch`` bit for bit; the whole layer against ``fused_moe_nvfp4_torch``
 at small shapes with skewed routing, empty experts, every token on one expert, ``-1`` ids (and a
 token with none), top_k = 9 with the fused shared expert, T not a multiple of ``block_m``, padded
-H and I, both K steps, GEMM2 row blocks grouped per program (with a partial last group), several grouping blocks, the atomic combine, int64 ids / bf16 weights;
-determinism, config rules and validation; the wgmma family's K-order pass against its twin;
+H and I, both K steps, GEMM2 row blocks grouped per program (with a partial last group), several
+grouping blocks, the atomic combine, int64 ids / bf16 weights; determinism, config rules and
+validation; the wgmma family's K-order pass against its twin;
 AOT compilation of every launch the heuristic makes at GLM-5 shapes for sm_80/90/100/120, with
 tensor-core MMA and sm_120 shared memory <= 101,376 B, and on sm_90 the wgmma family (Gluon,
 which the interpreter cannot run) with Triton 3.8 and 3.6: register-A ``wgmma``, 16-byte
@@ -30,7 +31,8 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from sglang_fp4ext.moe.shape import MoEShape, Target
+from sglang_fp4ext.moe.prefill.config import PrefillConfig, w4a16_twin_config
+from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 from sglang_fp4ext.moe.prefill.launch import (
     fused_moe_nvfp4_prefill,
     group_by_expert,
@@ -38,9 +40,8 @@ from sglang_fp4ext.moe.prefill.launch import (
     max_m_tiles,
     num_bins,
 )
-from sglang_fp4ext.moe.prefill.config import PrefillConfig, w4a16_twin_config
-from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
+from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
 from sglang_fp4ext.testing.compare import assert_close
 from tests import glm5_cases
@@ -204,10 +205,26 @@ CASES = [
     ),
     Case("heuristic_config", 12, 256, 64, 23, 8, None, dict(skew=0.5, drop=0.1)),
     # GEMM1 tiles the sorted rows on its own block_m1 (larger, then smaller than GEMM2's).
-    Case("gemm1_own_tiles_bm1_32", 8, 256, 64, 37, 4, PrefillConfig(**_SMALL, block_m1=32),
-         dict(skew=1.0, drop=0.1)),
-    Case("gemm1_own_tiles_bm1_16", 8, 256, 64, 37, 4,
-         PrefillConfig(block_m=32, block_m1=16, block_p=64, group_n2=2), dict(skew=1.0)),
+    Case(
+        "gemm1_own_tiles_bm1_32",
+        8,
+        256,
+        64,
+        37,
+        4,
+        PrefillConfig(**_SMALL, block_m1=32),
+        dict(skew=1.0, drop=0.1),
+    ),
+    Case(
+        "gemm1_own_tiles_bm1_16",
+        8,
+        256,
+        64,
+        37,
+        4,
+        PrefillConfig(block_m=32, block_m1=16, block_p=64, group_n2=2),
+        dict(skew=1.0),
+    ),
 ]
 
 
@@ -343,10 +360,14 @@ def test_wgmma_config_rules():
         (dict(code_ring1=2), "with static_ring1=1"),
         (dict(static_ring2=1, code_ring2=2, prefetch2=2), "prefetch2=1"),
         (dict(kernels="dot", block_k2=128, code_ring1=2), "knobs of the wgmma kernels"),
-        (dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=2),
-         "with accs2=2 code_ring2 must be 0 or 1"),
-        (dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, prefetch2=2),
-         "with accs2=2 code_ring2"),
+        (
+            dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=2),
+            "with accs2=2 code_ring2 must be 0 or 1",
+        ),
+        (
+            dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, prefetch2=2),
+            "with accs2=2 code_ring2",
+        ),
         (dict(kernels="dot", block_k2=128, l2_prefetch2=1), "knobs of the wgmma kernels"),
         (dict(tail1=8, static_ring1=1, block_m=64, stages1=2), "tail1 must be 0 .*, 16, 32 or 64"),
         (dict(tail1=32, block_m=64, stages1=2), "with static_ring1=1"),
@@ -358,10 +379,24 @@ def test_wgmma_config_rules():
         (dict(hoist2=1, group_n2=4), "hoist2 only with accs2=2"),
         (dict(kernels="dot", block_k2=128, tw1=1), "knobs of the wgmma kernels"),
         (dict(block_m=32, msub2=5), "msub2 must be 1 .* or 2-4"),
-        (dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, msub2=2),
-         "msub2=2, accs2=2, code_ring2=1, hoist2=0"),
-        (dict(block_m=128, accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, hoist2=1,
-              smem_epi2=1, msub2=4), "msub2 x block_m x 512 B = 262144 B"),
+        (
+            dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, msub2=2),
+            "msub2=2, accs2=2, code_ring2=1, hoist2=0",
+        ),
+        (
+            dict(
+                block_m=128,
+                accs2=2,
+                group_n2=8,
+                block_n2=64,
+                warps2=4,
+                code_ring2=1,
+                hoist2=1,
+                smem_epi2=1,
+                msub2=4,
+            ),
+            "msub2 x block_m x 512 B = 262144 B",
+        ),
         (dict(kernels="dot", block_k2=128, msub2=2), "knobs of the wgmma kernels"),
         (dict(combine="fused"), "'ordered' or 'atomic'"),
         (dict(combine="sum"), "'ordered' or 'atomic'"),
@@ -374,13 +409,35 @@ def test_wgmma_config_rules():
     assert PrefillConfig.from_dict(one_wg.to_dict()) == one_wg  # GEMM2 on one warpgroup
     # The fallback drops the knobs, GEMM1's own tile too (the dot family at 128 rows and 3
     # stages needs 233,472 B of shared memory: measured in the H200 self-check tier).
-    twin = w4a16_twin_config(replace(knobs, static_ring1=1, block_m1=128, smem_epi2=1,
-                                     l2_prefetch2=3, prefetch1=1, code_ring1=2))
-    assert (twin.kernels, twin.prefetch1, twin.prefetch2, twin.accs2, twin.static_ring1,
-            twin.block_m1, twin.smem_epi2, twin.l2_prefetch1, twin.l2_prefetch2,
-            twin.code_ring1) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0)
-    assert w4a16_twin_config(PrefillConfig(block_m=64, block_m1=128, stages1=2, static_ring1=1,
-                                           tail1=32, **_WG)).tail1 == 0
+    twin = w4a16_twin_config(
+        replace(
+            knobs,
+            static_ring1=1,
+            block_m1=128,
+            smem_epi2=1,
+            l2_prefetch2=3,
+            prefetch1=1,
+            code_ring1=2,
+        )
+    )
+    assert (
+        twin.kernels,
+        twin.prefetch1,
+        twin.prefetch2,
+        twin.accs2,
+        twin.static_ring1,
+        twin.block_m1,
+        twin.smem_epi2,
+        twin.l2_prefetch1,
+        twin.l2_prefetch2,
+        twin.code_ring1,
+    ) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0)
+    assert (
+        w4a16_twin_config(
+            PrefillConfig(block_m=64, block_m1=128, stages1=2, static_ring1=1, tail1=32, **_WG)
+        ).tail1
+        == 0
+    )
     moved = PrefillConfig(block_m=64, accs2=2, group_n2=8, tw1=1, hoist2=1, **_WG)
     assert eval(repr(moved)) == moved
     assert (w4a16_twin_config(moved).tw1, w4a16_twin_config(moved).hoist2) == (0, 0)
@@ -408,13 +465,23 @@ def test_wgmma_static_ring_needs_stages_dividing_the_k_chunks():
     g = torch.Generator().manual_seed(6)
     x = torch.randn(8, 768, generator=g).to(torch.bfloat16).to(DEV)
     ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
-    for knobs, what in ((dict(static_ring1=1, stages1=2), "stages1=2, which must divide its 3 K "
-                         r"chunks \(hidden_size 768"),
-                        (dict(static_ring2=1, stages2=3), "stages2=3, which must divide its 2 K "
-                         r"chunks \(intermediate_size 512"),
-                        (dict(static_ring1=1, stages1=3, code_ring1=3, static_ring2=1,
-                              code_ring2=4), r"code_ring2=4\) unrolls GEMM2's K loop by its "
-                         r"depth, which must divide its 2 K chunks")):
+    for knobs, what in (
+        (
+            dict(static_ring1=1, stages1=2),
+            "stages1=2, which must divide its 3 K "
+            r"chunks \(hidden_size 768",
+        ),
+        (
+            dict(static_ring2=1, stages2=3),
+            "stages2=3, which must divide its 2 K "
+            r"chunks \(intermediate_size 512",
+        ),
+        (
+            dict(static_ring1=1, stages1=3, code_ring1=3, static_ring2=1, code_ring2=4),
+            r"code_ring2=4\) unrolls GEMM2's K loop by its "
+            r"depth, which must divide its 2 K chunks",
+        ),
+    ):
         cfg = PrefillConfig(block_m=16, block_p=16, **_WG | knobs)
         with pytest.raises(ValueError, match=what):
             _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
@@ -471,14 +538,42 @@ def test_w4a4_activation_quantizer_is_bit_exact(seed):
 @pytest.mark.parametrize(
     "E,H,I,T,k,cfg,routing",
     [
-        (8, 512, 256, 37, 4, PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
-         dict(skew=1.5, drop=0.2)),
-        (9, 256, 512, 29, 9, PrefillConfig(block_m=32, block_n1=32, block_n2=128, block_p=64, **_W4),
-         dict(shared=True, live=[0, 2, 3, 7])),
-        (8, 256, 256, 23, 4, PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
-         dict(out_of_range=True)),
-        (8, 256, 256, 9, 2, PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=16, **_W4),
-         dict(all_dropped=True)),
+        (
+            8,
+            512,
+            256,
+            37,
+            4,
+            PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
+            dict(skew=1.5, drop=0.2),
+        ),
+        (
+            9,
+            256,
+            512,
+            29,
+            9,
+            PrefillConfig(block_m=32, block_n1=32, block_n2=128, block_p=64, **_W4),
+            dict(shared=True, live=[0, 2, 3, 7]),
+        ),
+        (
+            8,
+            256,
+            256,
+            23,
+            4,
+            PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
+            dict(out_of_range=True),
+        ),
+        (
+            8,
+            256,
+            256,
+            9,
+            2,
+            PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=16, **_W4),
+            dict(all_dropped=True),
+        ),
     ],
     ids=["skewed_drops", "shared_k9_empty_experts", "ids_past_E_and_duplicates", "all_dropped"],
 )
@@ -519,11 +614,18 @@ def _w4a4_twin_up_to_ties(out, x, tw_weights, ids, tw):
     nudged by ±``TIE_REL`` (through its global scale: ``q(a, s / c) = q(c a, s) / c``), whichever
     is nearest the kernel's row: a rounding tie broken the other way is not an error, anything
     else still has to meet the W4A16 tolerance."""
-    refs = torch.stack([
-        fused_moe_nvfp4_torch(x, replace(tw_weights, w2_input_scale=tw_weights.w2_input_scale * f),
-                              ids, tw, quantize_activations=True)
-        for f in (1.0, 1.0 - TIE_REL, 1.0 + TIE_REL)
-    ])
+    refs = torch.stack(
+        [
+            fused_moe_nvfp4_torch(
+                x,
+                replace(tw_weights, w2_input_scale=tw_weights.w2_input_scale * f),
+                ids,
+                tw,
+                quantize_activations=True,
+            )
+            for f in (1.0, 1.0 - TIE_REL, 1.0 + TIE_REL)
+        ]
+    )
     nearest = (refs - out.float()).abs().amax(-1).argmin(0)  # per token
     return refs[nearest, torch.arange(out.shape[0], device=out.device)]
 
@@ -557,8 +659,10 @@ def test_w4a4_needs_input_scales_and_k_multiples_of_256():
     _, pw384 = _weights(4, 384, 256)
     with pytest.raises(ValueError, match="H and I multiples of 256, got H=384"):
         fused_moe_nvfp4_prefill(x[:, :384].contiguous(), pw384, ids, tw, config=cfg)
-    for bad, what in ((dict(block_k2=128), "block_k1 and block_k2 must be 256"),
-                      (dict(combine="atomic"), "only the ordered combine")):
+    for bad, what in (
+        (dict(block_k2=128), "block_k1 and block_k2 must be 256"),
+        (dict(combine="atomic"), "only the ordered combine"),
+    ):
         with pytest.raises(ValueError, match=what):
             PrefillConfig(**(_W4 | bad))
 
@@ -566,8 +670,8 @@ def test_w4a4_needs_input_scales_and_k_multiples_of_256():
 def test_permute_k_matches_its_twin(seed):
     """``_permute_k`` (the wgmma GEMM1's input pass) against ``layout.to_mma_k_order``, on a
     strided input, NaN-poisoned output, T not a multiple of the program's rows."""
-    from sglang_fp4ext.moe.prefill import _dot_kernels as K
     from sglang_fp4ext.moe.layout import mma_k_order, to_mma_k_order
+    from sglang_fp4ext.moe.prefill import _dot_kernels as K
 
     assert sorted(mma_k_order().tolist()) == list(range(128))  # a permutation
     assert mma_k_order()[:10].tolist() == [0, 1, 32, 33, 64, 65, 96, 97, 2, 3]
@@ -641,16 +745,31 @@ def test_wgmma_heuristic(monkeypatch):
     # GEMM2's M tiles of 2 sub-tiles on 4 blocks per program where an expert expects >= 2 tiles
     # of rows (step 8's sweeps: T = 4096 / 8192 faster, 2048 slower), else 1 on 8 blocks.
     assert {T: (c.msub2, c.group_n2) for T, c in got.items()} == {
-        512: (1, 8), 1024: (1, 8), 2048: (1, 8), 4096: (2, 4), 8192: (2, 4)}
+        512: (1, 8),
+        1024: (1, 8),
+        2048: (1, 8),
+        4096: (2, 4),
+        8192: (2, 4),
+    }
     # The measured best block_m of each point in the step-1 A/B (prefill.heuristic._wgmma_config).
-    assert {T: c.block_m for T, c in got.items()} == {512: 32, 1024: 32, 2048: 64, 4096: 64,
-                                                     8192: 64}
+    assert {T: c.block_m for T, c in got.items()} == {
+        512: 32,
+        1024: 32,
+        2048: 64,
+        4096: 64,
+        8192: 64,
+    }
     assert got[4096].stages1 == 3 and got[512].stages1 == 2
     # GEMM2 at I = 256: one warpgroup, two accumulators (fastest at every T of step 2's sweep).
     assert all((c.block_n2, c.warps2, c.stages2, c.accs2) == (64, 4, 2, 2) for c in got.values())
     ep = {T: prefill_heuristic_config(T, ep8, h200) for T in Ts}
-    assert {T: c.block_m for T, c in ep.items()} == {512: 32, 1024: 32, 2048: 64, 4096: 128,
-                                                    8192: 128}
+    assert {T: c.block_m for T, c in ep.items()} == {
+        512: 32,
+        1024: 32,
+        2048: 64,
+        4096: 128,
+        8192: 128,
+    }
     assert all(c.group_n2 == 4 for c in ep.values())
     assert all((c.block_n2, c.warps2, c.accs2) == (128, 8, 1) for c in ep.values())
     # From block_m 64: GEMM1's ring in static slots (3 stages divide H / 256 = 24) with its
@@ -658,22 +777,36 @@ def test_wgmma_heuristic(monkeypatch):
     # same-run sweep: 64 + 16 at T = 2048, 128 + 16 above); DeepSeek-R1's 28 chunks: no ring,
     # no tail, GEMM1's 128-row tile from block_m 64 (step 3).
     assert {T: (c.static_ring1, c.block_m1, c.tail1) for T, c in got.items()} == {
-        512: (0, 0, 0), 1024: (0, 0, 0), 2048: (1, 0, 16), 4096: (1, 128, 16),
-        8192: (1, 128, 16)}
+        512: (0, 0, 0),
+        1024: (0, 0, 0),
+        2048: (1, 0, 16),
+        4096: (1, 128, 16),
+        8192: (1, 128, 16),
+    }
     assert {T: (c.static_ring1, c.block_m1, c.tail1) for T, c in ep.items()} == {
-        512: (0, 0, 0), 1024: (0, 0, 0), 2048: (1, 0, 16), 4096: (1, 0, 16), 8192: (1, 0, 16)}
+        512: (0, 0, 0),
+        1024: (0, 0, 0),
+        2048: (1, 0, 16),
+        4096: (1, 0, 16),
+        8192: (1, 0, 16),
+    }
     dsr1 = {T: prefill_heuristic_config(T, MoEShape(256, 7168, 256, 8), h200) for T in Ts}
-    assert {T: (c.static_ring1, c.block_m1, c.tail1, c.stages1) for T, c in dsr1.items()
-            if T >= 2048} == {2048: (0, 128, 0, 3), 4096: (0, 128, 0, 3), 8192: (0, 128, 0, 3)}
+    assert {
+        T: (c.static_ring1, c.block_m1, c.tail1, c.stages1) for T, c in dsr1.items() if T >= 2048
+    } == {2048: (0, 128, 0, 3), 4096: (0, 128, 0, 3), 8192: (0, 128, 0, 3)}
     assert prefill_heuristic_config(4096, MoEShape(8, 384, 256, 2), h200).kernels == "dot"
     # Blackwell: W4A4 (128 rows on 8 warps on sm_100 for tcgen05, 64 on 4 on sm_120); bf16
     # activations on request.
     b200 = Target("sm_100", None, 148)
     assert prefill_heuristic_config(4096, tp8, rtx).kernels == "w4a4"
-    assert (prefill_heuristic_config(4096, tp8, rtx).block_n1, prefill_heuristic_config(
-        4096, tp8, b200).block_n1) == (128, 128)  # sm_120 at block_m 128: 128 rows, 8 warps
-    assert (prefill_heuristic_config(1024, tp8, rtx).block_n1,
-            prefill_heuristic_config(1024, tp8, rtx).warps1) == (64, 4)
+    assert (
+        prefill_heuristic_config(4096, tp8, rtx).block_n1,
+        prefill_heuristic_config(4096, tp8, b200).block_n1,
+    ) == (128, 128)  # sm_120 at block_m 128: 128 rows, 8 warps
+    assert (
+        prefill_heuristic_config(1024, tp8, rtx).block_n1,
+        prefill_heuristic_config(1024, tp8, rtx).warps1,
+    ) == (64, 4)
     monkeypatch.setenv("SGLANG_FP4EXT_PREFILL_ACTIVATIONS", "bf16")
     assert prefill_heuristic_config(4096, tp8, rtx).kernels == "dot"
     assert prefill_heuristic_config(4096, tp8, h200).kernels == "wgmma"
@@ -723,8 +856,8 @@ def omma_loop(cubin):
     for i, l in enumerate(lines):
         m = re.search(r"BRA(?:\.U)?\s+(?:!?U?P\d+,\s*)?`\((\.L_x_\d+)\)", l)
         if m and label.get(m.group(1), i) < i:
-            body = [x for x in lines[label[m.group(1)]:i + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", x)]
-            n = sum("OMMA" in x for x in body)
+            body = [x for x in lines[label[m.group(1)]:i + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/",
+            x)] n = sum("OMMA" in x for x in body)
             if n and (best is None or len(body) < best[0]):
                 best = (len(body), n)
     return best
@@ -774,12 +907,14 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
         ptx = c.asm["ptx"]
         mma = [m for m in ("tcgen05.mma", "wgmma", "mma.sync") if m in ptx]
         mma += ["mxf4nvf4"] if "kind::mxf4nvf4" in ptx else []
-        r = dict(kernel=L.kernel, shape=[E, H, I, k], T=T, config=repr(cfg), triton=triton.__version__,
+        r = dict(kernel=L.kernel, shape=[E, H, I, k], T=T, config=repr(cfg),
+        triton=triton.__version__,
                  shared=c.metadata.shared, mma=mma, warps=warps, stages=stages)
         if gluon:  # the design: register-A wgmma, cp.async ring, proxy fence, inline decode
             BM = r["block_m"] = L.kwargs["BM"]
             r["tail"] = L.kwargs.get("BT", 0)
-            r["wgmma_reg_a"] = ptx.count(f"wgmma.mma_async.sync.aligned.m64n{BM}k16.f32.bf16.bf16 {{") > 0
+            wgmma = f"wgmma.mma_async.sync.aligned.m64n{BM}k16.f32.bf16.bf16 {{"
+            r["wgmma_reg_a"] = ptx.count(wgmma) > 0
             r["wgmma_reg_a"] &= "}, {%r" in ptx  # A operand: 4 registers, not a descriptor
             r["cp_async16"] = "], 0x10, 0x10;" in ptx and "cp.async.cg.shared.global [" in ptx
             r["fence"] = "fence.proxy.async" in ptx
@@ -809,7 +944,8 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
             r["acquire"] = sorted({w for l in ptx.splitlines() for w in l.split()
                                    if ".acquire" in w})
             r["discard_l2"] = ptx.count("discard.global.L2")
-        if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per OMMA
+        if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per
+        OMMA
             r["block_m"] = L.kwargs["BM"]
             r["omma_loop"] = omma_loop(c.asm["cubin"])
         out.append(r)
@@ -856,76 +992,124 @@ _KNOBS = [
     # GEMM2 on one warpgroup with two accumulators at block_m = 64 (H200 table, TP8 T = 8192).
     (_GLM5[0], "block_m=64, stages1=3, block_n2=64, warps2=4, group_n2=4, accs2=2"),
     # The activation ring in separate allocations: no barriers inserted around its refills.
-    (_GLM5[0], "block_m=64, stages1=3, block_n2=64, warps2=4, accs2=2, group_n2=8, "
-               "static_ring1=1"),
+    (_GLM5[0], "block_m=64, stages1=3, block_n2=64, warps2=4, accs2=2, group_n2=8, static_ring1=1"),
     (_GLM5[1], "block_m=128, stages1=3, group_n2=4, static_ring1=1, static_ring2=1"),
     # GEMM1 on 128-token tiles while GEMM2 keeps 64 (TP8 T >= 4096: GEMM1 faster at 128).
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, block_n2=64, warps2=4, accs2=2, "
-               "group_n2=8"),
+    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, block_n2=64, warps2=4, accs2=2, group_n2=8"),
     # GEMM2's epilogue through shared memory (16-byte stores): two accumulators (TP8 shipped
     # config) and the K loop with a ring (EP8 at 128 tokens).
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
-               "accs2=2, group_n2=8, smem_epi2=1"),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
+        "accs2=2, group_n2=8, smem_epi2=1",
+    ),
     (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, group_n2=4, smem_epi2=1"),
     # FP4 codes asked of L2 two chunks past the register queue, both GEMMs, both GEMM2 forms.
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
-               "accs2=2, group_n2=8, l2_prefetch1=2, l2_prefetch2=2"),
-    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, group_n2=4, l2_prefetch1=2, "
-               "l2_prefetch2=2, smem_epi2=1"),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
+        "accs2=2, group_n2=8, l2_prefetch1=2, l2_prefetch2=2",
+    ),
+    (
+        _GLM5[1],
+        "block_m=128, stages1=3, static_ring1=1, group_n2=4, l2_prefetch1=2, "
+        "l2_prefetch2=2, smem_epi2=1",
+    ),
     # The code ring: codes and scales through shared memory, 1-3 chunks ahead of the decode
     # (no register queue: 185 registers at 64 tokens where the queue took 241).
-    (_GLM5[0], "block_m=64, block_m1=64, stages1=2, static_ring1=1, code_ring1=4, "
-               "block_n2=64, warps2=4, accs2=2, group_n2=8"),
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=2, static_ring1=1, code_ring1=2, "
-               "block_n2=64, warps2=4, accs2=2, group_n2=8"),
-    (_GLM5[1], "block_m=128, stages1=2, static_ring1=1, code_ring1=2, group_n2=4, "
-               "static_ring2=1, code_ring2=2"),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=64, stages1=2, static_ring1=1, code_ring1=4, "
+        "block_n2=64, warps2=4, accs2=2, group_n2=8",
+    ),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=2, static_ring1=1, code_ring1=2, "
+        "block_n2=64, warps2=4, accs2=2, group_n2=8",
+    ),
+    (
+        _GLM5[1],
+        "block_m=128, stages1=2, static_ring1=1, code_ring1=2, group_n2=4, "
+        "static_ring2=1, code_ring2=2",
+    ),
     # GEMM2 at I = 256 with every row block's codes copied when the program starts, and the
     # staged epilogue (together: no spills where the shipped GEMM2 spills ~700 B).
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
-               "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=3, static_ring1=1, block_n2=64, warps2=4, "
+        "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1",
+    ),
     # GEMM1's tail: tiles of 64 + 32 rows, the tail on a second accumulator fed by the same
     # decoded weights (no second tile decoding them again). 128 + 32 spills 4 bytes with Triton
     # 3.6 (3.8: none), so it is not among these compile-checked knobs (_TAILS_GPU: GPU only).
-    (_GLM5[0], "block_m=64, stages1=2, static_ring1=1, tail1=32, block_n2=64, warps2=4, "
-               "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    (
+        _GLM5[0],
+        "block_m=64, stages1=2, static_ring1=1, tail1=32, block_n2=64, warps2=4, "
+        "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1",
+    ),
     # The routing weight applied in GEMM1's epilogue (tw1) and GEMM2's epilogue loads hoisted
     # (hoist2): the shipped TP8 T = 4096 and EP8 T = 4096 configs with them (prefill step 7).
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1"),
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, hoist2=1"),
-    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1, "
-               "tw1=1"),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+        "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1",
+    ),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+        "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, hoist2=1",
+    ),
+    (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1, tw1=1"),
     # GEMM2's M tiles of msub2 sub-tiles, each decoded row block multiplied by every sub-tile
     # the tile's rows reach (prefill step 8): 3 x 64 rows on 8 blocks, 2 x 64 on 4, 4 x 32 on 4
     # (at T = 4096 the fused shared expert's 4,096 rows run many full tiles and a ragged last).
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
-               "msub2=3"),
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
-               "msub2=2"),
-    (_GLM5[0], "block_m=32, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
-               "msub2=4"),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+        "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+        "msub2=3",
+    ),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+        "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+        "msub2=2",
+    ),
+    (
+        _GLM5[0],
+        "block_m=32, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+        "warps2=4, accs2=2, group_n2=4, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+        "msub2=4",
+    ),
     # msub2 on two warpgroups (128 weight rows per block: 8 warps per SM in one CTA, where
     # 3 x 64 rows on one warpgroup leave one CTA of 4 warps per SM).
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=128, "
-               "warps2=8, accs2=2, group_n2=2, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
-               "msub2=3"),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=128, "
+        "warps2=8, accs2=2, group_n2=2, code_ring2=1, smem_epi2=1, tw1=1, hoist2=1, "
+        "msub2=3",
+    ),
 ]
 # GEMM1's tail at 128 + 32 rows (2 stages: shared memory), TP8 and EP8, and the shipped 16-row
 # tails at 3 stages (TP8 64 + 16 and 128 + 16, EP8 128 + 16): GPU-checked (the compile checks of
 # the shipped ones are the shipped-config tests').
 _TAILS_GPU = [
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=2, static_ring1=1, tail1=32, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=2, static_ring1=1, tail1=32, block_n2=64, "
+        "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1",
+    ),
     (_GLM5[1], "block_m=128, stages1=2, static_ring1=1, tail1=32, group_n2=4, smem_epi2=1"),
-    (_GLM5[0], "block_m=64, stages1=3, static_ring1=1, tail1=16, block_n2=64, warps2=4, "
-               "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
-    (_GLM5[0], "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
-               "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1"),
+    (
+        _GLM5[0],
+        "block_m=64, stages1=3, static_ring1=1, tail1=16, block_n2=64, warps2=4, "
+        "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1",
+    ),
+    (
+        _GLM5[0],
+        "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
+        "warps2=4, accs2=2, group_n2=8, code_ring2=1, smem_epi2=1",
+    ),
     (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1"),
 ]
 
@@ -940,8 +1124,14 @@ def compiled():
     return compile_per_arch(_AOT_SCRIPT, {cc: _requests(cc) for cc in _ARCHS}, timeout=1200)
 
 
-_DOT = {"_group_count", "_group_scan", "_group_scatter", "_prefill_gemm1", "_prefill_gemm2",
-        "_prefill_combine"}
+_DOT = {
+    "_group_count",
+    "_group_scan",
+    "_group_scatter",
+    "_prefill_gemm1",
+    "_prefill_gemm2",
+    "_prefill_combine",
+}
 _WGMMA = {"_permute_k", "_wgmma_gemm1", "_wgmma_gemm2"}
 _W4A4 = {"_quant_act", "_w4a4_gemm1", "_w4a4_gemm2"}
 
@@ -976,8 +1166,10 @@ def test_aot_w4a4_sm120_k_loop_fits_the_fp4_issue_budget(compiled):
     assert rows, "no W4A4 K loop found in the sm_120 SASS"
     for r in rows:
         n, omma = r["omma_loop"]
-        print(f"sm_120 {r['kernel']} block_m={r['block_m']} warps={r['warps']}: {n / omma:.1f} "
-              f"instructions per OMMA ({n} / {omma})")
+        print(
+            f"sm_120 {r['kernel']} block_m={r['block_m']} warps={r['warps']}: {n / omma:.1f} "
+            f"instructions per OMMA ({n} / {omma})"
+        )
         if r["block_m"] == 128:
             assert n / omma <= 16, r
     assert any(r["block_m"] == 128 for r in rows), "no block_m = 128 launch compiled for sm_120"
@@ -1003,14 +1195,19 @@ def _check_wgmma_design(rows, where):
         if r["kernel"] == "_wgmma_gemm1" and not r["tail"]:  # the K loop alone: no spills
             assert not spills, r
         if r["tail"]:  # the tail's launch: a few bytes outside the K loop (static SASS, step 5)
-            stores = [int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)]
+            stores = [
+                int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)
+            ]
             assert max(stores, default=0) <= 64, r
         # The two accumulators' point is overlap, not local memory: no spills on tiles of <= 32
         # tokens. At 64 ptxas spills (~200 B on one warpgroup), and it was still the fastest
         # GEMM2 measured (prefill_v2_step2: TP8 T = 4096 635 vs 727 us).
         # (Not with 3-4 sub-tiles per M tile, msub2: 4 x 32 is a 128-row tile; bounded below.)
-        if "accs2=2" in r["config"] and r["block_m"] <= 32 and not re.search(r"msub2=[34]",
-                                                                             r["config"]):
+        if (
+            "accs2=2" in r["config"]
+            and r["block_m"] <= 32
+            and not re.search(r"msub2=[34]", r["config"])
+        ):
             assert not spills, r
         # Without the routing weight's loads and multiplies GEMM2 fits its registers: the
         # shipped EP8 GEMM2 spills 200-256 B, TP8's sits at 255 registers (prefill step 7).
@@ -1018,7 +1215,9 @@ def _check_wgmma_design(rows, where):
         # the row block: ptxas spills 84-548 B (sm_90, Triton 3.6 / 3.8, measured 2026-12-04);
         # none of those is shipped (3 x 64 lost in step 8). The shipped 2 x 64 fits.
         if r["kernel"] == "_wgmma_gemm2" and "tw1=1" in r["config"]:
-            stores = [int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)]
+            stores = [
+                int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)
+            ]
             msub = int(re.search(r"msub2=(\d+)", r["config"]).group(1))
             assert max(stores, default=0) <= (0 if msub <= 2 else 600), r
     assert any("accs2=2" in r["config"] for r in gl), f"{where}: no two-accumulator GEMM2 compiled"
@@ -1039,7 +1238,9 @@ def _check_wgmma_design(rows, where):
         assert r["code_ring"] == (f"code_ring{i}=0" not in r["config"]), (where, r["config"])
     assert any("code_ring1=4" in r["config"] for r in gl), f"{where}: no code ring"
     for i in (1, 2):  # the static ring's point: no barrier between a chunk's MMAs and its refill
-        sr = [r for r in gl if r["kernel"] == f"_wgmma_gemm{i}" and f"static_ring{i}=1" in r["config"]]
+        sr = [
+            r for r in gl if r["kernel"] == f"_wgmma_gemm{i}" and f"static_ring{i}=1" in r["config"]
+        ]
         assert sr and all(r["bar_after_mma"] == 0 for r in sr), (where, i, sr)
 
 
@@ -1059,7 +1260,9 @@ def test_aot_wgmma_family_compiles_with_triton_36():
     W4A4 family's (native block-scaled FP4 MMA on sm_100 and sm_120, sm_120's shared memory)."""
     site = triton36_site()
     if not site:
-        pytest.skip("no Triton 3.6 site dir (.ci/triton36 or $FP4EXT_TRITON36): .ci/run installs one")
+        pytest.skip(
+            "no Triton 3.6 site dir (.ci/triton36 or $FP4EXT_TRITON36): .ci/run installs one"
+        )
     arch, sms = _ARCHS[90]
     req = [[s, 1 << b, arch, sms, None] for s in _GLM5 for b in range(9, 14)]
     todo = {90: req + _knob_requests(arch, sms)}
@@ -1084,13 +1287,16 @@ PREFILL_FAMILIES = ["dot", "wgmma"]
 
 
 def _cfg(pw, ids, kernels):
-    from sglang_fp4ext.moe.tables import prefill_config_for
     from sglang_fp4ext.moe.shape import current_target
+    from sglang_fp4ext.moe.tables import prefill_config_for
 
     T, shape = ids.shape[0], pw.shape(ids.shape[1])
     cfg = prefill_config_for(T, shape)
-    return cfg if cfg.kernels == kernels else prefill_heuristic_config(
-        T, shape, current_target(), kernels)
+    return (
+        cfg
+        if cfg.kernels == kernels
+        else prefill_heuristic_config(T, shape, current_target(), kernels)
+    )
 
 
 @pytest.mark.gpu
@@ -1203,8 +1409,13 @@ def test_other_shapes_vs_reference(shape_name, T, kernels, seed):
     H = x.shape[1]
     out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
     fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=_cfg(pw, ids, kernels))
-    st = assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL,
-                      what=f"{shape_name} T={T} {kernels}")
+    st = assert_close(
+        out,
+        fused_moe_nvfp4_torch(x, w, ids, tw),
+        max_rel=MAX_REL,
+        rms_rel=RMS_REL,
+        what=f"{shape_name} T={T} {kernels}",
+    )
     print(f"{shape_name} T={T} {kernels}: {st}")
 
 
@@ -1225,8 +1436,13 @@ def test_wgmma_knobs_vs_reference(knob_i, T, seed):
     x, ids, tw = glm5_cases.inputs(name, T, g)
     out = torch.full((T, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")
     fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=_knob_cfg(knobs))
-    st = assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL,
-                      rms_rel=RMS_REL, what=f"{name} T={T} {knobs}")
+    st = assert_close(
+        out,
+        fused_moe_nvfp4_torch(x, w, ids, tw),
+        max_rel=MAX_REL,
+        rms_rel=RMS_REL,
+        what=f"{name} T={T} {knobs}",
+    )
     print(f"{name} T={T} {knobs}: {st}")
 
 
@@ -1244,10 +1460,14 @@ def test_wgmma_two_accumulators_ragged_last_program(group_n2, rows2, msub2, seed
     T = 300
     x = torch.randn(T, 1280, generator=g, device="cuda").to(torch.bfloat16)
     ids, tw = (t.cuda() for t in _routing(T, 8, 2, torch.Generator().manual_seed(seed)))
-    queue = (dict(prefetch1=2, prefetch2=2) if msub2 == 1 else
-             dict(code_ring2=1, hoist2=1, smem_epi2=1, msub2=msub2))
-    cfg = PrefillConfig(block_m=32, group_n2=group_n2, accs2=2, block_n2=rows2,
-                        warps2=rows2 // 16, **queue, **_WG)
+    queue = (
+        dict(prefetch1=2, prefetch2=2)
+        if msub2 == 1
+        else dict(code_ring2=1, hoist2=1, smem_epi2=1, msub2=msub2)
+    )
+    cfg = PrefillConfig(
+        block_m=32, group_n2=group_n2, accs2=2, block_n2=rows2, warps2=rows2 // 16, **queue, **_WG
+    )
     out = torch.full((T, 1280), float("nan"), dtype=torch.bfloat16, device="cuda")
     fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
@@ -1294,9 +1514,23 @@ def test_wgmma_staged_epilogue_equals_register_epilogue(I, accs2, rows2, seed):
     of a pair row per thread: the same fp32 values rounded once, so the output equals the
     register epilogue's bit for bit. H = 1280: ragged last programs (blocks that store nothing);
     I = 512: the K loop with a ring (one accumulator); then graph replay equals eager."""
-    _assert_knob_keeps_bits(1280, I, [
-        PrefillConfig(block_m=32, group_n2=4, accs2=accs2, block_n2=rows2, warps2=rows2 // 16,
-                      smem_epi2=staged, **_WG) for staged in (0, 1)], seed)
+    _assert_knob_keeps_bits(
+        1280,
+        I,
+        [
+            PrefillConfig(
+                block_m=32,
+                group_n2=4,
+                accs2=accs2,
+                block_n2=rows2,
+                warps2=rows2 // 16,
+                smem_epi2=staged,
+                **_WG,
+            )
+            for staged in (0, 1)
+        ],
+        seed,
+    )
 
 
 @pytest.mark.gpu
@@ -1306,10 +1540,25 @@ def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
     register queue): the output equals the queue's bit for bit. H = 1024 (4 K chunks for GEMM1's
     ring of 4, 8 GEMM2 row blocks over 2 programs: GEMM2's flat chunks cross row blocks),
     I = 512 (2 chunks), then graph replay."""
-    _assert_knob_keeps_bits(1024, 512, [
-        PrefillConfig(block_m=32, stages1=stages, stages2=2, static_ring1=1, static_ring2=1,
-                      group_n2=4, code_ring1=ring * cr, code_ring2=2 * cr, **_WG)
-        for cr in (0, 1)], seed)
+    _assert_knob_keeps_bits(
+        1024,
+        512,
+        [
+            PrefillConfig(
+                block_m=32,
+                stages1=stages,
+                stages2=2,
+                static_ring1=1,
+                static_ring2=1,
+                group_n2=4,
+                code_ring1=ring * cr,
+                code_ring2=2 * cr,
+                **_WG,
+            )
+            for cr in (0, 1)
+        ],
+        seed,
+    )
 
 
 @pytest.mark.gpu
@@ -1318,6 +1567,21 @@ def test_wgmma_block_codes_equal_the_register_queue(rows2, group_n2, seed):
     """GEMM2 at I = 256 with ``code_ring2=1`` (every row block's codes copied into shared memory
     when the program starts) equals the register queue bit for bit: H = 1280 gives ragged last
     programs (blocks that repeat the last and store nothing); then graph replay."""
-    _assert_knob_keeps_bits(1280, 256, [
-        PrefillConfig(block_m=32, group_n2=group_n2, accs2=2, block_n2=rows2, warps2=rows2 // 16,
-                      code_ring2=cr, smem_epi2=cr, **_WG) for cr in (0, 1)], seed)
+    _assert_knob_keeps_bits(
+        1280,
+        256,
+        [
+            PrefillConfig(
+                block_m=32,
+                group_n2=group_n2,
+                accs2=2,
+                block_n2=rows2,
+                warps2=rows2 // 16,
+                code_ring2=cr,
+                smem_epi2=cr,
+                **_WG,
+            )
+            for cr in (0, 1)
+        ],
+        seed,
+    )

@@ -12,8 +12,8 @@ import io
 import pytest
 
 from sglang_fp4ext import model_shapes
-from sglang_fp4ext.bench.gpu_run import step_text
 from sglang_fp4ext import tune as TU
+from sglang_fp4ext.bench.gpu_run import step_text
 from sglang_fp4ext.moe.shape import Target
 from sglang_fp4ext.progress import Progress, best_postfix
 
@@ -90,8 +90,8 @@ def test_tune_run_shows_a_bar_per_shape_on_a_terminal(tmp_path, monkeypatch, see
         log = TU.tune(
             [model_shapes.ModelShape("tiny", 8, 2, 256, 128, 1)], [1, 2], budget_s=0.01, quick=True,
             copies=1, seed=seed, device="cpu", timer=wall_timer,
-            target=Target("sm_90", "Test GPU", 132), ranges={"decode": (1, 2), "prefill": (4, 1 << 30)}, stream=out,
-            bar_stream=err,
+            target=Target("sm_90", "Test GPU", 132),
+            ranges={"decode": (1, 2), "prefill": (4, 1 << 30)}, stream=out, bar_stream=err,
         )  # fmt: skip
     finally:
         C.clear_table_cache()

@@ -75,9 +75,10 @@ def test_mode_is_validated(monkeypatch):
     assert selfcheck.mode(torch.device("cpu")) == "off"  # the interpreter's default
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the interpreter runs the dot family")
-def test_broken_kernel_is_caught_and_the_twin_serves(fresh, small_check, monkeypatch, caplog,
-                                                     seed):
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CPU tier: the interpreter runs the dot family"
+)
+def test_broken_kernel_is_caught_and_the_twin_serves(fresh, small_check, monkeypatch, caplog, seed):
     monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "decode:dot")
     w, pw, x, ids, tw = _case("cpu", seed)
     with caplog.at_level(logging.INFO, logger="sglang_fp4ext"):
@@ -88,7 +89,7 @@ def test_broken_kernel_is_caught_and_the_twin_serves(fresh, small_check, monkeyp
     failed = [r.getMessage() for r in caplog.records if "self-check FAILED" in r.getMessage()]
     assert len(failed) == 1 and "Triton" in failed[0] and "decode" in failed[0], failed
     assert "DecodeConfig(" in failed[0] and "rms_rel" in failed[0]
-    (key, v), = selfcheck.verdicts().items()
+    ((key, v),) = selfcheck.verdicts().items()
     assert not v["ok"] and v["rms_rel"] > selfcheck.RMS_REL, v
     # A later process reads the verdict from disk: no second check, the twin serves again.
     selfcheck.clear()
@@ -96,7 +97,9 @@ def test_broken_kernel_is_caught_and_the_twin_serves(fresh, small_check, monkeyp
     assert len(fresh) == 1 and dispatch.CALLS == {"reference": 2}
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the interpreter runs the dot family")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CPU tier: the interpreter runs the dot family"
+)
 def test_good_kernel_passes_once_and_serves(fresh, small_check, caplog, seed):
     w, pw, x, ids, tw = _case("cpu", seed)
     with caplog.at_level(logging.INFO, logger="sglang_fp4ext"):
@@ -109,9 +112,10 @@ def test_good_kernel_passes_once_and_serves(fresh, small_check, caplog, seed):
     assert v["ok"] and v["rms_rel"] < 5e-3, v
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the interpreter runs the dot family")
-def test_warn_mode_logs_but_serves_what_was_chosen(fresh, small_check, monkeypatch, caplog,
-                                                   seed):
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CPU tier: the interpreter runs the dot family"
+)
+def test_warn_mode_logs_but_serves_what_was_chosen(fresh, small_check, monkeypatch, caplog, seed):
     monkeypatch.setenv("SGLANG_FP4EXT_SELFCHECK", "warn")
     monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "decode:dot")
     _, pw, x, ids, tw = _case("cpu", seed)
@@ -155,14 +159,16 @@ def test_every_shipped_h200_config_passes_its_check(fresh):
 @pytest.mark.gpu
 def test_broken_gluon_falls_back_to_dot(fresh, monkeypatch, seed):
 
-    from sglang_fp4ext.moe.tables import TableEntry
     from sglang_fp4ext.moe.decode.heuristic import heuristic_config
     from sglang_fp4ext.moe.shape import current_target
+    from sglang_fp4ext.moe.tables import TableEntry
 
     monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "decode:gluon")
     dev = torch.device("cuda")
     w, pw, x, ids, tw = _case("cuda", seed, T=4, E=64, H=1024, I=256, k=8)
-    cfg = dataclasses.replace(heuristic_config(4, pw.shape(8), current_target(dev)), kernels="gluon")
+    cfg = dataclasses.replace(
+        heuristic_config(4, pw.shape(8), current_target(dev)), kernels="gluon"
+    )
     got = selfcheck.usable_entry(TableEntry("decode", cfg), 8, dev)
     assert got is not None and got.config.kernels == "dot", got
     assert dataclasses.replace(got.config, kernels="gluon") == cfg
@@ -172,8 +178,8 @@ def test_stacked_gemm1_is_checked_on_k_chunks_its_splits_divide():
     """A decode config with GEMM1's K splits stacked on one program (``kstack1``) needs K chunks
     that ``split_k1`` divides; the check widens H for it (6 chunks do not divide into 4 or 8: the
     H100 Marlin harness saw such configs fail their check and fall back to tl.dot, 2026-12-05)."""
-    from sglang_fp4ext.moe.tables import TableEntry
     from sglang_fp4ext.moe.decode.config import DecodeConfig
+    from sglang_fp4ext.moe.tables import TableEntry
 
     base = DecodeConfig(kernels="gluon", split_k1=2, warps1=1, block_n1=32)
     assert selfcheck.check_hidden(TableEntry("decode", base)) == selfcheck.CHECK_SHAPE["H"]
@@ -188,14 +194,15 @@ def test_stacked_gemm1_is_checked_on_k_chunks_its_splits_divide():
 @pytest.mark.parametrize("split_k1", [2, 4, 8])
 def test_stacked_gemm1_passes_its_check(fresh, split_k1):
     """A kstack1 config passes its check and serves as it is (no tl.dot fallback)."""
-    from sglang_fp4ext.moe.tables import TableEntry
     from sglang_fp4ext.moe.decode.config import DecodeConfig
+    from sglang_fp4ext.moe.tables import TableEntry
 
     dev = torch.device("cuda")
     if not target_info.supports_gluon_decode(target_info.device_capability(dev)):
         pytest.skip("the Gluon decode family does not run on this GPU")
-    cfg = DecodeConfig(grid="slots", kernels="gluon", kstack1=1, split_k1=split_k1,
-                       warps1=1, block_n1=32)
+    cfg = DecodeConfig(
+        grid="slots", kernels="gluon", kstack1=1, split_k1=split_k1, warps1=1, block_n1=32
+    )
     e = TableEntry("decode", cfg)
     assert selfcheck.usable_entry(e, 8, dev) == e, selfcheck._verdict(e, 8, dev)
     assert fresh == [e]
@@ -205,10 +212,10 @@ def test_stacked_gemm1_passes_its_check(fresh, split_k1):
 def test_broken_wgmma_prefill_falls_back_to_dot(fresh, monkeypatch, seed):
     """A wrong wgmma prefill kernel (fault injected) is caught; the same tiles on tl.dot serve
     (``w4a16_twin_config``: the wgmma-only knobs dropped)."""
-    from sglang_fp4ext.moe.tables import TableEntry
     from sglang_fp4ext.moe.prefill.config import w4a16_twin_config
     from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
     from sglang_fp4ext.moe.shape import MoEShape, current_target
+    from sglang_fp4ext.moe.tables import TableEntry
 
     dev = torch.device("cuda")
     if not target_info.supports_wgmma_prefill(target_info.device_capability(dev)):
@@ -221,22 +228,35 @@ def test_broken_wgmma_prefill_falls_back_to_dot(fresh, monkeypatch, seed):
     assert got is not None and got.config.kernels == "dot", got
     assert got.config == w4a16_twin_config(cfg)
     assert (got.config.block_m, got.config.block_n1, got.config.block_n2) == (
-        cfg.block_m, cfg.block_n1, cfg.block_n2)
+        cfg.block_m,
+        cfg.block_n1,
+        cfg.block_n2,
+    )
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the interpreter runs the W4A4 kernels")
-def test_w4a4_is_checked_against_the_w4a4_twin_and_falls_back_to_w4a16(fresh, small_check,
-                                                                      monkeypatch):
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CPU tier: the interpreter runs the W4A4 kernels"
+)
+def test_w4a4_is_checked_against_the_w4a4_twin_and_falls_back_to_w4a16(
+    fresh, small_check, monkeypatch
+):
     """The W4A4 prefill family (interpreter: fp32 operands) is checked like with like, against
     the twin with NVFP4 activations: a correct kernel passes (its FP4 activations differ from the
     W4A16 twin by ~16% rms, which would fail); a broken one falls back to the same tiles on the
     W4A16 tl.dot kernels."""
-    from sglang_fp4ext.moe.tables import TableEntry
     from sglang_fp4ext.moe.prefill.config import PrefillConfig, w4a16_twin_config
+    from sglang_fp4ext.moe.tables import TableEntry
 
     dev = torch.device("cpu")
-    cfg = PrefillConfig(block_m=32, block_n1=64, block_n2=64, block_k1=256, block_k2=256,
-                        block_p=1024, kernels="w4a4")
+    cfg = PrefillConfig(
+        block_m=32,
+        block_n1=64,
+        block_n2=64,
+        block_k1=256,
+        block_k2=256,
+        block_p=1024,
+        kernels="w4a4",
+    )
     entry = TableEntry("prefill", cfg)
     v = selfcheck._verdict(entry, 4, dev)
     assert v.ok and v.rms_rel < 5e-3, v
@@ -244,4 +264,3 @@ def test_w4a4_is_checked_against_the_w4a4_twin_and_falls_back_to_w4a16(fresh, sm
     monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "prefill:w4a4")
     got = selfcheck.usable_entry(entry, 4, dev)
     assert got == TableEntry("prefill", w4a16_twin_config(cfg)), got
-

@@ -34,36 +34,100 @@ from sglang_fp4ext.testing import server as harness
 # (line, previous line, expected kind or None, port named by the line)
 REAL_LINES = [
     # The CI failure (uvicorn, SGLang 0.5.23 CPU server, 2026-12-01 log).
-    ("[2026-12-01 12:23:49] ERROR:    [Errno 98] error while attempting to bind on address "
-     "('127.0.0.1', 55789): address already in use", "", "bind", 55789),
-    ("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:10474')", "", "bind",
-     10474),
-    ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
-     "network address. port: 10241, useIpv6: false, code: -98, name: EADDRINUSE, message: "
-     "address already in use", "", "bind", 10241),
-    ("ValueError: nccl_port at 10241 is not available in 30 seconds. nccl_port is used by a "
-     "process already.", "", "bind", 10241),
-    ("[2026-12-01 12:23:49] Port is already in use. dist_init_port=10473 port_base=10474",
-     "", "bind", None),
-    ("[2026-12-01 12:23:49 TP0] Scheduler hit an exception: Traceback (most recent call last):",
-     "", "fatal", None),
-    ("[2026-12-01 12:23:49] Received sigquit from a child process. It usually means the child "
-     "failed.", "", "fatal", None),
-    ('  File "/venv/lib/python3.11/site-packages/sglang/launch_server.py", line 80, in <module>',
-     "Traceback (most recent call last):", "fatal", None),
+    (
+        "[2026-12-01 12:23:49] ERROR:    [Errno 98] error while attempting to bind on address "
+        "('127.0.0.1', 55789): address already in use",
+        "",
+        "bind",
+        55789,
+    ),
+    (
+        "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:10474')",
+        "",
+        "bind",
+        10474,
+    ),
+    (
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+        "network address. port: 10241, useIpv6: false, code: -98, name: EADDRINUSE, message: "
+        "address already in use",
+        "",
+        "bind",
+        10241,
+    ),
+    (
+        "ValueError: nccl_port at 10241 is not available in 30 seconds. nccl_port is used by a "
+        "process already.",
+        "",
+        "bind",
+        10241,
+    ),
+    (
+        "[2026-12-01 12:23:49] Port is already in use. dist_init_port=10473 port_base=10474",
+        "",
+        "bind",
+        None,
+    ),
+    (
+        "[2026-12-01 12:23:49 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        "",
+        "fatal",
+        None,
+    ),
+    (
+        "[2026-12-01 12:23:49] Received sigquit from a child process. It usually means the child "
+        "failed.",
+        "",
+        "fatal",
+        None,
+    ),
+    (
+        '  File "/venv/lib/python3.11/site-packages/sglang/launch_server.py", line 80, in <module>',
+        "Traceback (most recent call last):",
+        "fatal",
+        None,
+    ),
     # Not fatal: warnings, recovered errors and tracebacks that do not escape the launcher.
-    ("[W1201 12:00:00.000000000 socket.cpp:767] [c10d] The server socket has failed to bind to "
-     "[::]:10241 (errno: 98 - Address already in use).", "", None, None),
-    ("/venv/lib/python3.11/site-packages/x.py:12: UserWarning: address already in use", "",
-     None, None),
-    ("[2026-12-01 12:23:50] The port 10241 is in use, but we could not find the process that "
-     "uses it.", "", None, None),
-    ("[2026-12-01 12:22:10] Ignore import error when loading sglang.srt.models.mamba: cannot "
-     "import name 'causal_conv1d_fn'", "", None, None),
-    ("[2026-12-01 12:23:49] Failed to get yes/no token IDs dynamically: 'NoneType' object has "
-     "no attribute 'encode'", "", None, None),
-    ('  File "/venv/lib/python3.11/site-packages/sglang/srt/models/falcon.py", line 9, in f',
-     "Traceback (most recent call last):", None, None),
+    (
+        "[W1201 12:00:00.000000000 socket.cpp:767] [c10d] The server socket has failed to bind to "
+        "[::]:10241 (errno: 98 - Address already in use).",
+        "",
+        None,
+        None,
+    ),
+    (
+        "/venv/lib/python3.11/site-packages/x.py:12: UserWarning: address already in use",
+        "",
+        None,
+        None,
+    ),
+    (
+        "[2026-12-01 12:23:50] The port 10241 is in use, but we could not find the process that "
+        "uses it.",
+        "",
+        None,
+        None,
+    ),
+    (
+        "[2026-12-01 12:22:10] Ignore import error when loading sglang.srt.models.mamba: cannot "
+        "import name 'causal_conv1d_fn'",
+        "",
+        None,
+        None,
+    ),
+    (
+        "[2026-12-01 12:23:49] Failed to get yes/no token IDs dynamically: 'NoneType' object has "
+        "no attribute 'encode'",
+        "",
+        None,
+        None,
+    ),
+    (
+        '  File "/venv/lib/python3.11/site-packages/sglang/srt/models/falcon.py", line 9, in f',
+        "Traceback (most recent call last):",
+        None,
+        None,
+    ),
     ("Traceback (most recent call last):", "", None, None),
     ("[2026-12-01 12:23:49] INFO:     Application startup complete.", "", None, None),
 ]
@@ -185,8 +249,9 @@ def test_explicit_port_taken_fails_at_once(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        server = harness.SGLangServer(tmp_path, ["--device", "cpu"], port=port,
-                                      log_path=tmp_path / "s.log")
+        server = harness.SGLangServer(
+            tmp_path, ["--device", "cpu"], port=port, log_path=tmp_path / "s.log"
+        )
         t0 = time.monotonic()
         with pytest.raises(harness.ServerStartError) as err:
             server.start()
@@ -205,8 +270,9 @@ def test_launch_args_carry_the_block(tmp_path):
     assert a[a.index("--nccl-port") + 1] == str(s.port + 1)  # not SGLang's random pick
     assert a[-2:] == ["--tp", "2"] and s.max_attempts == 3
     # The caller's own flags win: its --nccl-port is kept, its --port is used and not retried.
-    u = harness.SGLangServer("/m", ["--nccl-port", "29999"], launcher=["true"],
-                             log_path=tmp_path / "b.log")
+    u = harness.SGLangServer(
+        "/m", ["--nccl-port", "29999"], launcher=["true"], log_path=tmp_path / "b.log"
+    )
     u.start()
     u.stop()
     assert u.args.count("--nccl-port") == 1
@@ -270,13 +336,21 @@ def fake(tmp_path):
 
     def make(mode: str, **kwargs) -> harness.SGLangServer:
         return harness.SGLangServer(
-            tmp_path / "model", [], launcher=[sys.executable, str(script)],
-            env={"FAKE_MODE": mode, "FAKE_STATE": str(state)}, log_path=tmp_path / "s.log",
-            name="fake server", **kwargs,
+            tmp_path / "model",
+            [],
+            launcher=[sys.executable, str(script)],
+            env={"FAKE_MODE": mode, "FAKE_STATE": str(state)},
+            log_path=tmp_path / "s.log",
+            name="fake server",
+            **kwargs,
         )
 
-    make.pids = lambda: [int(p) for line in Path(f"{state}.pids").read_text().split("\n")
-                         if line for p in line.split()]
+    make.pids = lambda: [
+        int(p)
+        for line in Path(f"{state}.pids").read_text().split("\n")
+        if line
+        for p in line.split()
+    ]
     return make
 
 
@@ -310,8 +384,9 @@ def test_bind_error_in_log_fails_in_seconds_and_kills_the_group(fake):
     assert err.kind == "bind" and err.port == server.port
     msg = str(err)
     assert f"fake server on 127.0.0.1:{server.port} did not come up" in msg
-    assert f"[Errno 98] error while attempting to bind on address ('127.0.0.1', {server.port})" \
-        in msg
+    assert (
+        f"[Errno 98] error while attempting to bind on address ('127.0.0.1', {server.port})" in msg
+    )
     assert "Waiting for application shutdown" in msg  # the log tail is quoted
     assert _wait_gone(fake.pids()) == []  # launcher and its "scheduler"
 
@@ -399,11 +474,18 @@ def test_real_server_on_a_taken_port_fails_in_seconds(plain_model, tmp_path, mon
         taken.listen(1)
         port = taken.getsockname()[1]
         # The race: the pick found the port free; it was taken before SGLang could bind it.
-        monkeypatch.setattr(harness, "reserve_ports",
-                            lambda explicit=None, **kw: server_ports.PortBlock(port, None))
+        monkeypatch.setattr(
+            harness, "reserve_ports", lambda explicit=None, **kw: server_ports.PortBlock(port, None)
+        )
         args, env = _real_args()
-        server = harness.SGLangServer(plain_model, args, env=env, log_path=tmp_path / "s.log",
-                                      name="taken-port server", max_attempts=1)
+        server = harness.SGLangServer(
+            plain_model,
+            args,
+            env=env,
+            log_path=tmp_path / "s.log",
+            name="taken-port server",
+            max_attempts=1,
+        )
         err, elapsed = _fails(server)
     print(f"taken port {port}: failed in {elapsed:.1f} s")
     assert elapsed < 60, elapsed
@@ -426,21 +508,36 @@ def test_two_real_servers_at_once_one_on_a_taken_port(plain_model, tmp_path, mon
 
         def reserve(explicit=None, **kw):
             picks.append(explicit)
-            return (server_ports.PortBlock(port, None) if len(picks) == 2
-                    else real_reserve(explicit, **kw))
+            return (
+                server_ports.PortBlock(port, None)
+                if len(picks) == 2
+                else real_reserve(explicit, **kw)
+            )
 
         monkeypatch.setattr(harness, "reserve_ports", reserve)
         args, env = _real_args()
-        a, b = (harness.SGLangServer(plain_model, args, env=env, log_path=tmp_path / f"{n}.log",
-                                     name=f"server {n}", max_attempts=2) for n in "ab")
+        a, b = (
+            harness.SGLangServer(
+                plain_model,
+                args,
+                env=env,
+                log_path=tmp_path / f"{n}.log",
+                name=f"server {n}",
+                max_attempts=2,
+            )
+            for n in "ab"
+        )
         heard, t0 = [], time.monotonic()
-        with harness.serving(a, b, progress=lambda kind, text: heard.append(
-                (time.monotonic() - t0, kind, text))):
+        with harness.serving(
+            a, b, progress=lambda kind, text: heard.append((time.monotonic() - t0, kind, text))
+        ):
             up = time.monotonic() - t0
             outs = [s.generate([3, 4, 5, 6], 1) for s in (a, b)]
     retry_at = next(t for t, kind, _ in heard if kind == "retry")
-    print(f"two servers at once: up after {up:.1f} s; taken port {port} retried after "
-          f"{retry_at:.1f} s; ports {a.port}, {b.port}")
+    print(
+        f"two servers at once: up after {up:.1f} s; taken port {port} retried after "
+        f"{retry_at:.1f} s; ports {a.port}, {b.port}"
+    )
     assert a.attempt == 1 and b.attempt == 2, (a.summary(), b.summary())
     assert f"127.0.0.1:{port}: port {port} is held by a process outside" in b.failed_attempts[0]
     assert retry_at < 30, heard

@@ -60,8 +60,8 @@ layer.quant_method.process_weights_after_loading(layer)
 x = torch.randn(T, H, generator=g).to(torch.bfloat16)
 router_logits = torch.randn(T, E, generator=g)
 topk = TopK(top_k=K, layer_id=0, renormalize=True)
-topk_output = topk.forward_native(x, router_logits) if hasattr(topk, "forward_native") else topk(x, router_logits)
-ids, weights = topk_output.topk_ids, topk_output.topk_weights
+topk_output = topk.forward_native(x, router_logits) if hasattr(topk, "forward_native") else topk(x,
+router_logits) ids, weights = topk_output.topk_ids, topk_output.topk_weights
 if SHARED:
     # SGLang's fused shared expert occupies the last slot: local id E, weight 1.
     ids = torch.cat([ids, torch.full((T, 1), E, dtype=ids.dtype)], dim=1)
@@ -117,8 +117,10 @@ def test_fused_moe_layer_matches_reference(tmp_path, seed):
     """Routed experts only, then with SGLang's fused shared expert: two layers, one process
     (each layer's runner core logs and serves on its own)."""
     E, H, I, K, T = 8, 256, 128, 2, 5
-    bodies = [_LOAD_AND_RUN.format(E=E, H=H, I=I, K=K, T=T, SHARED=shared, SEED=seed, REDUCE=False)
-              for shared in (0, 1)]
+    bodies = [
+        _LOAD_AND_RUN.format(E=E, H=H, I=I, K=K, T=T, SHARED=shared, SEED=seed, REDUCE=False)
+        for shared in (0, 1)
+    ]
     code = prelude_cpu_layer(tiny_model_dir(tmp_path), "fp4ext", free_port()) + _cases(bodies)
     cases = run_child(code)["cases"]
     assert len(cases) == 2
@@ -147,8 +149,10 @@ def test_two_process_tp_ep_matches_single_process_reference(tmp_path, seed, tp, 
     E, H, I, K, T = 8, 256, 128, 2, 6
     port, model = free_port(), tiny_model_dir(tmp_path)
     body = _LOAD_AND_RUN.format(E=E, H=H, I=I, K=K, T=T, SHARED=0, SEED=seed, REDUCE=True)
-    codes = [prelude_cpu_layer(model, "fp4ext", port, tp=tp, ep=ep, rank=r) + _cases([body])
-             for r in range(tp)]
+    codes = [
+        prelude_cpu_layer(model, "fp4ext", port, tp=tp, ep=ep, rank=r) + _cases([body])
+        for r in range(tp)
+    ]
     # No GPU: SGLang's CPU engine flag makes get_device() answer "cpu" (the EP dispatcher builds
     # its local-id map there), and pointing SGLang at no NCCL library makes PyNccl disable itself
     # so the groups run on gloo alone.

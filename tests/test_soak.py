@@ -63,8 +63,7 @@ def test_bookkeeping_plateaus_after_one_pass_cpu(seed):
             x = torch.randn(T, H, generator=g).to(torch.bfloat16)
             out = dispatch.fused_moe(x, pw, ids, tw, target=tiny)
             if p == 1 and T in (1, 9):  # spot checks against the twin
-                assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=1e-2,
-                             rms_rel=5e-3)
+                assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=1e-2, rms_rel=5e-3)
         passes.append(_bookkeeping())
     assert passes[0] == passes[1], passes
     assert passes[0]["workspaces"] > 0
@@ -81,8 +80,9 @@ def test_soak_10000_calls_memory_plateaus(seed):
     for name, (E, I, k, ep) in {"tp8": (257, 256, 9, None), "ep8": (32, 2048, 8, 32)}.items():
         w = random_packed_weights(E, 6144, I, device=dev, generator=g)
         layers[name] = (w, PreparedMoEWeights.from_moe_weights(w), k, ep)
-    Ts = sorted({1, 2, 3, 5, 8, 13, 16, 31, 64, 100, 128, 255, 256, 511, 512, 1000, 1024, 2048,
-                 4096, 8192})
+    Ts = sorted(
+        {1, 2, 3, 5, 8, 13, 16, 31, 64, 100, 128, 255, 256, 511, 512, 1000, 1024, 2048, 4096, 8192}
+    )
     x_all = torch.randn(8192, 6144, device=dev, generator=g).to(torch.bfloat16)
 
     def inputs(name, T):
@@ -127,9 +127,11 @@ def test_soak_10000_calls_memory_plateaus(seed):
         torch.cuda.synchronize()
         samples.append(dict(calls=calls, allocated=torch.cuda.memory_allocated(), **_bookkeeping()))
     first, last = samples[0], samples[-1]
-    print(f"soak: {calls} calls, {len(samples)} passes; allocated after pass 1 "
-          f"{first['allocated'] / 2**20:.1f} MiB, at the end {last['allocated'] / 2**20:.1f} MiB, "
-          f"peak {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB; {last}")
+    print(
+        f"soak: {calls} calls, {len(samples)} passes; allocated after pass 1 "
+        f"{first['allocated'] / 2**20:.1f} MiB, at the end {last['allocated'] / 2**20:.1f} MiB, "
+        f"peak {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB; {last}"
+    )
     for s in samples[1:]:
         assert {k: v for k, v in s.items() if k != "calls"} == {
             k: v for k, v in first.items() if k != "calls"

@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_fp4ext.bench import tk_peer
 from sglang_fp4ext.bench import tk_availability as avail
+from sglang_fp4ext.bench import tk_peer
 from sglang_fp4ext.bench.tk_availability import TKEnvironment
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.weights import MoEWeights, random_moe_weights
@@ -84,9 +84,7 @@ def test_reason_by_architecture(cap):
 
 def test_reasons_come_in_order():
     """The H200 box: Triton 3.6, no triton_kernels, a GPU -> the import reason names Triton."""
-    got = avail.tk_unavailable_reason(
-        TKEnvironment("3.6.0", None, None, (9, 0))
-    )
+    got = avail.tk_unavailable_reason(TKEnvironment("3.6.0", None, None, (9, 0)))
     assert "not importable" in got and "Triton 3.6.0" in got
     got = avail.tk_unavailable_reason(TKEnvironment("3.6.0", HERE, "matmul", None))
     assert "written for Triton 3.8" in got  # the version before the missing GPU
@@ -162,8 +160,10 @@ def test_requantisation_bit_exact(seed):
     mx = tk_peer.mxfp4_from_nvfp4(w, max_elems=64 * 32 * 3)  # one expert per chunk: 3 chunks
     w13, w2 = w.dequantize()
     w13 = tk_peer.interleave_gate_up(w13.to(torch.bfloat16).float())
-    for got, want in (((mx.w13, mx.w13_scale), _mxfp4_direct(w13)),
-                      ((mx.w2, mx.w2_scale), _mxfp4_direct(w2.to(torch.bfloat16).float()))):  # fmt: skip
+    for got, want in (
+        ((mx.w13, mx.w13_scale), _mxfp4_direct(w13)),
+        ((mx.w2, mx.w2_scale), _mxfp4_direct(w2.to(torch.bfloat16).float())),
+    ):
         assert got[0].dtype == torch.uint8 and got[1].dtype == torch.uint8
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert mx.w13.shape == (3, 64, 32) and mx.w13_scale.shape == (3, 64, 2)

@@ -21,15 +21,15 @@ import pytest
 import torch
 
 from sglang_fp4ext import model_shapes
+from sglang_fp4ext import tune as TU
 from sglang_fp4ext.cli import main as cli_main
 from sglang_fp4ext.moe import tables as C
-from sglang_fp4ext import tune as TU
 from sglang_fp4ext.moe import tune_space as TS
-from sglang_fp4ext.moe.tables import TableEntry
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.prefill.config import PrefillConfig
 from sglang_fp4ext.moe.shape import MoEShape, Target
+from sglang_fp4ext.moe.tables import TableEntry
 
 H200 = Target("sm_90", "NVIDIA H200", 132)
 PRO6000 = Target("sm_120", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 188)
@@ -88,7 +88,7 @@ def test_v1_table_migrates_to_decode(user_dir):
 
 
 def test_user_table_replaces_shipped_shape(user_dir):
-    shipped = C.load_entries.__wrapped__("NVIDIA H200")  # noqa: the shipped file alone
+    shipped = C.load_entries.__wrapped__("NVIDIA H200")  # the shipped file alone (no user table)
     assert TP8.key() in shipped and EP8.key() in shipped
     mine = TableEntry("prefill", PrefillConfig(block_m=32))
     (user_dir / "NVIDIA_H200.json").write_text(
@@ -225,7 +225,8 @@ def test_decode_search_space_tries_the_slot_parallel_token_gemm2_at_one_or_two_t
 
 
 def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four_tokens(
-        monkeypatch):
+    monkeypatch,
+):
     """Where the heuristic runs the Gluon two-launch decode, buckets 1-4 time GEMM1 with its K
     splits on one program's warps (``kstack1``) and across programs. The stacked form (the
     heuristic's since decode step 9 on these shapes) as the H100 sweeps found best: 8 / 4 / 2
@@ -234,8 +235,10 @@ def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four
     from sglang_fp4ext import target_info
 
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
-    want = {TP8: {1: (8, 1, 32), 2: (4, 1, 32), 4: (2, 2, 64)},
-            MoEShape(256, 7168, 256, 8): {1: (4, 1, 32), 2: (4, 1, 32), 4: (2, 2, 64)}}
+    want = {
+        TP8: {1: (8, 1, 32), 2: (4, 1, 32), 4: (2, 2, 64)},
+        MoEShape(256, 7168, 256, 8): {1: (4, 1, 32), 2: (4, 1, 32), 4: (2, 2, 64)},
+    }
     for shape, by_b in want.items():
         for b in (1, 2, 4, 8):
             cands = TU.search_space(b, shape, H200)["decode"]
@@ -246,8 +249,13 @@ def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four
                 assert (got[0].split_k1, got[0].warps1, got[0].block_n1) == by_b[b], (shape, b)
                 assert all(c.kernels == "gluon" for c in got)
                 plain = heuristic_config(b, shape, H200, forms=False)
-                across = dataclasses.replace(got[0], kstack1=0, split_k1=plain.split_k1,
-                                             warps1=plain.warps1, block_n1=plain.block_n1)
+                across = dataclasses.replace(
+                    got[0],
+                    kstack1=0,
+                    split_k1=plain.split_k1,
+                    warps1=plain.warps1,
+                    block_n1=plain.block_n1,
+                )
                 assert across in cands and plain in cands, (shape, b)
 
 
@@ -264,7 +272,8 @@ def test_gemm1_reg_cap_adds_a_program_per_sm_without_spilling():
 
 @pytest.mark.parametrize("target", [H200, PRO6000], ids=["h200", "pro6000"])
 def test_decode_search_space_times_gluon_gemm1s_register_cap_not_its_missing_stages(
-        monkeypatch, target):
+    monkeypatch, target
+):
     """The Gluon decode kernels have no pipeline stages (their K loops prefetch in registers), so
     a Gluon candidate that differs only in ``stages1`` / ``stages2`` is the base again, timed
     twice (it took one of the 12 slots at most buckets from 64 tokens before). From 32 tokens
@@ -314,8 +323,9 @@ def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
                 # with accs2=1 is invalid and would be dropped silently.
                 assert any(c.kernels == "wgmma" and c.accs2 == 1 for c in cands), (shape, b)
             if shape.I == 256:  # GEMM2's sub-tiles (step 8) flipped: both forms are timed
-                assert {(c.msub2, c.group_n2) for c in cands if c.kernels == "wgmma"
-                        and c.accs2 == 2} >= {(1, 8), (2, 4)}, (shape, b)
+                assert {
+                    (c.msub2, c.group_n2) for c in cands if c.kernels == "wgmma" and c.accs2 == 2
+                } >= {(1, 8), (2, 4)}, (shape, b)
     assert {c.kernels for c in TS.prefill_candidates(4096, TP8, PRO6000)} == {"w4a4", "dot"}
 
 
@@ -344,8 +354,8 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     out = io.StringIO()
     log = TU.tune(
         [tiny], [1, 2, 4], budget_s=0.01, quick=True, copies=1, seed=seed, device="cpu",
-        timer=_wall_timer, target=tgt, ranges={"decode": (1, 2), "prefill": (2, 1 << 30)}, stream=out,
-        log_path=user_dir / "log.json",
+        timer=_wall_timer, target=tgt, ranges={"decode": (1, 2), "prefill": (2, 1 << 30)},
+        stream=out, log_path=user_dir / "log.json",
     )  # fmt: skip
     text = out.getvalue()
     assert log["ok"], text
@@ -360,7 +370,10 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     # heuristic is its path's best.
     assert [len(slog["buckets"][b]["timings"]) for b in ("1", "2", "4")] == [1, 2, 1]
     assert [slog["buckets"][b]["heuristic_over_best"] for b in ("1", "2", "4")] == [
-        {"decode": 1.0}, {"decode": 1.0, "prefill": 1.0}, {"prefill": 1.0}]
+        {"decode": 1.0},
+        {"decode": 1.0, "prefill": 1.0},
+        {"prefill": 1.0},
+    ]
     assert slog["heuristic_worst"]["decode"]["ratio"] == 1.0
     assert "heuristic vs the best timed, tiny: decode at most 1.00x" in text
     assert json.loads((user_dir / "log.json").read_text())["shapes"][key]["buckets"]
@@ -392,8 +405,9 @@ def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir,
     space = TU.search_space(1, shape, tgt, limit=TS.QUICK_CANDIDATES, ranges=_D1_P2)
     mine = space["decode"][1]  # not the heuristic: the budget alone would never reach it
     assert mine != space["decode"][0]
-    TU.write_table(user_dir / "Test_GPU.json", "Test GPU", {shape.key(): {1: TableEntry(
-        "decode", mine)}})
+    TU.write_table(
+        user_dir / "Test_GPU.json", "Test GPU", {shape.key(): {1: TableEntry("decode", mine)}}
+    )
     times = iter([30.0, 20.0])  # heuristic, then the incumbent: the incumbent is faster
 
     def timer(step, n):
@@ -401,11 +415,24 @@ def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir,
         return next(times)
 
     out = io.StringIO()
-    log = TU.tune([tiny], [1], budget_s=0.0, quick=True, copies=1, seed=seed, device="cpu",
-                  timer=timer, target=tgt, ranges=_D1_P2, stream=out)
+    log = TU.tune(
+        [tiny],
+        [1],
+        budget_s=0.0,
+        quick=True,
+        copies=1,
+        seed=seed,
+        device="cpu",
+        timer=timer,
+        target=tgt,
+        ranges=_D1_P2,
+        stream=out,
+    )
     blog = log["shapes"][shape.key()]["buckets"]["1"]
     assert [(t.get("heuristic"), t.get("incumbent")) for t in blog["timings"]] == [
-        (True, None), (False, True)]
+        (True, None),
+        (False, True),
+    ]
     assert blog["timings"][1]["config"] == mine.to_dict() and blog["incumbent_us"] == 20.0
     assert blog["winner"] == "decode" and blog["config"] == mine.to_dict()
     assert "the table's entry 20.0 us" in out.getvalue()
@@ -414,21 +441,38 @@ def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir,
     # one 2% faster does.
     for heur_us, want in ((19.9, mine), (19.6, space["decode"][0])):
         times = iter([heur_us, 20.0])
-        log = TU.tune([tiny], [1], budget_s=0.0, quick=True, copies=1, seed=seed, device="cpu",
-                      timer=timer, target=tgt, ranges=_D1_P2, stream=io.StringIO())
+        log = TU.tune(
+            [tiny],
+            [1],
+            budget_s=0.0,
+            quick=True,
+            copies=1,
+            seed=seed,
+            device="cpu",
+            timer=timer,
+            target=tgt,
+            ranges=_D1_P2,
+            stream=io.StringIO(),
+        )
         assert log["shapes"][shape.key()]["buckets"]["1"]["incumbent_us"] == 20.0
         assert C.load_entries("Test GPU")[shape.key()][1] == TableEntry("decode", want), heur_us
 
 
 def test_heuristic_over_best_compares_within_each_path():
     def rec(p, c, us, h=False):
-        return {"path": p, "config": c.to_dict(), "heuristic": h,
-                **({"us": us} if us else {"error": "x"})}
+        return {
+            "path": p,
+            "config": c.to_dict(),
+            "heuristic": h,
+            **({"us": us} if us else {"error": "x"}),
+        }
 
-    timings = [rec("decode", DecodeConfig(), 12.0, True),
-               rec("prefill", PrefillConfig(), 30.0, True),
-               rec("decode", DecodeConfig(split_k1=2), 10.0),
-               rec("prefill", PrefillConfig(block_m=32), None)]
+    timings = [
+        rec("decode", DecodeConfig(), 12.0, True),
+        rec("prefill", PrefillConfig(), 30.0, True),
+        rec("decode", DecodeConfig(split_k1=2), 10.0),
+        rec("prefill", PrefillConfig(block_m=32), None),
+    ]
     # decode: 12 / 10; prefill: its only timed candidate is the heuristic (the other failed)
     assert TU.heuristic_over_best(timings) == {"decode": 1.2, "prefill": 1.0}
     # a heuristic that failed to run has no ratio (not a 1.0 it did not earn)

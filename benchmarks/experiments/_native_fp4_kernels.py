@@ -37,9 +37,13 @@ def _native_decode(q_ptr, s_ptr, o_ptr):
     L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     i = gl.arange(0, 128, layout=L)
     lo01, lo23, hi01, hi23 = gl.inline_asm_elementwise(
-        FP4X4_TO_F16_NATIVE_PTX, "=r,=r,=r,=r,r,r,r",
+        FP4X4_TO_F16_NATIVE_PTX,
+        "=r,=r,=r,=r,r,r,r",
         args=[gl.load(q_ptr + i), gl.load(s_ptr + 2 * i), gl.load(s_ptr + 2 * i + 1)],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+        is_pure=True,
+        pack=1,
+    )
     gl.store(o_ptr + 4 * i, lo01)
     gl.store(o_ptr + 4 * i + 1, lo23)
     gl.store(o_ptr + 4 * i + 2, hi01)

@@ -22,15 +22,15 @@ import sys
 import time
 
 import torch
-
 from _stream_kernels import _empty, _stream_experts  # this folder (run as a script)
+
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
 from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, kernel_times_us, time_graph_replay
-from sglang_fp4ext.moe.tables import config_for
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import current_target
+from sglang_fp4ext.moe.tables import config_for
 from sglang_fp4ext.testing.compare import error_stats
 
 TOKENS = (1, 2, 4, 8, 16, 64)
@@ -49,7 +49,9 @@ def _stream(views, ids, per, out):
     for v in views:
         E, W = v.shape
         ppe = -(-W // per)
-        _stream_experts[(ids.numel() * ppe,)](v, ids, W, per, out, PPE=ppe, BLOCK=BLOCK, num_warps=4)
+        _stream_experts[(ids.numel() * ppe,)](
+            v, ids, W, per, out, PPE=ppe, BLOCK=BLOCK, num_warps=4
+        )
 
 
 def main(out_path: str, budget_s: float = 200.0) -> int:
@@ -95,6 +97,7 @@ def main(out_path: str, budget_s: float = 200.0) -> int:
             row["kernels"] = kt
             best = None
             for per in (4096, 8192, 16384, 32768):  # 16-128 KB per program
+
                 def stream(i, per=per):
                     if dids[i].numel():
                         _stream(views[i][:2], dids[i], per, sink)
@@ -105,16 +108,19 @@ def main(out_path: str, budget_s: float = 200.0) -> int:
                 best = t if best is None else min(best, t)
             row["stream2"] = best
             nw = int(row["bytes"]) // 4
-            flat = [torch.randint(-9, 9, (max(nw, 1),), dtype=torch.int32, device="cuda")
-                    for _ in range(8)]  # fmt: skip  (8 x the bytes: beyond L2 even at T = 1)
+            flat = [
+                torch.randint(-9, 9, (max(nw, 1),), dtype=torch.int32, device="cuda")
+                for _ in range(8)
+            ]  # fmt: skip  (8 x the bytes: beyond L2 even at T = 1)
             one = torch.zeros(1, dtype=torch.int32, device="cuda")
             best = None
             for per in (2048, 4096, 8192, 16384):  # 8-64 KB per program
 
                 def stream1(i, per=per, flat=flat):
                     v = flat[i].view(1, -1)
-                    _stream_experts[(-(-nw // per),)](v, one, nw, per, sink, -(-nw // per),
-                                                      BLOCK=min(BLOCK, per), num_warps=4)  # fmt: skip
+                    _stream_experts[(-(-nw // per),)](
+                        v, one, nw, per, sink, -(-nw // per), BLOCK=min(BLOCK, per), num_warps=4
+                    )
 
                 t = time_graph_replay(stream1, 8, replays=10, warmup_ms=20).us_per_call
                 best = t if best is None else min(best, t)
@@ -136,12 +142,12 @@ def main(out_path: str, budget_s: float = 200.0) -> int:
     with open(out_path, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; us per layer call")
-    print(f"{'shape':9} {'T':>3} {'D':>6} {'floor':>6} {'launch2':>7} {'stream1':>7} {'stream2':>7} {'ours':>6} "
-          f"{'gemm1':>6} {'gemm2':>6} ok")  # fmt: skip
+    print(f"{'shape':9} {'T':>3} {'D':>6} {'floor':>6} {'launch2':>7} {'stream1':>7} "
+          f"{'stream2':>7} {'ours':>6} {'gemm1':>6} {'gemm2':>6} ok")  # fmt: skip
     for r in rows:
         print(f"{r['shape']:9} {r['T']:>3} {r['distinct']:>6.1f} {r['floor']:>6.1f} "
-              f"{r['launch2']:>7.1f} {r['stream1']:>7.1f} {r['stream2']:>7.1f} {r['ours']:>6.1f} {r['gemm1_us']:>6.1f} "
-              f"{r['gemm2_us']:>6.1f} {r['ok']}")  # fmt: skip
+              f"{r['launch2']:>7.1f} {r['stream1']:>7.1f} {r['stream2']:>7.1f} {r['ours']:>6.1f} "
+              f"{r['gemm1_us']:>6.1f} {r['gemm2_us']:>6.1f} {r['ok']}")  # fmt: skip
     return 0
 
 

@@ -19,8 +19,8 @@ differ.
 shipped and the heuristic's config at each ``--pdl`` level of programmatic dependent launch;
 ``--repeat N`` times every candidate N times, interleaved (median); with ``--separate`` every layer
 copy is followed by a one-element torch kernel, as other kernels follow an MoE layer in a
-model, so a layer's GEMM1 cannot start early on the previous layer's last kernel. ``--split`` adds each
-baseline's per-kernel device
+model, so a layer's GEMM1 cannot start early on the previous layer's last kernel. ``--split`` adds
+each baseline's per-kernel device
 times (``torch.profiler``), to see which GEMM dominates.
 
 Prints a short table last; writes the full JSON (every candidate, its error and time) to
@@ -44,19 +44,28 @@ from pathlib import Path
 
 import torch
 
-from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, BenchShape, nvfp4_bytes_per_expert
-from sglang_fp4ext.bench import random_packed_weights
-from sglang_fp4ext.bench import uniform_routing
-from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, gpu_clocks, kernel_times_us
-from sglang_fp4ext.bench.timing import time_graph_replay
-from sglang_fp4ext.moe.tables import config_for, prefill_config_for, read_table_file, select
-from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
+from sglang_fp4ext.bench import (
+    GLM5_EP8,
+    GLM5_TP8,
+    BenchShape,
+    nvfp4_bytes_per_expert,
+    random_packed_weights,
+    uniform_routing,
+)
+from sglang_fp4ext.bench.timing import (
+    copy_bandwidth_Bps,
+    gpu_clocks,
+    kernel_times_us,
+    time_graph_replay,
+)
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
+from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import current_target, token_bucket
+from sglang_fp4ext.moe.tables import config_for, prefill_config_for, read_table_file, select
 from sglang_fp4ext.testing.compare import error_stats
 
 SHAPES = {
@@ -125,8 +134,11 @@ def kstack_candidates(base: DecodeConfig, kc1: int) -> list[DecodeConfig]:
     GEMM2 and PDL (Gluon, two launches)."""
     b = base.reform(kernels="gluon", split_t=1)
     out = []
-    for sk, shapes in ((8, ((1, 32), (1, 64), (2, 32), (2, 64))),
-                       (4, ((1, 32), (1, 64), (2, 32), (2, 64))), (2, ((2, 64), (4, 128)))):
+    for sk, shapes in (
+        (8, ((1, 32), (1, 64), (2, 32), (2, 64))),
+        (4, ((1, 32), (1, 64), (2, 32), (2, 64))),
+        (2, ((2, 64), (4, 128))),
+    ):
         if kc1 % sk == 0:
             out += [b.reform(kstack1=1, split_k1=sk, warps1=w, block_n1=bn) for w, bn in shapes]
     return _unique(out, drop=base)
@@ -157,9 +169,14 @@ def combine_candidates(base: DecodeConfig, kc2: int) -> list[DecodeConfig]:
     """The pairs GEMM2 with its top-k sum in a third launch (``combine="kernel"``): row tile,
     warps, row tiles per program and GEMM2 split-K around ``base``."""
     r = dataclasses.replace
-    b = r(base, kernels="gluon", gemm2="pairs", combine="kernel",
-          split_k2=base.split_k2 if base.gemm2 == "pairs" else 1,
-          tiles2=base.tiles2 if base.gemm2 == "pairs" else 1)
+    b = r(
+        base,
+        kernels="gluon",
+        gemm2="pairs",
+        combine="kernel",
+        split_k2=base.split_k2 if base.gemm2 == "pairs" else 1,
+        tiles2=base.tiles2 if base.gemm2 == "pairs" else 1,
+    )
     out = [b, r(b, combine="counter")]
     for bn, w in ((64, 2), (128, 4), (64, 4), (128, 8)):
         for nt in (1, 2, 4):
@@ -187,8 +204,18 @@ def split_t_candidates(base: DecodeConfig) -> list[DecodeConfig]:
     r = dataclasses.replace
     forms = [r(base, kernels="gluon")]
     if base.gemm2 != "pairs" or base.combine != "kernel":
-        forms.append(r(base, kernels="gluon", gemm2="pairs", combine="kernel", block_n2=64,
-                       warps2=2, tiles2=4, split_k2=1))
+        forms.append(
+            r(
+                base,
+                kernels="gluon",
+                gemm2="pairs",
+                combine="kernel",
+                block_n2=64,
+                warps2=2,
+                tiles2=4,
+                split_k2=1,
+            )
+        )
     out = [f for f in forms if f != base]
     for f in forms:
         out += [r(f, split_t=st) for st in (2, 4, 8, 16)]
@@ -202,17 +229,39 @@ def main(argv=None) -> int:
     ap.add_argument("--copies", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="only the v1 tiles as Gluon (no sweep)")
     ap.add_argument("--deadline-s", type=float, default=480.0, help="no new (shape, T) after this")
-    ap.add_argument("--v1-table", default="benchmarks/results/NVIDIA_H200_v1_table.json",
-                    help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)")
-    ap.add_argument("--sweep", choices=("families", "combine", "split_t", "pdl", "slots",
-                                        "kstack", "maxnreg", "table", "none"),
-                    default="families")
+    ap.add_argument(
+        "--v1-table",
+        default="benchmarks/results/NVIDIA_H200_v1_table.json",
+        help="the tl.dot family's tuned table (v1 baseline; heuristic where absent)",
+    )
+    ap.add_argument(
+        "--sweep",
+        choices=(
+            "families",
+            "combine",
+            "split_t",
+            "pdl",
+            "slots",
+            "kstack",
+            "maxnreg",
+            "table",
+            "none",
+        ),
+        default="families",
+    )
     ap.add_argument("--v2-table", default="", help="--sweep table: the table file to time")
     ap.add_argument("--pdl", default="0,1", help="--sweep pdl: the pdl levels to time")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="time every candidate this many times, interleaved; report the median")
-    ap.add_argument("--separate", action="store_true",
-                    help="a one-element torch kernel after every layer copy (see above)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="time every candidate this many times, interleaved; report the median",
+    )
+    ap.add_argument(
+        "--separate",
+        action="store_true",
+        help="a one-element torch kernel after every layer copy (see above)",
+    )
     ap.add_argument("--split", action="store_true", help="per-kernel times of each baseline")
     ap.add_argument("--split-all", action="store_true", help="per-kernel times of every candidate")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -266,9 +315,14 @@ def main(argv=None) -> int:
             routs = [uniform_routing(T, s, device=dev, generator=g) for _ in range(args.copies)]
             if shared:  # every token also goes to the shared expert (id E_local, last slot)
                 sid = torch.full((T, 1), s.E_local, dtype=torch.int32, device=dev)
-                routs = [(torch.cat([i, sid], 1).contiguous(),
-                          torch.cat([w, torch.rand(T, 1, device=dev, generator=g)], 1).contiguous(),
-                          d + 1) for i, w, d in routs]
+                routs = [
+                    (
+                        torch.cat([i, sid], 1).contiguous(),
+                        torch.cat([w, torch.rand(T, 1, device=dev, generator=g)], 1).contiguous(),
+                        d + 1,
+                    )
+                    for i, w, d in routs
+                ]
             xs = [torch.randn(T, s.H, device=dev, generator=g).to(torch.bfloat16) for _ in routs]
             distinct = sum(r[2] for r in routs) / len(routs)
             floor_us = (distinct * per_expert + 4 * T * s.H) / bw * 1e6
@@ -313,67 +367,90 @@ def main(argv=None) -> int:
                         continue
                     try:
                         if rep == 0:
-                            out = torch.full((T, s.H), float("nan"), dtype=torch.bfloat16,
-                                             device=dev)
-                            fused_moe_nvfp4(xs[0], prepared[0], routs[0][0], routs[0][1],
-                                            out=out, config=cfg)
+                            out = torch.full(
+                                (T, s.H), float("nan"), dtype=torch.bfloat16, device=dev
+                            )
+                            fused_moe_nvfp4(
+                                xs[0], prepared[0], routs[0][0], routs[0][1], out=out, config=cfg
+                            )
                             st = error_stats(out, ref)
-                            rec.update(rms_rel=st.rms_rel, max_rel=st.max_rel,
-                                       nonfinite=st.nonfinite)
+                            rec.update(
+                                rms_rel=st.rms_rel, max_rel=st.max_rel, nonfinite=st.nonfinite
+                            )
 
                         def step(i, cfg=cfg):
-                            fused_moe_nvfp4(xs[i], prepared[i], routs[i][0], routs[i][1],
-                                            config=cfg)
+                            fused_moe_nvfp4(
+                                xs[i], prepared[i], routs[i][0], routs[i][1], config=cfg
+                            )
                             if args.separate:
                                 sep.add_(1)
 
                         tm = time_graph_replay(step, args.copies)
                         rec.setdefault("us_reps", []).append(tm.us_per_call)
                         us = sorted(rec["us_reps"])[len(rec["us_reps"]) // 2]
-                        rec.update(us=us, us_min=min(rec.get("us_min", tm.us_min), tm.us_min),
-                                   pct_bw=floor_us / us)
+                        rec.update(
+                            us=us,
+                            us_min=min(rec.get("us_min", tm.us_min), tm.us_min),
+                            pct_bw=floor_us / us,
+                        )
                         if (args.split_all or args.split and ci == 0) and rep == 0:
                             rec["kernels_us"] = kernel_times_us(step, args.copies)
                     except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
                         rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-            ok = [c for c in row["configs"][1:] if "us" in c and c["rms_rel"] < 3e-3
-                  and not c["nonfinite"]]
+            ok = [
+                c
+                for c in row["configs"][1:]
+                if "us" in c and c["rms_rel"] < 3e-3 and not c["nonfinite"]
+            ]
             if shipped and select(T, shape, target).path == "prefill":
                 # The table serves this bucket with the prefill path: time it too.
                 pcfg = prefill_config_for(T, shape, target)
 
                 def pstep(i, pcfg=pcfg):
-                    fused_moe_nvfp4_prefill(xs[i], prepared[i], routs[i][0], routs[i][1],
-                                            config=pcfg)
+                    fused_moe_nvfp4_prefill(
+                        xs[i], prepared[i], routs[i][0], routs[i][1], config=pcfg
+                    )
 
                 row["prefill_us"] = time_graph_replay(pstep, args.copies).us_per_call
                 row["prefill_config"] = dataclasses.asdict(pcfg)
             row["v1"] = row["configs"][0]
             row["v2_best"] = min(ok, key=lambda c: c["us"]) if ok else None
             row["v2_same_tiles"] = row["configs"][min(1, len(row["configs"]) - 1)]
-            row["heuristic"] = next((c for c in row["configs"]
-                                     if c["config"] == dataclasses.asdict(heur)), {})
+            row["heuristic"] = next(
+                (c for c in row["configs"] if c["config"] == dataclasses.asdict(heur)), {}
+            )
             res["rows"].append(row)
             b, v = row["v2_best"], row["v1"]
-            print(f"{sname} T={T}: v1 {v.get('us', float('nan')):.1f} us, v2 same tiles "
-                  f"{row['v2_same_tiles'].get('us', float('nan')):.1f} (rms "
-                  f"{row['v2_same_tiles'].get('rms_rel', float('nan')):.2e}), v2 best "
-                  f"{b['us'] if b else float('nan'):.1f}", flush=True)
+            print(
+                f"{sname} T={T}: v1 {v.get('us', float('nan')):.1f} us, v2 same tiles "
+                f"{row['v2_same_tiles'].get('us', float('nan')):.1f} (rms "
+                f"{row['v2_same_tiles'].get('rms_rel', float('nan')):.2e}), v2 best "
+                f"{b['us'] if b else float('nan'):.1f}",
+                flush=True,
+            )
             del ref
         packs = prepared = None  # free the layer copies before the next shape
         torch.cuda.empty_cache()
     res["wall_s"] = time.time() - t_start
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = {"families": "gluon_decode_ab.json", "combine": "combine_ab.json",
-            "split_t": "split_t_ab.json", "slots": "slots_ab.json", "kstack": "kstack_ab.json",
-            "maxnreg": "maxnreg_ab.json", "table": "table_ab.json",
-            "pdl": "pdl_ab_separate.json" if args.separate else "pdl_ab.json",
-            "none": "decode_split.json"}[args.sweep]
+    name = {
+        "families": "gluon_decode_ab.json",
+        "combine": "combine_ab.json",
+        "split_t": "split_t_ab.json",
+        "slots": "slots_ab.json",
+        "kstack": "kstack_ab.json",
+        "maxnreg": "maxnreg_ab.json",
+        "table": "table_ab.json",
+        "pdl": "pdl_ab_separate.json" if args.separate else "pdl_ab.json",
+        "none": "decode_split.json",
+    }[args.sweep]
     (out_dir / name).write_text(json.dumps(res, indent=1))
     print(f"\n{res['gpu']}, Triton {res['versions']['triton']}, copy BW {bw / 1e12:.2f} TB/s")
-    print("| shape | T | floor us | v1 us (%BW) | v2 same tiles us (rms) | v2 best us (%BW) | "
-          "v1/v2 | heuristic/best |")
+    print(
+        "| shape | T | floor us | v1 us (%BW) | v2 same tiles us (rms) | v2 best us (%BW) | "
+        "v1/v2 | heuristic/best |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
         v, s2, b = r["v1"], r["v2_same_tiles"], r["v2_best"]
@@ -385,13 +462,18 @@ def main(argv=None) -> int:
         ratio = f"{v['us'] / b['us']:.2f}" if b else "-"
         h = r["heuristic"]
         hr = f"{h['us'] / b['us']:.2f}" if b and "us" in h else h.get("error", "-")[:40]
-        print(f"| {r['shape']} | {r['T']} | {r['floor_us']:.1f} | {v['us']:.1f} "
-              f"({100 * v['pct_bw']:.0f}%) | {ss} | {bs} | {ratio} | {hr} |")
+        print(
+            f"| {r['shape']} | {r['T']} | {r['floor_us']:.1f} | {v['us']:.1f} "
+            f"({100 * v['pct_bw']:.0f}%) | {ss} | {bs} | {ratio} | {hr} |"
+        )
         if "prefill_us" in r:
             print(f"|   | the table's prefill path: {r['prefill_us']:.1f} us |")
         if "kernels_us" in v:
-            print("|   | split: " + ", ".join(f"{k[:28]} {t:.1f}" for k, t in
-                                              sorted(v["kernels_us"].items())) + " |")
+            print(
+                "|   | split: "
+                + ", ".join(f"{k[:28]} {t:.1f}" for k, t in sorted(v["kernels_us"].items()))
+                + " |"
+            )
     for e in res["errors"]:
         print("error:", e)
     return 0

@@ -35,8 +35,13 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 #: whose first nvidia-smi line gives the max SM clock).
 MEASURED = [
     ("H200", 90, 132, "peers_2026-12-03_step7/marlin_peer.json", "prefill_v2_step10/run_h200.log"),
-    ("H100 80GB HBM3", 90, 132, "decode_v2_step8/run4_h100_tuned/marlin_peer.json",
-     "decode_v2_step10/run1_h100_diag/diag.log"),
+    (
+        "H100 80GB HBM3",
+        90,
+        132,
+        "decode_v2_step8/run4_h100_tuned/marlin_peer.json",
+        "decode_v2_step10/run1_h100_diag/diag.log",
+    ),
 ]
 
 
@@ -44,8 +49,14 @@ def _measured(name, cc, sms, bw_file, clock_log):
     bw = json.loads((RESULTS / bw_file).read_text())["copy_bw_TBps"] * 1e12
     # nvidia-smi's "name, current SM clock, max SM clock, power" row
     clock = float(re.search(r", \d+ MHz, (\d+) MHz", (RESULTS / clock_log).read_text())[1]) * 1e6
-    return (name, cc, bw, sms, clock,
-            f"copy bandwidth measured in {bw_file}; max SM clock (nvidia-smi) in {clock_log}")
+    return (
+        name,
+        cc,
+        bw,
+        sms,
+        clock,
+        f"copy bandwidth measured in {bw_file}; max SM clock (nvidia-smi) in {clock_log}",
+    )
 
 
 #: (name, compute capability, bandwidth B/s, SMs, clock Hz, source)
@@ -53,9 +64,17 @@ GPUS = [_measured(*m) for m in MEASURED]
 for _key, _cc in (("rtx-pro-6000-ws", 120), ("rtx-pro-6000-maxq", 120), ("b200", 100)):
     _s = hardware.spec_by_key(_key)
     _clk = _s.boost_clock_mhz * 1e6 if _s.boost_clock_mhz else None
-    GPUS.append((_s.name, _cc, _s.mem_bandwidth_gbs * 1e9, _s.sms, _clk,
-                 f"spec table ({_key}): bandwidth and boost clock, not measured"
-                 + ("" if _clk else "; no sourced clock: the clock at which the share is 1")))
+    GPUS.append(
+        (
+            _s.name,
+            _cc,
+            _s.mem_bandwidth_gbs * 1e9,
+            _s.sms,
+            _clk,
+            f"spec table ({_key}): bandwidth and boost clock, not measured"
+            + ("" if _clk else "; no sourced clock: the clock at which the share is 1"),
+        )
+    )
 
 
 def loop_rates(doc: dict) -> list[dict]:
@@ -66,8 +85,18 @@ def loop_rates(doc: dict) -> list[dict]:
         if not loop or not isinstance(bn, int):
             continue  # no MMA loop found (or no row tile): nothing to rate
         weights = 256 * bn // r["warps"]
-        out.append(dict(case=r["case"], kernel=r["kernel"], BN=bn, BT=r["constexprs"].get("BT"),
-                        warps=r["warps"], loop=loop, weights=weights, per_weight=loop / weights))
+        out.append(
+            dict(
+                case=r["case"],
+                kernel=r["kernel"],
+                BN=bn,
+                BT=r["constexprs"].get("BT"),
+                warps=r["warps"],
+                loop=loop,
+                weights=weights,
+                per_weight=loop / weights,
+            )
+        )
     return out
 
 
@@ -91,11 +120,17 @@ def main(argv=None) -> int:
                 row.update(clock_at_share_1_Hz=need / (sms * 4))
                 what = f"needs every issue slot below {row['clock_at_share_1_Hz'] / 1e9:.2f} GHz"
             rows.append(row)
-            print(f"{name:34} sm_{cc} {lr['case']:8} {lr['kernel']:10} {lr['loop']:5} instr / "
-                  f"{lr['weights']:5} weights = {lr['per_weight']:.4f}; {what}", file=sys.stderr)
-    doc = dict(what="issue share of the decode K loops at memory bandwidth "
-               "(benchmarks/experiments/issue_share.py)",
-               triton={cc: d["triton"] for cc, d in docs.items()}, rows=rows)
+            print(
+                f"{name:34} sm_{cc} {lr['case']:8} {lr['kernel']:10} {lr['loop']:5} instr / "
+                f"{lr['weights']:5} weights = {lr['per_weight']:.4f}; {what}",
+                file=sys.stderr,
+            )
+    doc = dict(
+        what="issue share of the decode K loops at memory bandwidth "
+        "(benchmarks/experiments/issue_share.py)",
+        triton={cc: d["triton"] for cc, d in docs.items()},
+        rows=rows,
+    )
     text = json.dumps(doc, indent=1)
     Path(a.out).write_text(text + "\n") if a.out else print(text)
     return 0

@@ -9,8 +9,20 @@ import sys
 
 d = json.load(open(sys.argv[1]))
 for r in d["rows"]:
-    print(r["shape"], r["T"], "fp4ext", round(r["fp4ext_us"], 1), "(%.0f%% BW)" % r["fp4ext_pct_bw"],
-          "marlin", round(r["marlin_us"], 1), "marlin/fp4ext", round(r["marlin_over_fp4ext"], 2),
-          "rms", "%.2e" % r["fp4ext_rms_rel"], "ok", r["fp4ext_ok"])
+    print(
+        r["shape"],
+        r["T"],
+        "fp4ext",
+        round(r["fp4ext_us"], 1),
+        f"({r['fp4ext_pct_bw']:.0f}% BW)",
+        "marlin",
+        round(r["marlin_us"], 1),
+        "marlin/fp4ext",
+        round(r["marlin_over_fp4ext"], 2),
+        "rms",
+        f"{r['fp4ext_rms_rel']:.2e}",
+        "ok",
+        r["fp4ext_ok"],
+    )
 for e in d.get("errors", []):
     print("error", str(e)[:300])

@@ -23,15 +23,15 @@ import tempfile
 from pathlib import Path
 
 import triton
+from _native_fp4_kernels import _native_decode  # this folder (run as a script)
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from _native_fp4_kernels import _native_decode  # this folder (run as a script)
-
 
 def probe(cc: int) -> dict:
-    src = GluonASTSource(_native_decode, {"q_ptr": "*i32", "s_ptr": "*i32", "o_ptr": "*i32"},
-                         {}, {})
+    src = GluonASTSource(
+        _native_decode, {"q_ptr": "*i32", "s_ptr": "*i32", "o_ptr": "*i32"}, {}, {}
+    )
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # Triton prints the failing PTX
             k = triton.compile(src, target=GPUTarget("cuda", cc, 32))
@@ -42,24 +42,33 @@ def probe(cc: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         cubin = Path(d, "k.cubin")
         cubin.write_bytes(k.asm["cubin"])
-        sass = subprocess.run([bindir / "nvdisasm", "-c", cubin], capture_output=True,
-                              text=True, check=True).stdout
+        sass = subprocess.run(
+            [bindir / "nvdisasm", "-c", cubin], capture_output=True, text=True, check=True
+        ).stdout
     ops = [m.group(1) for m in re.finditer(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)]
     first_st = next(i for i, o in enumerate(ops) if o.startswith("STG"))
     last_ld = max(i for i, o in enumerate(ops[:first_st]) if o.startswith("LDG"))
-    body = [o for o in ops[last_ld + 1:first_st] if not o.startswith(("IMAD.WIDE", "LEA"))]
-    return dict(cc=cc, compiled=True, target=re.search(r"\.target (\S+)", k.asm["ptx"]).group(1),
-                ptx_cvt=k.asm["ptx"].count("cvt.rn.f16x2.e2m1x2"),
-                decode_ops=dict(collections.Counter(o.split(".")[0] for o in body)),
-                decode_instructions=len(body), sass_f2fp=[o for o in ops if o.startswith("F2FP")])
+    body = [o for o in ops[last_ld + 1 : first_st] if not o.startswith(("IMAD.WIDE", "LEA"))]
+    return dict(
+        cc=cc,
+        compiled=True,
+        target=re.search(r"\.target (\S+)", k.asm["ptx"]).group(1),
+        ptx_cvt=k.asm["ptx"].count("cvt.rn.f16x2.e2m1x2"),
+        decode_ops=dict(collections.Counter(o.split(".")[0] for o in body)),
+        decode_instructions=len(body),
+        sass_f2fp=[o for o in ops if o.startswith("F2FP")],
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the JSON here (else stdout)")
     a = ap.parse_args(argv)
-    doc = dict(what="native FP4 conversion probe (benchmarks/experiments/native_fp4_probe.py)",
-               triton=triton.__version__, rows=[probe(cc) for cc in (90, 100, 120)])
+    doc = dict(
+        what="native FP4 conversion probe (benchmarks/experiments/native_fp4_probe.py)",
+        triton=triton.__version__,
+        rows=[probe(cc) for cc in (90, 100, 120)],
+    )
     text = json.dumps(doc, indent=1)
     Path(a.out).write_text(text + "\n") if a.out else print(text)
     return 0

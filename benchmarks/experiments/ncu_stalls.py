@@ -41,8 +41,9 @@ def report(rows, top):
     for r in hot:
         s = int(r["Warp Stall Sampling (All Samples)"] or 0)
         why = max(reasons, key=lambda c: int(r[c] or 0))
-        lines.append(f"   {r['Address'][-5:]} {100 * s / samples:5.1f}% {why:18s} "
-                     f"{r['Source'].strip()[:90]}")
+        lines.append(
+            f"   {r['Address'][-5:]} {100 * s / samples:5.1f}% {why:18s} {r['Source'].strip()[:90]}"
+        )
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ TP8, or EP8 with ``ep8``; the decode path, or the prefill path with ``prefill``.
 ``NCU_KNOBS`` (a Python literal dict) replaces fields of the prefill call's config (the table's
 or the heuristic's).
 """
+
 import ast
 import dataclasses
 import os
@@ -32,8 +33,8 @@ ids, tw, _ = uniform_routing(T, bs, device="cuda", generator=gen)
 x = torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
 kw = {}
 if os.environ.get("NCU_KNOBS") and call is fused_moe_nvfp4_prefill:
-    from sglang_fp4ext.moe.tables import prefill_config_for
     from sglang_fp4ext.moe.shape import current_target
+    from sglang_fp4ext.moe.tables import prefill_config_for
 
     base = prefill_config_for(T, prep.shape(ids.shape[1]), current_target())
     kw["config"] = dataclasses.replace(base, **ast.literal_eval(os.environ["NCU_KNOBS"]))

@@ -1,6 +1,7 @@
 """SASS instruction counts of the launches one MoE call makes, compiled here (no GPU needed).
 
-    python benchmarks/experiments/sass_counts.py [--cc 90 | --gpu KEY] [--out FILE] SHAPE:T[:path] ...
+    python benchmarks/experiments/sass_counts.py [--cc 90 | --gpu KEY] [--out FILE] SHAPE:T[:path]
+    ...
 
 SHAPE is ``tp8`` / ``ep8`` (GLM-5 per-GPU shapes); path ``decode`` (default) or ``prefill``; the
 config is the H200 table's (the heuristic's where the table has none), compiled for ``--cc``; with
@@ -11,8 +12,9 @@ path is W4A4, where the H200's ``wgmma`` configs do not compile). Each launch is
 device, the JIT's 16-byte divisibility specialisation), disassembled with the ``nvdisasm`` that
 ships with Triton, and reported: registers, spill bytes, shared memory, total instructions, the
 instructions of the innermost loop that holds the MMAs (one K step of one tile) and its opcode
-mix (``SASS_DUMP=DIR`` also writes each kernel's SASS there). Counts are static, per thread of a warp; they say what a change does to the instruction
-stream (the decode kernels are issue-latency bound, docs/performance.md), not its time.
+mix (``SASS_DUMP=DIR`` also writes each kernel's SASS there). Counts are static, per thread of a
+warp; they say what a change does to the instruction stream (the decode kernels are issue-latency
+bound, docs/performance.md), not its time.
 """
 
 from __future__ import annotations
@@ -36,13 +38,13 @@ from triton.compiler import ASTSource
 from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
 from sglang_fp4ext.hardware import spec_by_key, spec_for_device_name
 from sglang_fp4ext.moe.decode import launch as F
-from sglang_fp4ext.moe.prefill import launch as PF
-from sglang_fp4ext.moe.tables import config_for, prefill_config_for, read_table_file, table_path
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
+from sglang_fp4ext.moe.prefill import launch as PF
 from sglang_fp4ext.moe.prefill.config import PrefillConfig
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.shape import MoEShape, Target
+from sglang_fp4ext.moe.tables import config_for, prefill_config_for, read_table_file, table_path
 
 _PTR = {
     torch.bfloat16: "*bf16",
@@ -72,18 +74,27 @@ def _matrix(E: int, N: int, K: int) -> KernelMatrix:
 def _weights(shape: MoEShape) -> PreparedMoEWeights:
     E, H, I = shape.E, shape.H, shape.I
     # Static input scales ((1,), the max over the experts): the W4A4 prefill needs them.
-    return PreparedMoEWeights(_matrix(E, 2 * I, H), _matrix(E, H, I),
-                              w13_input_scale=_meta(torch.float32, 1),
-                              w2_input_scale=_meta(torch.float32, 1))
+    return PreparedMoEWeights(
+        _matrix(E, 2 * I, H),
+        _matrix(E, H, I),
+        w13_input_scale=_meta(torch.float32, 1),
+        w2_input_scale=_meta(torch.float32, 1),
+    )
 
 
 def _record(L) -> tuple:
     """(kernel, grid, runtime args in order, constexprs, warps, stages, maxnreg) of a Launch."""
     params = L.parameters()
     o = L.options
-    return (L.fn(), L.grid, tuple(v for _, _, v, c in params if not c),
-            {n: v for _, n, v, c in params if c}, o["num_warps"], o.get("num_stages", 3),
-            o.get("maxnreg", 0))
+    return (
+        L.fn(),
+        L.grid,
+        tuple(v for _, _, v, c in params if not c),
+        {n: v for _, n, v, c in params if c},
+        o["num_warps"],
+        o.get("num_stages", 3),
+        o.get("maxnreg", 0),
+    )
 
 
 def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> list[tuple]:
@@ -93,8 +104,16 @@ def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> lis
     k = shape.top_k
     x = _meta(torch.bfloat16, T, shape.H)
     family = "gluon" if cfg.kernels == "gluon" else "dot"
-    plan = F.plan(x, w, _meta(torch.int32, T, k), _meta(torch.float32, T, k), x, cfg, family,
-                  cfg.pdl if family == "gluon" else 0)
+    plan = F.plan(
+        x,
+        w,
+        _meta(torch.int32, T, k),
+        _meta(torch.float32, T, k),
+        x,
+        cfg,
+        family,
+        cfg.pdl if family == "gluon" else 0,
+    )
     return [_record(L) for L in plan]
 
 
@@ -159,6 +178,7 @@ def count(fn, grid, args, constexprs, warps, stages, maxnreg=0, *, cc: int) -> d
     with tempfile.TemporaryDirectory() as d:
         cubin = os.path.join(d, "k.cubin")
         Path(cubin).write_bytes(k.asm["cubin"])
+
         def tool(*cmd):
             return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
@@ -180,8 +200,11 @@ def count(fn, grid, args, constexprs, warps, stages, maxnreg=0, *, cc: int) -> d
         stages=stages,
         maxnreg=maxnreg,
         # Layouts (Gluon) by name only: not JSON.
-        constexprs={k: v if isinstance(v, (int, float, str)) else type(v).__name__
-                    for k, v in constexprs.items() if k != "COMPUTE_F32"},
+        constexprs={
+            k: v if isinstance(v, (int, float, str)) else type(v).__name__
+            for k, v in constexprs.items()
+            if k != "COMPUTE_F32"
+        },
         registers=int(re.search(r"REG:(\d+)", res).group(1)),
         spill_bytes=int(re.search(r"LOCAL:(\d+)", res).group(1)),
         # Register spills live in the stack frame (cuobjdump's LOCAL is other local memory).
@@ -212,12 +235,18 @@ def _changed(cfg, fields: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="+", help="SHAPE:T[:decode|prefill], SHAPE tp8 or ep8")
-    ap.add_argument("--cc", type=int, help="compute capability to compile for (default 90, or --gpu's)")
+    ap.add_argument(
+        "--cc", type=int, help="compute capability to compile for (default 90, or --gpu's)"
+    )
     ap.add_argument("--gpu", help="hardware_table key: compile what that GPU serves, for its arch")
     ap.add_argument("--out", help="write the JSON here (else stdout)")
     ap.add_argument("--config", help="a DecodeConfig(...) / PrefillConfig(...) for every case")
-    ap.add_argument("--set", default="", help="KEY=INT,...: change these fields of each case's "
-                    "served config (e.g. maxnreg1=168,kstack1=0)")
+    ap.add_argument(
+        "--set",
+        default="",
+        help="KEY=INT,...: change these fields of each case's "
+        "served config (e.g. maxnreg1=168,kstack1=0)",
+    )
     a = ap.parse_args(argv)
     target = _H200
     if a.gpu:

@@ -174,22 +174,41 @@ def served_moe_layers(log: str) -> dict[int, set[tuple[str, int]]]:
     return served
 
 
-def serve_greedy(model_path, extra_args, env, prompts, max_new_tokens, log_path=None, *,
-                 name="SGLang server", progress: Progress | None = None):
+def serve_greedy(
+    model_path,
+    extra_args,
+    env,
+    prompts,
+    max_new_tokens,
+    log_path=None,
+    *,
+    name="SGLang server",
+    progress: Progress | None = None,
+):
     """Start SGLang, greedy-generate every prompt, stop it; returns (outputs, full server log)."""
     server = SGLangServer(model_path, extra_args, env=env, log_path=log_path, name=name)
     with serving(server, progress=progress):
         if progress:
-            progress("phase", f"generating {len(prompts)} prompts x {max_new_tokens} tokens "
-                     f"on the {name}")
+            progress(
+                "phase",
+                f"generating {len(prompts)} prompts x {max_new_tokens} tokens on the {name}",
+            )
         outs = [server.generate(p, max_new_tokens) for p in prompts]
         log = server.log(tail=10**8)
     return outs, log
 
 
 def check_checkpoint_against_oracle(
-    ckpt_dir, *, n_prompts: int = 4, max_new_tokens: int = 16, extra_args=(), env=None,
-    work_dir=None, seed: int = 0, hf_oracle: bool = False, fp4ext_args=(),
+    ckpt_dir,
+    *,
+    n_prompts: int = 4,
+    max_new_tokens: int = 16,
+    extra_args=(),
+    env=None,
+    work_dir=None,
+    seed: int = 0,
+    hf_oracle: bool = False,
+    fp4ext_args=(),
     progress: Progress | None = None,
 ) -> dict:
     """Serve an NVFP4 checkpoint with fp4ext; judge every served token with an oracle.
@@ -219,22 +238,39 @@ def check_checkpoint_against_oracle(
     deq = dequantized_copy(ckpt_dir, work / "dequantized")
     fp4ext = SGLangServer(
         ckpt_dir,
-        [*extra_args, *fp4ext_args, "--quantization", "modelopt_fp4", "--moe-runner-backend",
-         "fp4ext"],
-        env=env, log_path=work / "server.log", name="fp4ext server",
+        [
+            *extra_args,
+            *fp4ext_args,
+            "--quantization",
+            "modelopt_fp4",
+            "--moe-runner-backend",
+            "fp4ext",
+        ],
+        env=env,
+        log_path=work / "server.log",
+        name="fp4ext server",
     )
-    oracle = SGLangServer(deq, [*extra_args, "--dtype", "bfloat16"], env=env,
-                          log_path=work / "oracle-server.log", name="oracle server")
+    oracle = SGLangServer(
+        deq,
+        [*extra_args, "--dtype", "bfloat16"],
+        env=env,
+        log_path=work / "oracle-server.log",
+        name="oracle server",
+    )
 
     def generate():
-        say("phase", f"generating {len(prompts)} prompts x {max_new_tokens} tokens on the "
-            "fp4ext server")
+        say(
+            "phase",
+            f"generating {len(prompts)} prompts x {max_new_tokens} tokens on the fp4ext server",
+        )
         return [fp4ext.generate(p, max_new_tokens) for p in prompts], fp4ext.log(tail=10**8)
 
     def score(outs):
         say("phase", "scoring every served token on the oracle server")
-        return ([oracle.generate(p, max_new_tokens) for p in prompts],
-                [oracle.choice_gaps(p, o) for p, o in zip(prompts, outs)])
+        return (
+            [oracle.generate(p, max_new_tokens) for p in prompts],
+            [oracle.choice_gaps(p, o) for p, o in zip(prompts, outs)],
+        )
 
     with serving(fp4ext, progress=progress):
         outs, log = generate()
@@ -267,17 +303,33 @@ def check_checkpoint_against_oracle(
 
 
 def check_against_default_backend(
-    model_path, launch_args, *, prompts: list[list[int]], max_new_tokens: int = 16,
+    model_path,
+    launch_args,
+    *,
+    prompts: list[list[int]],
+    max_new_tokens: int = 16,
     progress: Progress | None = None,
 ) -> dict:
     """Greedy tokens of fp4ext vs SGLang's default NVFP4 MoE backend on the same model/flags
     (one server after the other: a real model fills the GPUs)."""
     base = [a for a in launch_args]
-    outs_default, _ = serve_greedy(model_path, base, None, prompts, max_new_tokens,
-                                   name="default-backend server", progress=progress)
+    outs_default, _ = serve_greedy(
+        model_path,
+        base,
+        None,
+        prompts,
+        max_new_tokens,
+        name="default-backend server",
+        progress=progress,
+    )
     outs_fp4ext, log = serve_greedy(
-        model_path, [*base, "--moe-runner-backend", "fp4ext"], None, prompts, max_new_tokens,
-        name="fp4ext server", progress=progress,
+        model_path,
+        [*base, "--moe-runner-backend", "fp4ext"],
+        None,
+        prompts,
+        max_new_tokens,
+        name="fp4ext server",
+        progress=progress,
     )
     first_diff = []
     for a, b in zip(outs_default, outs_fp4ext):

@@ -22,7 +22,8 @@ __all__ = ["Fp4ExtExperts", "moe_expert_modules", "quantize_experts", "swap_expe
 
 
 def moe_expert_modules(model) -> dict[int, torch.nn.Module]:
-    """``{layer index: experts module}`` for HF MoE layers with 3D ``gate_up_proj``/``down_proj``."""
+    """``{layer index: experts module}`` for HF MoE layers with 3D ``gate_up_proj`` /
+    ``down_proj``."""
     found = {}
     for i, layer in enumerate(model.model.layers):
         experts = getattr(getattr(layer, "mlp", None), "experts", None)
@@ -61,8 +62,9 @@ class Fp4ExtExperts(torch.nn.Module):
         self.weights = prepare_experts(weights, path)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        return run_experts(self.path, self.weights, hidden_states, top_k_index,
-                           top_k_weights.float())
+        return run_experts(
+            self.path, self.weights, hidden_states, top_k_index, top_k_weights.float()
+        )
 
 
 def swap_experts(model, packs: dict[int, MoEWeights], path: str) -> None:

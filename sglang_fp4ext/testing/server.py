@@ -47,8 +47,17 @@ _logger = logging.getLogger("sglang_fp4ext")
 class ServerStartError(RuntimeError):
     """An SGLang server that did not come up: names the server, its port, why, and the log."""
 
-    def __init__(self, name: str, port: int | None, reason: str, log_path, log_tail: str,
-                 *, kind: str = "fatal", attempts: list[str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        port: int | None,
+        reason: str,
+        log_path,
+        log_tail: str,
+        *,
+        kind: str = "fatal",
+        attempts: list[str] | None = None,
+    ):
         self.name, self.port, self.reason, self.kind = name, port, reason, kind
         self.log_path, self.attempts = Path(log_path), list(attempts or [])
         earlier = "".join(f"\n  earlier attempt: {a}" for a in self.attempts)
@@ -143,10 +152,21 @@ class SGLangServer:
     given: checked before the start, never retried.
     """
 
-    def __init__(self, model_path, extra_args: list[str], *, env: dict | None = None,
-                 log_path=None, start_timeout: float = 600, listen_timeout: float = LISTEN_TIMEOUT,
-                 name: str = "SGLang server", port: int | None = None, max_attempts: int = 3,
-                 launcher: list[str] | None = None, progress: Progress | None = None):
+    def __init__(
+        self,
+        model_path,
+        extra_args: list[str],
+        *,
+        env: dict | None = None,
+        log_path=None,
+        start_timeout: float = 600,
+        listen_timeout: float = LISTEN_TIMEOUT,
+        name: str = "SGLang server",
+        port: int | None = None,
+        max_attempts: int = 3,
+        launcher: list[str] | None = None,
+        progress: Progress | None = None,
+    ):
         self.model_path, self.extra_args = str(model_path), list(extra_args)
         given = _flag_value(self.extra_args, "--port")
         self._port_in_args = given is not None
@@ -179,8 +199,15 @@ class SGLangServer:
         try:
             self._block = reserve_ports(self._explicit, avoid=self._failed_bases)
         except PortInUse as exc:
-            raise ServerStartError(self.name, exc.port, str(exc), self.log_path, "(not started)",
-                                   kind="bind", attempts=self.failed_attempts) from None
+            raise ServerStartError(
+                self.name,
+                exc.port,
+                str(exc),
+                self.log_path,
+                "(not started)",
+                kind="bind",
+                attempts=self.failed_attempts,
+            ) from None
         self.port, self.url = self._block.port, f"http://127.0.0.1:{self._block.port}"
         self.args = [*self.launcher, "--model-path", self.model_path, "--host", "127.0.0.1"]
         if not self._port_in_args:
@@ -194,7 +221,10 @@ class SGLangServer:
         self._listening = False
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
             start_new_session=True,
         )
 
@@ -212,16 +242,25 @@ class SGLangServer:
                     f"{self.log_path.stem}.attempt{self.attempt}{self.log_path.suffix}"
                 )
                 os.replace(self.log_path, kept)
-                msg = (f"{self.name} on 127.0.0.1:{self.port} could not bind ({f.reason}); "
-                       f"retrying on fresh ports (attempt {self.attempt + 1}/{self.max_attempts},"
-                       f" failed log: {kept})")
+                msg = (
+                    f"{self.name} on 127.0.0.1:{self.port} could not bind ({f.reason}); "
+                    f"retrying on fresh ports (attempt {self.attempt + 1}/{self.max_attempts},"
+                    f" failed log: {kept})"
+                )
                 _logger.warning(msg)
                 if self.progress:
                     self.progress("retry", msg)
                 self.start()
                 return False
-            raise ServerStartError(self.name, self.port, f.reason, self.log_path, self.log_tail(),
-                                   kind=f.kind, attempts=self.failed_attempts) from None
+            raise ServerStartError(
+                self.name,
+                self.port,
+                f.reason,
+                self.log_path,
+                self.log_tail(),
+                kind=f.kind,
+                attempts=self.failed_attempts,
+            ) from None
 
     def _check(self) -> bool:
         rc = self.proc.poll()
@@ -240,19 +279,26 @@ class SGLangServer:
             self._listening = holder == "ours"
             self._foreign = self._foreign + 1 if holder == "other" else 0
             if self._foreign >= FOREIGN_POLLS:
-                raise _StartFailure("bind", f"port {self.port} is held by a process outside the "
-                                    "server (its HTTP front end cannot bind it)")
+                raise _StartFailure(
+                    "bind",
+                    f"port {self.port} is held by a process outside the "
+                    "server (its HTTP front end cannot bind it)",
+                )
         if self._listening and self._healthy():
             self.ready_at = time.monotonic()
             return True
         now = time.monotonic()
         fe = self._watch.front_end_at
         if not self._listening and fe is not None and now - fe > self.listen_timeout:
-            raise _StartFailure("fatal", f"its HTTP front end started but port {self.port} was "
-                                f"not listening after {self.listen_timeout:.0f} s")
+            raise _StartFailure(
+                "fatal",
+                f"its HTTP front end started but port {self.port} was "
+                f"not listening after {self.listen_timeout:.0f} s",
+            )
         if now - self.started_at > self.start_timeout:
-            raise _StartFailure("timeout", f"not healthy after {self.start_timeout:.0f} s "
-                                f"(stage: {self.stage})")
+            raise _StartFailure(
+                "timeout", f"not healthy after {self.start_timeout:.0f} s (stage: {self.stage})"
+            )
         return False
 
     def _healthy(self) -> bool:
@@ -269,7 +315,7 @@ class SGLangServer:
             return "up"
         return "health" if self._listening else self._watch.stage
 
-    def __enter__(self) -> "SGLangServer":
+    def __enter__(self) -> SGLangServer:
         start_all([self], progress=self.progress)
         return self
 
@@ -300,9 +346,13 @@ class SGLangServer:
     def summary(self) -> dict:
         """Port, attempts and start/ready/stop times (``time.monotonic()``) of this server."""
         return {
-            "name": self.name, "port": self.port, "attempts": self.attempt,
-            "failed_attempts": list(self.failed_attempts), "started_at": self.started_at,
-            "ready_at": self.ready_at, "stopped_at": self.stopped_at,
+            "name": self.name,
+            "port": self.port,
+            "attempts": self.attempt,
+            "failed_attempts": list(self.failed_attempts),
+            "started_at": self.started_at,
+            "ready_at": self.ready_at,
+            "stopped_at": self.stopped_at,
         }
 
     def log(self, tail: int = 12000) -> str:
@@ -317,41 +367,55 @@ class SGLangServer:
         out = [ln.rsplit("\r", 1)[-1] for ln in text.splitlines()[-lines:]]
         return "\n".join(out)[-8000:]
 
-    def choice_gaps(self, prompt: list[int], output: list[int], timeout: float = 300) -> list[float]:
+    def choice_gaps(
+        self, prompt: list[int], output: list[int], timeout: float = 300
+    ) -> list[float]:
         """Teacher-forced: for each token of ``output``, the logprob gap to this server's best."""
-        body = json.dumps({
-            "input_ids": prompt + output,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-            "return_logprob": True,
-            # SGLang gives no logprob for the first scored position: start one earlier and keep
-            # the last len(output) entries.
-            "logprob_start_len": len(prompt) - 1,
-            "top_logprobs_num": 1,
-        }).encode()
-        req = urllib.request.Request(f"{self.url}/generate", data=body,
-                                     headers={"content-type": "application/json"})
+        body = json.dumps(
+            {
+                "input_ids": prompt + output,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                "return_logprob": True,
+                # SGLang gives no logprob for the first scored position: start one earlier and keep
+                # the last len(output) entries.
+                "logprob_start_len": len(prompt) - 1,
+                "top_logprobs_num": 1,
+            }
+        ).encode()
+        req = urllib.request.Request(
+            f"{self.url}/generate", data=body, headers={"content-type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             meta = json.loads(r.read())["meta_info"]
-        chosen = meta["input_token_logprobs"][-len(output):]  # [logprob, token_id, text]
-        tops = meta["input_top_logprobs"][-len(output):]
+        chosen = meta["input_token_logprobs"][-len(output) :]  # [logprob, token_id, text]
+        tops = meta["input_top_logprobs"][-len(output) :]
         if len(chosen) != len(output) or [c[1] for c in chosen] != list(output):
             raise RuntimeError(f"SGLang scored {len(chosen)} tokens, expected {len(output)}")
         return [float(top[0][0]) - float(lp) for (lp, _, _), top in zip(chosen, tops)]
 
-    def generate(self, input_ids: list[int], max_new_tokens: int, timeout: float = 300) -> list[int]:
-        body = json.dumps({
-            "input_ids": input_ids,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
-                                "ignore_eos": True},
-        }).encode()
-        req = urllib.request.Request(f"{self.url}/generate", data=body,
-                                     headers={"content-type": "application/json"})
+    def generate(
+        self, input_ids: list[int], max_new_tokens: int, timeout: float = 300
+    ) -> list[int]:
+        body = json.dumps(
+            {
+                "input_ids": input_ids,
+                "sampling_params": {
+                    "max_new_tokens": max_new_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            }
+        ).encode()
+        req = urllib.request.Request(
+            f"{self.url}/generate", data=body, headers={"content-type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())["output_ids"]
 
 
-def start_all(servers: list[SGLangServer], *, progress: Progress | None = None,
-              report_every: float = 15.0) -> None:
+def start_all(
+    servers: list[SGLangServer], *, progress: Progress | None = None, report_every: float = 15.0
+) -> None:
     """Start ``servers`` at once and wait until every one is healthy, polling them together (one
     that fails is caught while another still loads); on any failure stop them all and raise.
 
@@ -366,8 +430,10 @@ def start_all(servers: list[SGLangServer], *, progress: Progress | None = None,
         for s in servers:
             s.start()
         if progress:
-            progress("start", "starting " + " and ".join(
-                f"{s.name} on 127.0.0.1:{s.port}" for s in servers))
+            progress(
+                "start",
+                "starting " + " and ".join(f"{s.name} on 127.0.0.1:{s.port}" for s in servers),
+            )
         pending, next_report = list(servers), t0 + report_every
         while pending:
             pending = [s for s in pending if not s.poll()]

@@ -122,8 +122,12 @@ def _busy_port(base: int) -> int | None:
     return next((base + off for off in PORT_OFFSETS if not _port_free(base + off)), None)
 
 
-def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = None,
-                  avoid: frozenset[int] | set[int] = frozenset()) -> PortBlock:
+def reserve_ports(
+    explicit: int | None = None,
+    *,
+    rng: random.Random | None = None,
+    avoid: frozenset[int] | set[int] = frozenset(),
+) -> PortBlock:
     """Ports for one server on 127.0.0.1.
 
     ``explicit``: that HTTP port (checked, not locked; SGLang picks its own nccl port); raises
@@ -156,9 +160,11 @@ def reserve_ports(explicit: int | None = None, *, rng: random.Random | None = No
             lock.close()
     items = sorted(why.items())
     detail = "; ".join(f"{b}: {w}" for b, w in items[:6]) + (
-        f"; {len(items) - 6} more" if len(items) > 6 else "")
-    raise PortInUse(first_busy or lo,
-                    f"no free block of {PORT_BLOCK} ports in {lo}-{hi} ({detail}), e.g. port")
+        f"; {len(items) - 6} more" if len(items) > 6 else ""
+    )
+    raise PortInUse(
+        first_busy or lo, f"no free block of {PORT_BLOCK} ports in {lo}-{hi} ({detail}), e.g. port"
+    )
 
 
 # ---- which processes hold a port (Linux /proc; elsewhere the log watch alone decides) ----
