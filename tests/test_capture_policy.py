@@ -302,8 +302,9 @@ if {PLUGIN}:
                      ("fp4ext TP8 EP8", dict(moe_runner_backend="fp4ext", ep_size=8)),
                      ("fp4ext DP-attention", dict(moe_runner_backend="fp4ext",
                                                   enable_dp_attention=True, dp_size=8))]:
-        sa = ServerArgs(model_path={MODEL!r}, device="cuda", skip_tokenizer_init=True, tp_size=8,
-        **kw) sa.resolve_once()
+        sa = ServerArgs(model_path={MODEL!r}, device="cuda", skip_tokenizer_init=True,
+                        tp_size=8, **kw)
+        sa.resolve_once()
         runtime_context.publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0))
         out["predicate"][name] = [fbi.enable_num_token_non_padded(),
                                   fbi.enable_num_token_non_padded.__wrapped__(),
@@ -497,9 +498,9 @@ logits = torch.randn(T_PAD, E, generator=g)
 # SGLang's ForwardBatch for the T_REAL real tokens carries the count when the predicate says so.
 fb = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=T_REAL,
                   input_ids=torch.zeros(T_REAL, dtype=torch.int64),
-                  req_pool_indices=torch.arange(T_REAL), seq_lens=torch.ones(T_REAL,
-                  dtype=torch.int64), out_cache_loc=torch.zeros(T_REAL, dtype=torch.int64),
-                  seq_lens_sum=T_REAL)
+                  req_pool_indices=torch.arange(T_REAL),
+                  seq_lens=torch.ones(T_REAL, dtype=torch.int64),
+                  out_cache_loc=torch.zeros(T_REAL, dtype=torch.int64), seq_lens_sum=T_REAL)
 fb._init_num_token_non_padded(device="cpu", is_draft_worker=False)
 if fb.global_num_token_non_padded is not None:  # as ModelRunner.forward does
     fb.set_local_num_token_non_padded(sharded=False)

@@ -60,8 +60,11 @@ layer.quant_method.process_weights_after_loading(layer)
 x = torch.randn(T, H, generator=g).to(torch.bfloat16)
 router_logits = torch.randn(T, E, generator=g)
 topk = TopK(top_k=K, layer_id=0, renormalize=True)
-topk_output = topk.forward_native(x, router_logits) if hasattr(topk, "forward_native") else topk(x,
-router_logits) ids, weights = topk_output.topk_ids, topk_output.topk_weights
+if hasattr(topk, "forward_native"):
+    topk_output = topk.forward_native(x, router_logits)
+else:
+    topk_output = topk(x, router_logits)
+ids, weights = topk_output.topk_ids, topk_output.topk_weights
 if SHARED:
     # SGLang's fused shared expert occupies the last slot: local id E, weight 1.
     ids = torch.cat([ids, torch.full((T, 1), E, dtype=ids.dtype)], dim=1)
