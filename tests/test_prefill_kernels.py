@@ -32,14 +32,14 @@ import pytest
 import torch
 
 from sglang_fp4ext.moe.prefill.config import PrefillConfig, w4a16_twin_config
-from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
-from sglang_fp4ext.moe.prefill.launch import (
-    fused_moe_nvfp4_prefill,
+from sglang_fp4ext.moe.prefill.grouping import (
     group_by_expert,
     group_by_expert_torch,
     max_m_tiles,
     num_bins,
 )
+from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
+from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.target_info import SM120_SMEM_PER_BLOCK
@@ -59,9 +59,9 @@ TIE_REL = 1e-6
 @pytest.fixture(autouse=True)
 def _poison_workspaces(monkeypatch):
     """Workspaces start as NaN: a kernel reading a row nobody wrote fails the comparison."""
-    from sglang_fp4ext.moe.prefill import launch as prefill
+    from sglang_fp4ext.moe.prefill import plan
 
-    monkeypatch.setattr(prefill, "_POISON_WORKSPACES", True)
+    monkeypatch.setattr(plan, "_POISON_WORKSPACES", True)
 
 
 def _weights(E, H, I):
@@ -445,7 +445,7 @@ def test_wgmma_config_rules():
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
     """``accs2=2`` runs GEMM2 one 256-deep chunk per row block: other I get a clear error."""
-    from sglang_fp4ext.moe.prefill.launch import _plan
+    from sglang_fp4ext.moe.prefill.plan import plan as _plan
 
     _, pw = _weights(4, 256, 512)
     g = torch.Generator().manual_seed(5)
@@ -459,7 +459,7 @@ def test_wgmma_two_accumulators_need_one_k_chunk():
 def test_wgmma_static_ring_needs_stages_dividing_the_k_chunks():
     """``static_ring*=1`` unrolls a GEMM's K loop by its stages: a K that is not a multiple of
     stages x 256 gets a clear error naming the GEMM and its size."""
-    from sglang_fp4ext.moe.prefill.launch import _plan
+    from sglang_fp4ext.moe.prefill.plan import plan as _plan
 
     _, pw = _weights(4, 768, 512)  # H: 3 chunks, I: 2 chunks
     g = torch.Generator().manual_seed(6)
@@ -497,7 +497,7 @@ def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
     x = torch.randn(8, 384, generator=g).to(torch.bfloat16).to(DEV)
     ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
     cfg = PrefillConfig(block_m=16, block_p=16, **_WG)
-    from sglang_fp4ext.moe.prefill.launch import _plan
+    from sglang_fp4ext.moe.prefill.plan import plan as _plan
 
     with pytest.raises(ValueError, match="H and I multiples of 256, got H=384, I=256"):
         _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
@@ -824,7 +824,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from sglang_fp4ext.moe.prefill import _dot_kernels as K
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
-from sglang_fp4ext.moe.prefill.launch import _plan
+from sglang_fp4ext.moe.prefill.plan import plan as _plan
 from sglang_fp4ext.moe.prefill.config import PrefillConfig
 from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
@@ -856,8 +856,9 @@ def omma_loop(cubin):
     for i, l in enumerate(lines):
         m = re.search(r"BRA(?:\.U)?\s+(?:!?U?P\d+,\s*)?`\((\.L_x_\d+)\)", l)
         if m and label.get(m.group(1), i) < i:
-            body = [x for x in lines[label[m.group(1)]:i + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/",
-            x)] n = sum("OMMA" in x for x in body)
+            body = [x for x in lines[label[m.group(1)]:i + 1]
+                    if re.match(r"\s+/\*[0-9a-f]{4}\*/", x)]
+            n = sum("OMMA" in x for x in body)
             if n and (best is None or len(body) < best[0]):
                 best = (len(body), n)
     return best
@@ -908,8 +909,8 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
         mma = [m for m in ("tcgen05.mma", "wgmma", "mma.sync") if m in ptx]
         mma += ["mxf4nvf4"] if "kind::mxf4nvf4" in ptx else []
         r = dict(kernel=L.kernel, shape=[E, H, I, k], T=T, config=repr(cfg),
-        triton=triton.__version__,
-                 shared=c.metadata.shared, mma=mma, warps=warps, stages=stages)
+                 triton=triton.__version__, shared=c.metadata.shared, mma=mma, warps=warps,
+                 stages=stages)
         if gluon:  # the design: register-A wgmma, cp.async ring, proxy fence, inline decode
             BM = r["block_m"] = L.kwargs["BM"]
             r["tail"] = L.kwargs.get("BT", 0)
@@ -944,8 +945,8 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
             r["acquire"] = sorted({w for l in ptx.splitlines() for w in l.split()
                                    if ".acquire" in w})
             r["discard_l2"] = ptx.count("discard.global.L2")
-        if L.kernel.startswith("_w4a4_gemm") and cc == 120:  # SASS of the K loop: issue slots per
-        OMMA
+        # SASS of the K loop: issue slots per OMMA
+        if L.kernel.startswith("_w4a4_gemm") and cc == 120:
             r["block_m"] = L.kwargs["BM"]
             r["omma_loop"] = omma_loop(c.asm["cubin"])
         out.append(r)

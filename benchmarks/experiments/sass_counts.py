@@ -40,7 +40,7 @@ from sglang_fp4ext.hardware import spec_by_key, spec_for_device_name
 from sglang_fp4ext.moe.decode import launch as F
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
-from sglang_fp4ext.moe.prefill import launch as PF
+from sglang_fp4ext.moe.prefill import plan as PF
 from sglang_fp4ext.moe.prefill.config import PrefillConfig
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.shape import MoEShape, Target
@@ -121,7 +121,7 @@ def prefill_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
     w = _weights(shape)
     k = shape.top_k
     x = _meta(torch.bfloat16, T, shape.H)
-    plan = PF._plan(x, w, _meta(torch.int32, T, k), _meta(torch.float32, T, k), x, cfg, False)
+    plan = PF.plan(x, w, _meta(torch.int32, T, k), _meta(torch.float32, T, k), x, cfg, False)
     return [_record(L) for L in plan if "gemm" in L.kernel]
 
 
