@@ -27,6 +27,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout",
+            "pytest-xdist",  # the CPU tier runs a worker per core (-n auto --dist loadfile)
             "hypothesis>=6",
             "nvidia-modelopt",
             "safetensors",

@@ -317,11 +317,12 @@ def test_patched_sglang_needs_no_hooks_and_other_backends_are_unchanged(
 
 @pytest.mark.sglang
 def test_fused_moe_layer_on_patched_sglang(sglang_copies, tmp_path, seed, monkeypatch):
-    """tests/test_sglang_layer.py's single-process case, verbatim, against the patched copy:
+    """tests/test_sglang_layer.py's single-process cases (routed-only and fused-shared),
+    verbatim, against the patched copy:
     the platform check admits fp4ext through supports_platform, weight processing and apply
     run through the delegation (no hooks exist there), and the output matches the reference."""
     monkeypatch.setenv("PYTHONPATH", _env_first(sglang_copies["patched"])["PYTHONPATH"])
-    test_sglang_layer.test_fused_moe_layer_matches_reference(tmp_path, seed, shared=1)
+    test_sglang_layer.test_fused_moe_layer_matches_reference(tmp_path, seed)
 
 
 def _cli_check(sglang_dir: Path | None) -> subprocess.CompletedProcess:
