@@ -4,6 +4,12 @@ SGLang calls ``register()`` in every process it starts (server main, scheduler/T
 controller, detokenizer) through ``sglang.srt.plugins.load_plugins()``, then applies all hooks.
 ``register()`` is cheap and idempotent, imports SGLang only after the version check, and does
 nothing (with one warning) when the installed SGLang is outside the verified range.
+
+It first checks every ``SGLANG_FP4EXT_*`` setting (``envs.py``). A bad one stops the process
+with one line naming the variable, its value and the allowed values, raised as ``SystemExit``:
+SGLang's loader catches ``Exception`` from plugins and carries on without them, so an ordinary
+error would only surface at the first MoE call, after the weights have loaded. The server's
+main process loads plugins before it parses its arguments, so nothing has loaded yet.
 """
 
 from __future__ import annotations
@@ -15,12 +21,15 @@ from sglang_fp4ext import __version__, compat, envs
 __all__ = ["register"]
 
 logger = logging.getLogger("sglang_fp4ext")
-if envs.LOG_LEVEL.get():
-    logger.setLevel(envs.LOG_LEVEL.get().upper())
 
 
 def register() -> None:
     """Make ``--moe-runner-backend fp4ext`` available in this process."""
+    bad = envs.problems()
+    if bad:
+        raise SystemExit("sglang_fp4ext: bad setting: " + "; ".join(bad))
+    if envs.LOG_LEVEL.value():
+        logger.setLevel(envs.LOG_LEVEL.value())
     status = compat.check_sglang()
     if not status.ok:
         logger.warning(

@@ -142,8 +142,10 @@ def kernel_path(cap: Capability | None) -> str:
 
     arch = f"sm_{cap[0]}{cap[1]}"
     decode = f"decode W4A16 ({arch}: Gluon, FP4 decoded in registers, bf16 mma)"
-    bf16 = (envs.PREFILL_ACTIVATIONS.get() or "auto").strip().lower() == "bf16"  # a bad value
-    # is reported by the dispatcher (prefill.config.prefill_activations), not by `fp4ext info`
+    try:
+        bf16 = envs.PREFILL_ACTIVATIONS.value() == "bf16"
+    except ValueError:  # `fp4ext info` flags it in its settings section
+        bf16 = False
     if has_native_fp4_mma(cap) and not bf16:
         prefill = (
             "prefill W4A4 (NVFP4 activations with the static input scales, block-scaled "

@@ -80,15 +80,9 @@ _WARNED: set[str] = set()
 
 def mode(device: torch.device) -> str:
     """``on`` / ``off`` / ``warn`` for calls on ``device`` (module docstring)."""
-    v = (envs.SELFCHECK.get() or "").strip().lower()
-    if v in ("on", "off", "warn"):
+    v = envs.SELFCHECK.value()
+    if v is not None:
         return v
-    if v in ("1", "true"):
-        return "on"
-    if v in ("0", "false"):
-        return "off"
-    if v:
-        raise ValueError(f"SGLANG_FP4EXT_SELFCHECK must be on, off or warn, got {v!r}")
     return "off" if target_info.is_interpreter() or device.type != "cuda" else "on"
 
 
