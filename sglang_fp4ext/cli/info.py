@@ -1,0 +1,280 @@
+"""``fp4ext info``: what is installed, every ``SGLANG_FP4EXT_*`` setting (bad ones flagged),
+whether SGLang will load the plugin, which GPU this is, which fp4ext kernel path it runs, that
+GPU's spec row (dense and 2:4-sparse peaks kept apart), the first-use self-check's verdicts, and
+the CUDA-graph capture policy for a model preset or ``config.json``.
+
+The model and layout are checked before anything slow is imported, so a mistake is one line.
+Works without SGLang and without a GPU (it says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import sys
+import warnings
+from typing import Any
+
+from sglang_fp4ext import __version__, compat, envs, target_info
+from sglang_fp4ext.cli.usage import DEFAULT_PRESET, PRESET_HELP, UsageError
+from sglang_fp4ext.model_shapes import MODELS, PRESETS
+
+__all__ = ["add_parser", "collect_info", "run", "settings_rows"]
+
+_GROUP = "sglang.srt.plugins"
+_EP_NAME = "fp4ext"
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": None, "cuda": None}
+    return {"torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def _plugin_discovery() -> dict[str, Any]:
+    """Does SGLang's own loader find and load our entry point, given SGLANG_PLUGINS?"""
+    eps = [ep for ep in importlib.metadata.entry_points(group=_GROUP) if ep.name == _EP_NAME]
+    allowed = os.environ.get("SGLANG_PLUGINS", "")
+    allowed_set = {x.strip() for x in allowed.split(",") if x.strip()}
+    out: dict[str, Any] = {
+        "entry_point": f"{_GROUP}: {eps[0].name} = {eps[0].value}" if eps else None,
+        "sglang_plugins_env": allowed or None,
+        "excluded_by_sglang_plugins": bool(allowed_set) and _EP_NAME not in allowed_set,
+        "discovered_by_sglang": None,
+    }
+    try:
+        from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+    except Exception as exc:  # SGLang missing or broken: say so, do not fail `info`
+        out["discovered_by_sglang"] = None
+        out["sglang_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    sgl_logger = logging.getLogger("sglang.srt.plugins")
+    level = sgl_logger.level
+    sgl_logger.setLevel(logging.WARNING)  # the loader logs every plugin at INFO
+    try:
+        found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+    finally:
+        sgl_logger.setLevel(level)
+    out["discovered_by_sglang"] = _EP_NAME in found
+    return out
+
+
+def _gpu_info() -> dict[str, Any]:
+    cap = target_info.device_capability()
+    info: dict[str, Any] = {
+        "name": target_info.device_name(),
+        "capability": None if cap is None else f"sm_{cap[0]}{cap[1]}",
+        "sms": target_info.num_sms(),
+        "smem_per_block": target_info.smem_per_block(),
+        "kernel_path": target_info.kernel_path(cap),
+        "spec": None,
+    }
+    try:
+        from sglang_fp4ext import hardware
+    except ImportError:
+        return info
+    spec = hardware.spec_for_device_name(info["name"]) if info["name"] else None
+    info["spec"] = None if spec is None else hardware.spec_summary(spec)
+    return info
+
+
+def collect_info() -> dict[str, Any]:
+    sgl = compat.check_sglang()
+    return {
+        "sglang_fp4ext": __version__,
+        "python": platform.python_version(),
+        "sglang": sgl.version,
+        "sglang_supported": sgl.ok,
+        "sglang_support_reason": sgl.reason,
+        **_torch_info(),
+        "triton": _triton_version(),
+        "plugin": _plugin_discovery(),
+        "gpu": _gpu_info(),
+        "settings": dict(settings_rows()),
+        "selfcheck": _selfcheck_info(),
+    }
+
+
+def _selfcheck_info() -> dict[str, Any]:
+    """The verdicts of the first-use self-check cached on disk (``moe/selfcheck.py``)."""
+    from sglang_fp4ext.moe import selfcheck
+
+    return {"file": str(selfcheck.disk_path()), "verdicts": selfcheck.verdicts()}
+
+
+def settings_rows() -> list[tuple[str, str]]:
+    """``(variable, what it is here)`` for every ``SGLANG_FP4EXT_*`` setting, bad ones flagged."""
+    rows = []
+    for var in envs.ALL:
+        try:
+            value = var.value()
+        except ValueError as exc:
+            rows.append((var.name, "BAD: " + str(exc).removeprefix(var.name + " ")))
+            continue
+        if var.is_set():
+            rows.append((var.name, value))
+        else:
+            rows.append((var.name, "unset" if var.default is None else f"{var.default} (default)"))
+    return rows
+
+
+def _yn(v: bool | None) -> str:
+    return "n/a" if v is None else ("yes" if v else "NO")
+
+
+def _print_info(info: dict[str, Any]) -> None:
+    rows: list[tuple[str, str]] = []
+
+    def section(title: str) -> None:
+        rows.append((f"[{title}]", ""))
+
+    section("versions")
+    rows.append(("sglang_fp4ext", info["sglang_fp4ext"]))
+    rows.append(("python", info["python"]))
+    rows.append(
+        (
+            "SGLang",
+            "not installed"
+            if info["sglang"] is None
+            else f"{info['sglang']} ({'supported' if info['sglang_supported'] else 'UNSUPPORTED'}:"
+            f" needs {compat.SUPPORTED_SGLANG})",
+        )
+    )
+    cuda = f" (CUDA {info['cuda']})" if info.get("cuda") else " (CPU build)"
+    rows.append(("torch", "not installed" if info["torch"] is None else info["torch"] + cuda))
+    rows.append(("Triton", info["triton"] or "not installed"))
+
+    p = info["plugin"]
+    section("plugin")
+    rows.append(("entry point", p["entry_point"] or "not installed (package not pip-installed)"))
+    rows.append(("SGLANG_PLUGINS", p["sglang_plugins_env"] or "unset (every plugin loads)"))
+    if p["excluded_by_sglang_plugins"]:
+        rows.append(("", "fp4ext is NOT in SGLANG_PLUGINS: SGLang will not load it"))
+    disc = p["discovered_by_sglang"]
+    rows.append(
+        (
+            "SGLang loader finds it",
+            "n/a (SGLang not importable)" if disc is None else _yn(disc),
+        )
+    )
+
+    g = info["gpu"]
+    section("gpu")
+    if g["name"] is None:
+        rows.append(("device", "no CUDA GPU"))
+    else:
+        rows.append(("device", f"{g['name']} ({g['capability']}, {g['sms']} SMs)"))
+        if g["smem_per_block"]:
+            rows.append(("smem per block", f"{g['smem_per_block']:,} B (opt-in)"))
+    rows.append(("fp4ext kernel path", g["kernel_path"]))
+    spec_lines = g["spec"].splitlines() if g["spec"] else []
+    if g["name"] is not None:
+        rows.append(("spec row", spec_lines[0] if spec_lines else "unknown GPU: no spec row"))
+    section("settings")
+    rows += list(info["settings"].items())
+    sc = info["selfcheck"]
+    section("kernel self-check")
+    rows.append(("verdicts", f"{len(sc['verdicts'])} in {sc['file']}"))
+    for key, v in sorted(sc["verdicts"].items()):
+        figs = "" if v.get("rms_rel") is None else f" rms_rel {v['rms_rel']:.1e}"
+        rows.append(("  " + ("ok" if v.get("ok") else "FAILED"), f"{key}{figs}"))
+    width = max(len(k) for k, _ in rows if not k.startswith("  ")) + 2
+    for k, v in rows:
+        print(k if k.startswith("[") else f"  {k:<{width}}{v}")
+        if k == "spec row":
+            for line in spec_lines[1:]:
+                print(f"  {'':<{width}}{line}")
+
+
+def _policy_args(args: argparse.Namespace) -> tuple[Any, int, int]:
+    """(model, TP, EP) for the capture policy: a preset sets all three, ``--model`` a
+    ``config.json`` (TP8 EP1 unless given); ``--tp`` / ``--ep`` override."""
+    from pathlib import Path
+
+    if args.model is None or args.model in PRESETS:
+        shape = PRESETS[args.model or args.preset]
+        model, tp, ep = MODELS[shape.model], shape.tp * shape.ep, shape.ep
+    elif Path(args.model).is_dir() or Path(args.model).is_file():
+        model, tp, ep = Path(args.model), 8, 1
+    else:
+        raise UsageError(
+            f"unknown model {args.model!r}: give --preset ({', '.join(PRESETS)}) or a "
+            "config.json path or its directory"
+        )
+    return model, args.tp if args.tp is not None else tp, args.ep if args.ep is not None else ep
+
+
+def run(args: argparse.Namespace) -> int:
+    from sglang_fp4ext import capture_policy
+
+    model, tp, ep = _policy_args(args)
+    mrr = args.max_running_requests
+    try:  # a given budget skips SGLang's bucket list: the layout is checked before any import
+        capture_policy.policy_for(model, tp, ep, mrr, prefill_budget_mb=1.0)
+    except (ValueError, KeyError) as exc:
+        raise UsageError(exc.args[0] if exc.args else str(exc)) from exc
+    with warnings.catch_warnings():
+        # CPU machines with only libcuda1 (so sgl_kernel imports): torch warns the driver is
+        # "too old", which here only means "no GPU" and is reported as such below.
+        warnings.filterwarnings("ignore", message="CUDA initialization")
+        policy = capture_policy.policy_for(model, tp, ep, mrr)
+        text = capture_policy.describe_policy(model, tp, ep, mrr)
+        info = collect_info()
+    if args.json:
+        info["capture_policy"] = policy.to_dict()
+        json.dump(info, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        _print_info(info)
+        print(f"[capture policy: {args.model or args.preset}, TP{tp} EP{ep}]")
+        for line in text.splitlines():
+            print(f"  {line}")
+    bad = envs.problems()
+    if bad:  # the plugin refuses to start with these (plugin.register)
+        print(f"fp4ext info: SGLang will not start: {'; '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Add ``info`` to ``fp4ext``'s sub-parsers."""
+    p = sub.add_parser(
+        "info",
+        help="versions, settings, plugin discovery, GPU and kernel path",
+        description=__doc__.split("\n\n")[0],
+        epilog=PRESET_HELP,
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--preset",
+        default=DEFAULT_PRESET,
+        choices=list(PRESETS),
+        help=f"model and layout for the capture-policy table (default {DEFAULT_PRESET})",
+    )
+    p.add_argument("--model", default=None, help="instead of a preset: a config.json or its dir")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: preset's)")
+    p.add_argument("--ep", type=int, default=None, help="expert-parallel size (default: preset's)")
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.set_defaults(func=run)
+    return p
