@@ -20,6 +20,7 @@ from collections import Counter
 import torch
 
 from sglang_fp4ext.moe import paths, selfcheck
+from sglang_fp4ext.moe.prepared import validate_moe_inputs
 from sglang_fp4ext.moe.shape import Target, current_target
 from sglang_fp4ext.moe.tables import TableEntry, select
 
@@ -45,12 +46,10 @@ def fused_moe(
 ) -> torch.Tensor:
     """NVFP4 MoE on the path the tables choose. Arguments as the launchers': hidden_states (T, H)
     bf16; weights ``PreparedMoEWeights``; topk_ids (T, top_k) int32/int64 (ids < 0 and >= E
-    contribute nothing); topk_weights (T, top_k); out: optional (T, H) bf16. Returns ``out``."""
-    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
-        raise ValueError(
-            f"fused_moe: topk_ids must be a 2-D (T, top_k) tensor, got "
-            f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}"
-        )
+    contribute nothing, here, in the kernels and in the torch twin); topk_weights (T, top_k);
+    out: optional (T, H) bf16. Checked before anything runs (``validate_moe_inputs``): the
+    weights' type first, then every shape. Returns ``out``."""
+    validate_moe_inputs("fused_moe", hidden_states, weights, topk_ids, topk_weights, out)
     entry = choose(hidden_states.shape[0], weights, topk_ids.shape[1], target)
     path = paths.get(entry.path)
     served = path.serves(entry.config, weights)  # e.g. W4A4 needs static input scales

@@ -104,7 +104,9 @@ def w4a4_twin_weights(w: MoEWeights) -> MoEWeights:
 
 
 def validate_moe_inputs(op: str, x, weights, topk_ids, topk_weights, out) -> None:
-    """Input checks shared by the decode and prefill entry points (``op`` prefixes the errors)."""
+    """Input checks shared by the dispatcher and both launchers (``op`` prefixes the errors): the
+    weights' type, then every shape, then dtypes, layout and devices, so the first error names
+    the first thing wrong. Ids are not checked: one ``< 0`` or ``>= E`` contributes nothing."""
 
     def fail(msg: str):
         raise ValueError(f"{op}: {msg}")
@@ -119,8 +121,6 @@ def validate_moe_inputs(op: str, x, weights, topk_ids, topk_weights, out) -> Non
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
             fail(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-        if not t.is_contiguous():
-            fail(f"{name} must be contiguous")
     if x.dtype != torch.bfloat16:
         fail(f"hidden_states must be bfloat16, got {x.dtype}")
     if x.shape[1] != weights.hidden_size:
@@ -139,6 +139,9 @@ def validate_moe_inputs(op: str, x, weights, topk_ids, topk_weights, out) -> Non
         )
     if topk_ids.shape[1] < 1:
         fail("top_k must be >= 1")
+    for name, t in (("hidden_states", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if not t.is_contiguous():
+            fail(f"{name} must be contiguous")
     dev = weights.device
     for name, t in (("hidden_states", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
         if t.device != dev:
