@@ -100,3 +100,28 @@ def test_info_settings_section_shows_every_variable_and_flags_bad_ones(monkeypat
     assert rows["SGLANG_FP4EXT_SELFCHECK"] == "warn"
     assert rows["SGLANG_FP4EXT_DEBUG"] == "0 (default)"
     assert rows["SGLANG_FP4EXT_PREFILL_ACTIVATIONS"].startswith("BAD: must be auto or bf16")
+
+
+def test_check_quiet_keeps_known_third_party_noise_off_the_terminal(tmp_path):
+    """Importing ModelOpt (its untested-transformers warning) and torch, and printing a colour
+    escape, under ``check.quiet``: nothing reaches the terminal, the log keeps the prints, and
+    a logger torch set up inside writes to the terminal again afterwards."""
+    log = tmp_path / "quantize.log"
+    code = (
+        "from pathlib import Path\nimport warnings\nfrom sglang_fp4ext.cli.check import quiet\n"
+        f"with quiet(Path({str(log)!r})):\n"
+        "    import modelopt.torch, torch\n"
+        "    warnings.warn('old api', FutureWarning)\n"
+        "    print('\\x1b[32mquantized\\x1b[0m')\n"
+        "print('done')\n"
+        "import logging\nlogging.getLogger('torch.utils.cpp_extension').warning('after')\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONWARNINGS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done\n", proc.stdout
+    # Only the warning logged after it, through a handler torch made inside: still working.
+    assert proc.stderr.strip().endswith("after") and len(proc.stderr.splitlines()) == 1
+    assert "quantized" in log.read_text()

@@ -546,3 +546,14 @@ def test_two_real_servers_at_once_one_on_a_taken_port(plain_model, tmp_path, mon
     assert all(len(o) == 1 for o in outs), outs
     for s in (a, b):
         assert not server_ports.session_pids(s.proc.pid, live=True)  # stopped, whole tree
+
+
+def test_stop_explains_the_shutdown_lines_it_causes_once(fake):
+    """SGLang logs its children's SIGTERM as "Subprocess ... crashed with exit code -15"; the
+    log a check points users at ends in one line saying the harness stopped the server."""
+    server = fake("serve")
+    with server:
+        pass
+    lines = server.log_path.read_text().splitlines()
+    assert lines[-1].startswith("[fp4ext harness] stopped this server") and "-15" in lines[-1]
+    assert sum(ln.startswith("[fp4ext harness]") for ln in lines) == 1

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import re
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -42,8 +44,17 @@ def quiet(log_path: Path):
     with warnings.catch_warnings(), open(log_path, "a") as log:
         for category, message in KNOWN_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=category)
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            yield
+        try:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                yield
+        finally:
+            # A logging handler made inside (torch makes one at import) would keep the closed
+            # log as its stream: give it the terminal back.
+            loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+            for logger in loggers:
+                for h in getattr(logger, "handlers", ()):
+                    if isinstance(h, logging.StreamHandler) and h.stream is log:
+                        h.setStream(sys.stderr)
 
 
 def checkpoint_config(model_path: str) -> dict:

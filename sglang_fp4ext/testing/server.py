@@ -334,11 +334,19 @@ class SGLangServer:
         self.stopped_at = time.monotonic()
 
     def _stop(self, grace: float) -> None:
+        running = self.proc is not None and self.proc.poll() is None
         if self.proc is not None:
             _kill_group(self.proc, grace)
         if self._log is not None:
             self._log.close()
             self._log = None
+        if running:  # said once, where a user reading the log would otherwise see a crash
+            with open(self.log_path, "a") as log:
+                log.write(
+                    "[fp4ext harness] stopped this server (SIGTERM to its process group): "
+                    "shutdown lines above such as 'Subprocess ... crashed with exit code -15' "
+                    "are that stop, not a failure\n"
+                )
         if self._block is not None:
             self._block.release()
             self._block = None
