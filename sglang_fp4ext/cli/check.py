@@ -68,7 +68,7 @@ def checkpoint_config(model_path: str) -> dict:
     if not path.exists() and _HUB_ID.match(model_path):
         raise UsageError(
             f"--model-path {model_path} looks like a Hugging Face repo id: download it first "
-            f"(huggingface-cli download {model_path} --local-dir DIR) and pass --model-path DIR"
+            f"(hf download {model_path} --local-dir DIR) and pass --model-path DIR"
         )
     if not path.is_dir():
         raise UsageError(f"--model-path {model_path} is not a directory")
