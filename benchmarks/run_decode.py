@@ -73,7 +73,7 @@ def _gemm2_candidates(base: DecodeConfig, kc2: int):
 
 
 def _misc_candidates(base: DecodeConfig):
-    out = [dataclasses.replace(base, stages1=4), dataclasses.replace(base, stages2=4)]
+    out = [base.reform(stages1=4), base.reform(stages2=4)] if base.kernels == "dot" else []
     if base.block_t < 32:
         out.append(dataclasses.replace(base, block_t=2 * base.block_t))
     if base.block_t > 8:

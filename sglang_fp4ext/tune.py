@@ -234,8 +234,7 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None, incumbent
         ranked.remove(inc_rec)  # within the margin of the best: the incumbent stays (no churn)
         ranked.insert(0, inc_rec)
     for t in ranked[:MAX_CHECKS]:
-        cls = type(space[t["path"]][0])
-        cfg = cls.from_dict(t["config"])
+        cfg = paths.get(t["path"]).config_type.from_dict(t["config"])
         check = _check(layer, T, t["path"], cfg)
         t["check"] = check
         if check["ok"]:

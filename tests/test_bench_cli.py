@@ -26,6 +26,7 @@ from sglang_fp4ext.bench import cpu_check, figures, report, table
 from sglang_fp4ext.bench.bench_cli import main
 from sglang_fp4ext.bench.layer import Layer, make_routing
 from sglang_fp4ext.bench.peers import SGLANG_PEERS, sglang_peer_unavailable
+from sglang_fp4ext.moe import paths
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -384,8 +385,7 @@ def test_layer_inputs_check_and_peer_on_cpu(shape, T, path, seed):
     assert len(xs) == 4 and xs[0].shape == (T, 256) and not torch.equal(xs[0], xs[2])
     assert routes[0][0].shape == (T, shape.top_k_local)
     assert layer.distinct(T) == sum(r[2] for r in routes) / 4 > 0
-    want = {"decode": "DecodeConfig", "prefill": "PrefillConfig"}[path]
-    assert type(layer.config(T, path)).__name__ == want
+    assert isinstance(layer.config(T, path), paths.get(path).config_type)
     # Input 3 runs on copy 1 (i % copies), for the peer as for fp4ext.
     ref = fused_moe_nvfp4_torch(xs[3], layer.packs[1], routes[3][0], routes[3][1])
     # bf16 weights and activations in the peer: ~3e-3 rms measured; a wrong expert is O(1).

@@ -41,9 +41,9 @@ def _as(cfg, kernels):
     H's K chunks divide by 4). The forms that exclude the family's own (the table's or
     heuristic's stacked GEMM1 and side-by-side slots: pair chunks over programs, the pairs GEMM2)
     are dropped first, GEMM1's register cap wherever the form does not take it
-    (``DecodeConfig.reform``)."""
+    (``GluonDecodeConfig.reform``)."""
     if kernels == "gluon3":
-        cfg = cfg.reform(kstack1=0, slots2=0)
+        cfg = cfg.reform(kernels="gluon", kstack1=0, slots2=0)
     if kernels == "gluonk":
         sk = 4 if cfg.split_k1 >= 4 else 2
         w = min(cfg.warps1, 32 // sk)
@@ -73,17 +73,18 @@ def _as(cfg, kernels):
             split_k2=cfg.split_k2 if pairs else 1,
             tiles2=cfg.tiles2 if pairs else 1,
         )
-    return cfg.reform(kernels=kernels, combine="counter")
+    return cfg.reform(kernels=kernels, **({"combine": "counter"} if kernels == "gluon" else {}))
 
 
 def _with_gemm2(cfg, gemm2):
     """``cfg`` with its GEMM2 form forced to ``gemm2`` (the token GEMM2 takes no split or tiles;
-    only it takes side-by-side slots)."""
+    only it takes side-by-side slots, a Gluon knob)."""
+    slots = {"slots2": cfg.slots2 if gemm2 == "tokens" else 0} if cfg.kernels == "gluon" else {}
     return cfg.reform(
         gemm2=gemm2,
         tiles2=1 if gemm2 == "tokens" else cfg.tiles2,
         split_k2=1 if gemm2 == "tokens" else cfg.split_k2,
-        slots2=cfg.slots2 if gemm2 == "tokens" else 0,
+        **slots,
     )
 
 

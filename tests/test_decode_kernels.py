@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from sglang_fp4ext.moe.decode import launch as fm
-from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.config import DecodeConfig, DotDecodeConfig, GluonDecodeConfig
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.testing.compare import assert_close
@@ -69,7 +69,7 @@ class Case:
 
 
 CASES = [
-    Case("T1_k8_slots", E=16, H=256, I=128, T=1, k=8, cfg=DecodeConfig(grid="slots")),
+    Case("T1_k8_slots", E=16, H=256, I=128, T=1, k=8, cfg=DotDecodeConfig(grid="slots")),
     Case("T1_k8_heuristic", E=16, H=256, I=128, T=1, k=8),
     Case(
         "T5_k9_shared_drop_splitk_nonpow2",
@@ -80,7 +80,7 @@ CASES = [
         k=9,
         shared=True,
         drop=0.3,
-        cfg=DecodeConfig(grid="slots", split_k1=2, split_k2=2, block_n1=32, block_n2=128),
+        cfg=DotDecodeConfig(grid="slots", split_k1=2, split_k2=2, block_n1=32, block_n2=128),
     ),
     Case(
         "T7_k8_experts_grid_splitk",
@@ -90,7 +90,7 @@ CASES = [
         T=7,
         k=8,
         drop=0.2,
-        cfg=DecodeConfig(grid="experts", split_k1=2, block_n1=128, block_n2=128, block_p=16),
+        cfg=DotDecodeConfig(grid="experts", split_k1=2, block_n1=128, block_n2=128, block_p=16),
     ),
     Case(
         "T20_all_on_one_expert",
@@ -100,7 +100,7 @@ CASES = [
         T=20,
         k=2,
         one_expert=3,
-        cfg=DecodeConfig(grid="experts", block_t=16, block_p=16, split_k2=2),
+        cfg=DotDecodeConfig(grid="experts", block_t=16, block_p=16, split_k2=2),
     ),
     Case(
         "T5_k9_shared_drop_gemm2_tokens",
@@ -111,7 +111,7 @@ CASES = [
         k=9,
         shared=True,
         drop=0.3,
-        cfg=DecodeConfig(grid="slots", split_k1=2, block_n2=32, gemm2="tokens"),
+        cfg=DotDecodeConfig(grid="slots", split_k1=2, block_n2=32, gemm2="tokens"),
     ),
     Case(
         "T9_k8_drop_gemm2_tokens_bt16_multichunk",
@@ -121,7 +121,7 @@ CASES = [
         T=9,
         k=8,
         drop=0.5,
-        cfg=DecodeConfig(grid="experts", block_t=16, gemm2="tokens"),
+        cfg=DotDecodeConfig(grid="experts", block_t=16, gemm2="tokens"),
     ),
     Case(
         "T6_k9_experts_grid_both_splits",
@@ -132,7 +132,7 @@ CASES = [
         k=9,
         shared=True,
         drop=0.2,
-        cfg=DecodeConfig(grid="experts", split_k1=2, split_k2=2),
+        cfg=DotDecodeConfig(grid="experts", split_k1=2, split_k2=2),
     ),
     Case(  # GPU: the third-launch top-k sum, pair chunks split (interpreter: the dot family)
         "T20_k9_experts_split2_combine_kernel_split_t",
@@ -143,9 +143,7 @@ CASES = [
         k=9,
         shared=True,
         drop=0.2,
-        cfg=DecodeConfig(
-            grid="experts", split_k1=2, split_k2=2, kernels="gluon", combine="kernel", split_t=2
-        ),
+        cfg=GluonDecodeConfig(grid="experts", split_k1=2, split_k2=2, combine="kernel", split_t=2),
     ),
 ]
 
@@ -180,7 +178,7 @@ def test_no_local_expert_gives_zeros_and_deterministic_repeat(seed, gemm2):
     ids[1] = -1
     x = torch.randn(3, 256, generator=g).to(torch.bfloat16)
     x, ids, tw = x.to(DEV), ids.to(DEV), tw.to(DEV)
-    cfg = DecodeConfig(gemm2=gemm2)
+    cfg = DotDecodeConfig(gemm2=gemm2)
     out = torch.full((3, 256), float("nan"), dtype=torch.bfloat16, device=DEV)
     fused_moe_nvfp4(x, pw, ids, tw, out=out, config=cfg)
     assert out[1].eq(0).all()

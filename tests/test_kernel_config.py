@@ -1,4 +1,5 @@
-"""DecodeConfig: frozen/hashable/repr round trip, validation, the heuristic, tables, overrides.
+"""The decode configs (a type per kernel family): frozen/hashable/repr round trip, validation,
+the heuristic, tables, overrides.
 
 Table format v2 details, errors and the tuner: tests/test_tune.py; the dispatcher:
 tests/test_dispatch.py."""
@@ -9,7 +10,7 @@ import json
 import pytest
 
 from sglang_fp4ext.moe import tables as C
-from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.config import DecodeConfig, DotDecodeConfig, GluonDecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 from sglang_fp4ext.moe.tables import config_for
@@ -22,12 +23,41 @@ TOKENS = [0, 1, 2, 3, 4, 8, 16, 31, 64, 128, 256, 1000]
 
 
 def test_frozen_hashable_repr_round_trip():
-    cfg = DecodeConfig(grid="experts", block_n1=128, split_k2=4)
-    assert eval(repr(cfg), {"DecodeConfig": DecodeConfig}) == cfg
-    assert hash(cfg) == hash(DecodeConfig(grid="experts", block_n1=128, split_k2=4))
-    assert DecodeConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.block_t = 32
+    names = {"DotDecodeConfig": DotDecodeConfig, "GluonDecodeConfig": GluonDecodeConfig}
+    for cfg in (
+        DotDecodeConfig(grid="experts", block_n1=128, split_k2=4, stages1=4),
+        GluonDecodeConfig(grid="experts", block_n1=128, split_k2=4, combine="kernel", pdl=1),
+    ):
+        assert eval(repr(cfg), names) == cfg
+        assert hash(cfg) == hash(dataclasses.replace(cfg))
+        assert DecodeConfig.from_dict(cfg.to_dict()) == cfg
+        assert cfg.to_dict()["kernels"] == cfg.kernels and isinstance(cfg, DecodeConfig)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cfg.block_t = 32
+    # Same tiles, other family: not equal.
+    assert DotDecodeConfig() != GluonDecodeConfig() and DecodeConfig.families() == {
+        "dot": DotDecodeConfig,
+        "gluon": GluonDecodeConfig,
+    }
+
+
+def test_each_family_takes_its_own_knobs_only():
+    """The base holds the shared tiles and cannot be built; a knob of the other family is an
+    error naming it, in Python and in a table's JSON."""
+    with pytest.raises(TypeError, match="build one of DotDecodeConfig, GluonDecodeConfig"):
+        DecodeConfig()
+    with pytest.raises(TypeError, match="pdl"):
+        DotDecodeConfig(pdl=1)
+    with pytest.raises(TypeError, match="stages1"):
+        GluonDecodeConfig(stages1=4)
+    with pytest.raises(ValueError, match=r"unknown DotDecodeConfig fields \['split_t'\]"):
+        DecodeConfig.from_dict({"kernels": "dot", "split_t": 2})
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        DecodeConfig.from_dict({"kernels": "wgmma"})
+    with pytest.raises(ValueError, match="combine: not a knob of DotDecodeConfig"):
+        GluonDecodeConfig().reform(kernels="dot", combine="kernel")
+    # No "kernels" (a v1 table): the first family.
+    assert DecodeConfig.from_dict({"split_k1": 2}) == DotDecodeConfig(split_k1=2)
 
 
 @pytest.mark.parametrize(
@@ -57,13 +87,20 @@ def test_frozen_hashable_repr_round_trip():
         ({"kstack1": 1, "split_k1": 8, "warps1": 8, "block_n1": 128}, "64 warps per program"),
         ({"maxnreg1": 32}, "maxnreg1 must be 0"),
         ({"maxnreg1": 256}, "maxnreg1 must be 0"),
-        ({"maxnreg1": 128, "kernels": "gluon", "kstack1": 1, "split_k1": 4}, "kstack1=1"),
-        ({"maxnreg1": 128, "kernels": "dot"}, "not the tl.dot family"),
+        ({"maxnreg1": 128, "kstack1": 1, "split_k1": 4}, "kstack1=1"),
     ],
 )
 def test_invalid_configs_rejected(kwargs, msg):
-    with pytest.raises(ValueError, match=msg):
-        DecodeConfig(**kwargs)
+    """Each family's own checks; the shared tiles' checks on both families."""
+    if "stages2" in kwargs:
+        classes = (DotDecodeConfig,)
+    elif set(kwargs) <= {f.name for f in dataclasses.fields(DecodeConfig)}:
+        classes = (DotDecodeConfig, GluonDecodeConfig)
+    else:
+        classes = (GluonDecodeConfig,)
+    for cls in classes:
+        with pytest.raises(ValueError, match=msg):
+            cls(**kwargs)
     with pytest.raises(ValueError, match="unknown"):
         DecodeConfig.from_dict({"blockn": 1})
 
@@ -119,7 +156,7 @@ def test_token_bucket():
 
 
 def test_override_and_reset():
-    forced = DecodeConfig(grid="experts", block_n1=32)
+    forced = DotDecodeConfig(grid="experts", block_n1=32)
     with C.override_config(forced):
         assert config_for(7, TP8, H200) is forced
     assert config_for(7, TP8, H200) != forced or heuristic_config(7, TP8, H200) == forced
@@ -167,7 +204,7 @@ def test_tables_parse_and_are_used(tmp_path, monkeypatch):
     monkeypatch.setattr(C, "_CONFIG_DIR", tmp_path)
     C.clear_table_cache()
     try:
-        cfg = DecodeConfig(grid="experts", block_n1=128, split_k1=2)
+        cfg = DotDecodeConfig(grid="experts", block_n1=128, split_k1=2)
         doc = {"device_name": "Test GPU", "shapes": {EP8.key(): {"16": cfg.to_dict()}}}
         (tmp_path / "Test_GPU.json").write_text(json.dumps(doc))
         tgt = Target("sm_90", "Test GPU", 132)
@@ -261,17 +298,17 @@ def test_reform_leaves_gemm1s_cap_behind_only_where_the_new_form_rejects_it():
     """``DecodeConfig.reform``: a config derived in another form keeps every other field; GEMM1's
     register cap goes where the form does not take it (the tl.dot family, stacked splits) and
     stays where it does; a cap the caller names is checked as given."""
-    capped = DecodeConfig(kernels="gluon", block_n1=128, warps1=4, maxnreg1=168)
+    capped = GluonDecodeConfig(block_n1=128, warps1=4, maxnreg1=168)
     assert capped.reform(block_t=16) == dataclasses.replace(capped, block_t=16)
     assert capped.reform(gemm2="tokens", combine="counter").maxnreg1 == 168
-    for form in ({"kernels": "dot"}, {"kstack1": 1, "split_k1": 4, "warps1": 2, "block_n1": 64}):
-        derived = capped.reform(**form)
-        assert derived.maxnreg1 == 0, form
-        assert derived == dataclasses.replace(capped, maxnreg1=0, **form)
-        with pytest.raises(ValueError, match="caps the Gluon GEMM1"):
-            capped.reform(maxnreg1=168, **form)
-    plain = DecodeConfig(kernels="gluon")
-    assert plain.reform(kernels="dot") == dataclasses.replace(plain, kernels="dot")
+    stack = {"kstack1": 1, "split_k1": 4, "warps1": 2, "block_n1": 64}
+    derived = capped.reform(**stack)
+    assert derived == dataclasses.replace(capped, maxnreg1=0, **stack)
+    with pytest.raises(ValueError, match="caps the GEMM1 of split programs"):
+        capped.reform(maxnreg1=168, **stack)
+    # The other family: the shared tiles carry over, the knobs of this one stay behind.
+    assert capped.reform(kernels="dot") == DotDecodeConfig(block_n1=128, warps1=4)
+    assert DotDecodeConfig(stages1=4).reform(kernels="gluon") == GluonDecodeConfig()
 
 
 def test_gpu_tier_forms_of_every_shipped_decode_entry_are_valid(tmp_path, monkeypatch):

@@ -20,8 +20,8 @@ from sglang_fp4ext import model_shapes
 from sglang_fp4ext import tune as TU
 from sglang_fp4ext.moe import dispatch, paths, selfcheck
 from sglang_fp4ext.moe import tables as C
-from sglang_fp4ext.moe.decode.config import DecodeConfig
-from sglang_fp4ext.moe.prefill.config import PrefillConfig
+from sglang_fp4ext.moe.decode.config import DecodeConfig, DotDecodeConfig
+from sglang_fp4ext.moe.prefill.config import DotPrefillConfig
 from sglang_fp4ext.moe.shape import ConfigDict, MoEShape, Target
 from sglang_fp4ext.testing.compare import assert_close
 
@@ -93,7 +93,7 @@ def _layer_inputs(T=5, seed=7):
 def test_shipped_paths_are_registered_in_order_with_their_config_types():
     assert paths.names()[:2] == ("decode", "prefill")
     assert paths.get("decode").config_type is DecodeConfig
-    assert paths.path_of(PrefillConfig()).name == "prefill"
+    assert paths.path_of(DotPrefillConfig()).name == "prefill"
     with pytest.raises(ValueError, match="unknown kernel path 'nope'"):
         paths.get("nope")
     with pytest.raises(TypeError, match="config of no kernel path"):
@@ -104,7 +104,7 @@ def test_shipped_paths_are_registered_in_order_with_their_config_types():
 
 def test_a_family_added_in_one_place_is_read_from_tables(chunked):
     doc = C.table_document("Test GPU", {MoEShape(8, 256, 128, 2).key(): {
-        1: C.TableEntry("decode", DecodeConfig()),
+        1: C.TableEntry("decode", DotDecodeConfig()),
         4: C.TableEntry("chunked", ChunkedConfig(chunk=2)),
     }})  # fmt: skip
     _, entries = C.parse_table(doc)
@@ -113,7 +113,7 @@ def test_a_family_added_in_one_place_is_read_from_tables(chunked):
     with pytest.raises(C.ConfigTableError, match="bucket '4'.*chunk must be an int >= 1"):
         C.parse_table(doc)
     with pytest.raises(TypeError, match="needs a ChunkedConfig"):
-        C.TableEntry("chunked", DecodeConfig())
+        C.TableEntry("chunked", DotDecodeConfig())
 
 
 def test_a_family_added_in_one_place_is_dispatched_and_self_checked(chunked, monkeypatch):

@@ -31,7 +31,13 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from sglang_fp4ext.moe.prefill.config import PrefillConfig, w4a16_twin_config
+from sglang_fp4ext.moe.prefill.config import (
+    DotPrefillConfig,
+    PrefillConfig,
+    W4A4PrefillConfig,
+    WgmmaPrefillConfig,
+    w4a16_twin_config,
+)
 from sglang_fp4ext.moe.prefill.grouping import (
     group_by_expert,
     group_by_expert_torch,
@@ -152,7 +158,7 @@ CASES = [
         64,
         37,
         8,
-        PrefillConfig(**_SMALL, block_n1=64, block_n2=64),
+        DotPrefillConfig(**_SMALL, block_n1=64, block_n2=64),
         dict(skew=1.5),
     ),
     Case(
@@ -162,7 +168,7 @@ CASES = [
         80,
         21,
         9,
-        PrefillConfig(
+        DotPrefillConfig(
             block_m=16,
             block_p=16,
             block_k1=256,
@@ -180,7 +186,7 @@ CASES = [
         160,
         27,
         2,
-        PrefillConfig(block_m=32, block_p=32, group_n2=2),  # GEMM2: 2 blocks x 2 K steps
+        DotPrefillConfig(block_m=32, block_p=32, group_n2=2),  # GEMM2: 2 blocks x 2 K steps
         dict(live=[0, 3, 4, 9]),
     ),
     Case(
@@ -190,7 +196,7 @@ CASES = [
         64,
         45,
         2,
-        PrefillConfig(**_SMALL, block_n2=32),
+        DotPrefillConfig(**_SMALL, block_n2=32),
         dict(one_expert=5),
     ),
     Case(
@@ -200,7 +206,7 @@ CASES = [
         80,
         19,
         9,
-        PrefillConfig(**_SMALL, group_n2=4, combine="atomic"),
+        DotPrefillConfig(**_SMALL, group_n2=4, combine="atomic"),
         dict(shared=True, drop=0.2),
     ),
     Case("heuristic_config", 12, 256, 64, 23, 8, None, dict(skew=0.5, drop=0.1)),
@@ -212,7 +218,7 @@ CASES = [
         64,
         37,
         4,
-        PrefillConfig(**_SMALL, block_m1=32),
+        DotPrefillConfig(**_SMALL, block_m1=32),
         dict(skew=1.0, drop=0.1),
     ),
     Case(
@@ -222,7 +228,7 @@ CASES = [
         64,
         37,
         4,
-        PrefillConfig(block_m=32, block_m1=16, block_p=64, group_n2=2),
+        DotPrefillConfig(block_m=32, block_m1=16, block_p=64, group_n2=2),
         dict(skew=1.0),
     ),
 ]
@@ -253,7 +259,7 @@ def test_no_local_expert_zeros_int64_bf16_and_deterministic(seed):
     ids[[2, 11]] = -1
     x = torch.randn(20, 256, generator=g).to(torch.bfloat16)
     x, ids, tw = x.to(DEV), ids.long().to(DEV), tw.to(torch.bfloat16).to(DEV)
-    cfg = PrefillConfig(**_SMALL)
+    cfg = DotPrefillConfig(**_SMALL)
     out = torch.full((20, 256), float("nan"), dtype=torch.bfloat16, device=DEV)
     fused_moe_nvfp4_prefill(x, pw, ids, tw, out=out, config=cfg)
     assert out[[2, 11]].eq(0).all()
@@ -300,7 +306,7 @@ def test_zero_tokens_and_validation():
 
 
 def test_config_rules_and_round_trip():
-    cfg = PrefillConfig(block_m=64, stages1=3, combine="atomic")
+    cfg = DotPrefillConfig(block_m=64, stages1=3, combine="atomic")
     assert eval(repr(cfg)) == cfg and hash(cfg) == hash(eval(repr(cfg)))
     assert PrefillConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(AttributeError):
@@ -318,16 +324,18 @@ def test_config_rules_and_round_trip():
         dict(block_m=64.0),
     ):
         with pytest.raises(ValueError):
-            PrefillConfig(**bad)
-    with pytest.raises(ValueError, match="unknown PrefillConfig fields"):
+            DotPrefillConfig(**bad)
+    with pytest.raises(ValueError, match="unknown DotPrefillConfig fields"):
         PrefillConfig.from_dict({"block_t": 16})
+    with pytest.raises(TypeError, match="build one of DotPrefillConfig, W4A4PrefillConfig"):
+        PrefillConfig()
 
 
-_WG = dict(kernels="wgmma", block_k1=256, block_k2=256)
+_WG = dict(block_k1=256, block_k2=256)
 
 
 def test_wgmma_config_rules():
-    cfg = PrefillConfig(block_m=64, stages1=3, group_n2=8, **_WG)
+    cfg = WgmmaPrefillConfig(block_m=64, stages1=3, group_n2=8, **_WG)
     assert eval(repr(cfg)) == cfg and PrefillConfig.from_dict(cfg.to_dict()) == cfg
     for bad, what in (
         (dict(block_n1=64, warps1=4), "block_n1 must be 128 on 8 warps"),
@@ -339,27 +347,27 @@ def test_wgmma_config_rules():
         (dict(block_m=128, stages1=4), "within 232448"),
         (dict(block_m=256), "block_m and block_m1 must be <= 128"),
         (dict(combine="atomic"), "the ordered combine, not the atomic one"),
-        (dict(kernels="gluon"), "kernels must be one of"),
+        (dict(kernels="gluon"), "kernels must be one of"),  # (through the JSON form)
         (dict(prefetch1=4), "prefetch1 must be 1, 2 or 3"),
         (dict(prefetch2=0), "prefetch2 must be 1, 2 or 3"),
         (dict(accs2=3), "accs2 must be 1 or 2"),
         (dict(accs2=2, group_n2=16), "2 needs group_n2 <= 8"),
-        (dict(kernels="dot", block_k2=128, prefetch1=2), "knobs of the wgmma kernels"),
-        (dict(kernels="w4a4", accs2=2), "knobs of the wgmma kernels"),
-        (dict(kernels="dot", block_k2=128, static_ring1=1), "knobs of the wgmma kernels"),
+        (dict(kernels="dot", block_k2=128, prefetch1=2), "unknown DotPrefillConfig fields"),
+        (dict(kernels="w4a4", accs2=2), "unknown W4A4PrefillConfig fields"),
+        (dict(kernels="dot", block_k2=128, static_ring1=1), "unknown DotPrefillConfig fields"),
         (dict(static_ring1=2), "static_ring1 must be 0 or 1"),
         (dict(block_m1=48), "block_m1 must be 0"),
         (dict(block_m=32, block_m1=256), "block_m and block_m1 must be <= 128"),
         (dict(block_m=32, block_m1=128, stages1=4), "GEMM1 block_m=128"),
         (dict(static_ring2=1, stages2=4, block_m=32), "1 needs stages2 <= 3"),
         (dict(static_ring2=1, accs2=2, group_n2=8), "with accs2=2 GEMM2 has none"),
-        (dict(kernels="dot", block_k2=128, smem_epi2=1), "knobs of the wgmma kernels"),
+        (dict(kernels="dot", block_k2=128, smem_epi2=1), "unknown DotPrefillConfig fields"),
         (dict(smem_epi2=2), "smem_epi2 must be 0 or 1"),
         (dict(l2_prefetch1=5), "l2_prefetch1 must be in 0..4"),
         (dict(static_ring1=1, code_ring1=3), "code_ring1 must be 0 .* a multiple of stages1"),
         (dict(code_ring1=2), "with static_ring1=1"),
         (dict(static_ring2=1, code_ring2=2, prefetch2=2), "prefetch2=1"),
-        (dict(kernels="dot", block_k2=128, code_ring1=2), "knobs of the wgmma kernels"),
+        (dict(kernels="dot", block_k2=128, code_ring1=2), "unknown DotPrefillConfig fields"),
         (
             dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=2),
             "with accs2=2 code_ring2 must be 0 or 1",
@@ -368,16 +376,16 @@ def test_wgmma_config_rules():
             dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, prefetch2=2),
             "with accs2=2 code_ring2",
         ),
-        (dict(kernels="dot", block_k2=128, l2_prefetch2=1), "knobs of the wgmma kernels"),
+        (dict(kernels="dot", block_k2=128, l2_prefetch2=1), "unknown DotPrefillConfig fields"),
         (dict(tail1=8, static_ring1=1, block_m=64, stages1=2), "tail1 must be 0 .*, 16, 32 or 64"),
         (dict(tail1=32, block_m=64, stages1=2), "with static_ring1=1"),
         (dict(tail1=64, static_ring1=1, block_m=32), "at most GEMM1's block_m"),
         (dict(tail1=32, static_ring1=1, block_m=128, stages1=3), "plus 49152 B for .* tail"),
-        (dict(kernels="dot", block_k2=128, tail1=32), "knobs of the wgmma kernels"),
-        (dict(kernels="w4a4", tail1=16), "knobs of the wgmma kernels"),
+        (dict(kernels="dot", block_k2=128, tail1=32), "unknown DotPrefillConfig fields"),
+        (dict(kernels="w4a4", tail1=16), "unknown W4A4PrefillConfig fields"),
         (dict(tw1=2), "tw1 and hoist2 must be 0 or 1"),
         (dict(hoist2=1, group_n2=4), "hoist2 only with accs2=2"),
-        (dict(kernels="dot", block_k2=128, tw1=1), "knobs of the wgmma kernels"),
+        (dict(kernels="dot", block_k2=128, tw1=1), "unknown DotPrefillConfig fields"),
         (dict(block_m=32, msub2=5), "msub2 must be 1 .* or 2-4"),
         (
             dict(accs2=2, group_n2=8, block_n2=64, warps2=4, code_ring2=1, msub2=2),
@@ -397,15 +405,15 @@ def test_wgmma_config_rules():
             ),
             "msub2 x block_m x 512 B = 262144 B",
         ),
-        (dict(kernels="dot", block_k2=128, msub2=2), "knobs of the wgmma kernels"),
+        (dict(kernels="dot", block_k2=128, msub2=2), "unknown DotPrefillConfig fields"),
         (dict(combine="fused"), "'ordered' or 'atomic'"),
         (dict(combine="sum"), "'ordered' or 'atomic'"),
     ):
-        with pytest.raises(ValueError, match=what):
-            PrefillConfig(**(_WG | bad))
-    knobs = PrefillConfig(block_m=32, group_n2=8, prefetch1=3, prefetch2=2, accs2=2, **_WG)
+        with pytest.raises(ValueError, match=what):  # the JSON form names the family
+            PrefillConfig.from_dict({"kernels": "wgmma"} | _WG | bad)
+    knobs = WgmmaPrefillConfig(block_m=32, group_n2=8, prefetch1=3, prefetch2=2, accs2=2, **_WG)
     assert eval(repr(knobs)) == knobs
-    one_wg = PrefillConfig(block_m=64, stages1=3, block_n2=64, warps2=4, accs2=2, **_WG)
+    one_wg = WgmmaPrefillConfig(block_m=64, stages1=3, block_n2=64, warps2=4, accs2=2, **_WG)
     assert PrefillConfig.from_dict(one_wg.to_dict()) == one_wg  # GEMM2 on one warpgroup
     # The fallback drops the knobs, GEMM1's own tile too (the dot family at 128 rows and 3
     # stages needs 233,472 B of shared memory: measured in the H200 self-check tier).
@@ -420,27 +428,17 @@ def test_wgmma_config_rules():
             code_ring1=2,
         )
     )
-    assert (
-        twin.kernels,
-        twin.prefetch1,
-        twin.prefetch2,
-        twin.accs2,
-        twin.static_ring1,
-        twin.block_m1,
-        twin.smem_epi2,
-        twin.l2_prefetch1,
-        twin.l2_prefetch2,
-        twin.code_ring1,
-    ) == ("dot", 1, 1, 1, 0, 0, 0, 0, 0, 0)
-    assert (
-        w4a16_twin_config(
-            PrefillConfig(block_m=64, block_m1=128, stages1=2, static_ring1=1, tail1=32, **_WG)
-        ).tail1
-        == 0
+    # The dot family has none of the wgmma knobs; the tiles the families share carry over.
+    assert type(twin) is DotPrefillConfig and twin == DotPrefillConfig(
+        block_m=32, block_k1=256, block_k2=128, group_n2=8
     )
-    moved = PrefillConfig(block_m=64, accs2=2, group_n2=8, tw1=1, hoist2=1, **_WG)
+    tailed = WgmmaPrefillConfig(
+        block_m=64, block_m1=128, stages1=2, static_ring1=1, tail1=32, **_WG
+    )
+    assert w4a16_twin_config(tailed) == DotPrefillConfig(block_m=64, block_k1=256)
+    moved = WgmmaPrefillConfig(block_m=64, accs2=2, group_n2=8, tw1=1, hoist2=1, **_WG)
     assert eval(repr(moved)) == moved
-    assert (w4a16_twin_config(moved).tw1, w4a16_twin_config(moved).hoist2) == (0, 0)
+    assert not hasattr(w4a16_twin_config(moved), "tw1")
 
 
 def test_wgmma_two_accumulators_need_one_k_chunk():
@@ -451,7 +449,7 @@ def test_wgmma_two_accumulators_need_one_k_chunk():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(8, 256, generator=g).to(torch.bfloat16).to(DEV)
     ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
-    cfg = PrefillConfig(block_m=16, block_p=16, accs2=2, group_n2=8, **_WG)
+    cfg = WgmmaPrefillConfig(block_m=16, block_p=16, accs2=2, group_n2=8, **_WG)
     with pytest.raises(ValueError, match="accs2=2.*intermediate_size == 256, got 512"):
         _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
 
@@ -482,10 +480,12 @@ def test_wgmma_static_ring_needs_stages_dividing_the_k_chunks():
             r"depth, which must divide its 2 K chunks",
         ),
     ):
-        cfg = PrefillConfig(block_m=16, block_p=16, **_WG | knobs)
+        cfg = WgmmaPrefillConfig(block_m=16, block_p=16, **_WG | knobs)
         with pytest.raises(ValueError, match=what):
             _plan(x, pw, ids, tw, torch.empty_like(x), cfg, False)
-    ok = PrefillConfig(block_m=16, block_p=16, static_ring1=1, stages1=3, static_ring2=1, **_WG)
+    ok = WgmmaPrefillConfig(
+        block_m=16, block_p=16, static_ring1=1, stages1=3, static_ring2=1, **_WG
+    )
     assert len(_plan(x, pw, ids, tw, torch.empty_like(x), ok, False)) == 7
 
 
@@ -496,7 +496,7 @@ def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(8, 384, generator=g).to(torch.bfloat16).to(DEV)
     ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
-    cfg = PrefillConfig(block_m=16, block_p=16, **_WG)
+    cfg = WgmmaPrefillConfig(block_m=16, block_p=16, **_WG)
     from sglang_fp4ext.moe.prefill.plan import plan as _plan
 
     with pytest.raises(ValueError, match="H and I multiples of 256, got H=384, I=256"):
@@ -508,7 +508,7 @@ def test_wgmma_family_needs_k_multiples_of_256_and_sm_90():
 
 # ---- W4A4 family (Blackwell; the interpreter runs it with fp32 operands) ----
 
-_W4 = dict(kernels="w4a4", block_k1=256, block_k2=256)
+_W4 = dict(block_k1=256, block_k2=256)
 
 
 def test_w4a4_activation_quantizer_is_bit_exact(seed):
@@ -544,7 +544,7 @@ def test_w4a4_activation_quantizer_is_bit_exact(seed):
             256,
             37,
             4,
-            PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
+            W4A4PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
             dict(skew=1.5, drop=0.2),
         ),
         (
@@ -553,7 +553,7 @@ def test_w4a4_activation_quantizer_is_bit_exact(seed):
             512,
             29,
             9,
-            PrefillConfig(block_m=32, block_n1=32, block_n2=128, block_p=64, **_W4),
+            W4A4PrefillConfig(block_m=32, block_n1=32, block_n2=128, block_p=64, **_W4),
             dict(shared=True, live=[0, 2, 3, 7]),
         ),
         (
@@ -562,7 +562,7 @@ def test_w4a4_activation_quantizer_is_bit_exact(seed):
             256,
             23,
             4,
-            PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
+            W4A4PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=64, **_W4),
             dict(out_of_range=True),
         ),
         (
@@ -571,7 +571,7 @@ def test_w4a4_activation_quantizer_is_bit_exact(seed):
             256,
             9,
             2,
-            PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=16, **_W4),
+            W4A4PrefillConfig(block_m=16, block_n1=64, block_n2=64, block_p=16, **_W4),
             dict(all_dropped=True),
         ),
     ],
@@ -635,13 +635,13 @@ def test_w4a4_is_served_only_with_input_scales_and_consent(monkeypatch):
     and when the user asks for bf16 activations; other families are served as chosen."""
     from sglang_fp4ext.moe.prefill.config import served_prefill_config, w4a16_twin_config
 
-    cfg = PrefillConfig(block_m=64, **_W4)
+    cfg = W4A4PrefillConfig(block_m=64, **_W4)
     assert served_prefill_config(cfg, True) is cfg
     assert served_prefill_config(cfg, False) == w4a16_twin_config(cfg)
     assert w4a16_twin_config(cfg).kernels == "dot" and w4a16_twin_config(cfg).block_m == 64
     monkeypatch.setenv("SGLANG_FP4EXT_PREFILL_ACTIVATIONS", "bf16")
     assert served_prefill_config(cfg, True) == w4a16_twin_config(cfg)
-    dot = PrefillConfig(block_m=64)
+    dot = DotPrefillConfig(block_m=64)
     assert served_prefill_config(dot, False) is dot
 
 
@@ -652,7 +652,7 @@ def test_w4a4_needs_input_scales_and_k_multiples_of_256():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(8, 512, generator=g).to(torch.bfloat16).to(DEV)
     ids, tw = (t.to(DEV) for t in _routing(8, 4, 2, g))
-    cfg = PrefillConfig(block_m=16, block_p=16, **_W4)
+    cfg = W4A4PrefillConfig(block_m=16, block_p=16, **_W4)
     bare = dataclasses.replace(pw, w13_input_scale=None, w2_input_scale=None)
     with pytest.raises(ValueError, match="static input scales, and these weights carry none"):
         fused_moe_nvfp4_prefill(x, bare, ids, tw, config=cfg)
@@ -661,10 +661,10 @@ def test_w4a4_needs_input_scales_and_k_multiples_of_256():
         fused_moe_nvfp4_prefill(x[:, :384].contiguous(), pw384, ids, tw, config=cfg)
     for bad, what in (
         (dict(block_k2=128), "block_k1 and block_k2 must be 256"),
-        (dict(combine="atomic"), "only the ordered combine"),
+        (dict(combine="atomic"), "the ordered combine, not the atomic one"),
     ):
         with pytest.raises(ValueError, match=what):
-            PrefillConfig(**(_W4 | bad))
+            W4A4PrefillConfig(**(_W4 | bad))
 
 
 def test_permute_k_matches_its_twin(seed):
@@ -825,7 +825,7 @@ from triton.compiler import ASTSource
 from sglang_fp4ext.moe.prefill import _dot_kernels as K
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
 from sglang_fp4ext.moe.prefill.plan import plan as _plan
-from sglang_fp4ext.moe.prefill.config import PrefillConfig
+from sglang_fp4ext.moe.prefill.config import DotPrefillConfig, PrefillConfig, WgmmaPrefillConfig
 from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.shape import MoEShape, Target
@@ -966,7 +966,7 @@ def _requests(cc):
     buckets = range(8, 14) if cc in (90, 120) else (10, 12)
     req = [[s, 1 << b, arch, sms, None] for s in _GLM5 for b in buckets]
     extra = (
-        "PrefillConfig(block_m=64, block_n1=64, block_n2=64, block_k1=256, block_k2=256, "
+        "DotPrefillConfig(block_m=64, block_n1=64, block_n2=64, block_k1=256, block_k2=256, "
         "stages1=2, stages2=2, combine='atomic')"
     )
     req.append([_GLM5[1], 4096, arch, sms, extra])
@@ -1116,8 +1116,8 @@ _TAILS_GPU = [
 
 
 def _knob_requests(arch, sms):
-    wg = "kernels='wgmma', block_k1=256, block_k2=256"
-    return [[s, 4096, arch, sms, f"PrefillConfig({k}, {wg})"] for s, k in _KNOBS]
+    return [[s, 4096, arch, sms, f"WgmmaPrefillConfig({k}, block_k1=256, block_k2=256)"]
+            for s, k in _KNOBS]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -1329,9 +1329,7 @@ def test_glm5_atomic_combine_vs_reference(name, T, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x, ids, tw = glm5_cases.inputs(name, T, g)
     cfg = prefill_heuristic_config(T, pw.shape(ids.shape[1]), Target("sm_90", None, 132), "dot")
-    out = fused_moe_nvfp4_prefill(
-        x, pw, ids, tw, config=PrefillConfig(**(cfg.to_dict() | {"combine": "atomic"}))
-    )
+    out = fused_moe_nvfp4_prefill(x, pw, ids, tw, config=cfg.reform(combine="atomic"))
     assert_close(out, fused_moe_nvfp4_torch(x, w, ids, tw), max_rel=MAX_REL, rms_rel=RMS_REL)
 
 
@@ -1421,7 +1419,7 @@ def test_other_shapes_vs_reference(shape_name, T, kernels, seed):
 
 
 def _knob_cfg(knobs):
-    return eval(f"PrefillConfig({knobs}, kernels='wgmma', block_k1=256, block_k2=256)")
+    return eval(f"WgmmaPrefillConfig({knobs}, block_k1=256, block_k2=256)")
 
 
 @pytest.mark.gpu
@@ -1466,7 +1464,7 @@ def test_wgmma_two_accumulators_ragged_last_program(group_n2, rows2, msub2, seed
         if msub2 == 1
         else dict(code_ring2=1, hoist2=1, smem_epi2=1, msub2=msub2)
     )
-    cfg = PrefillConfig(
+    cfg = WgmmaPrefillConfig(
         block_m=32, group_n2=group_n2, accs2=2, block_n2=rows2, warps2=rows2 // 16, **queue, **_WG
     )
     out = torch.full((T, 1280), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -1519,7 +1517,7 @@ def test_wgmma_staged_epilogue_equals_register_epilogue(I, accs2, rows2, seed):
         1280,
         I,
         [
-            PrefillConfig(
+            WgmmaPrefillConfig(
                 block_m=32,
                 group_n2=4,
                 accs2=accs2,
@@ -1545,7 +1543,7 @@ def test_wgmma_code_ring_equals_the_register_queue(stages, ring, seed):
         1024,
         512,
         [
-            PrefillConfig(
+            WgmmaPrefillConfig(
                 block_m=32,
                 stages1=stages,
                 stages2=2,
@@ -1572,7 +1570,7 @@ def test_wgmma_block_codes_equal_the_register_queue(rows2, group_n2, seed):
         1280,
         256,
         [
-            PrefillConfig(
+            WgmmaPrefillConfig(
                 block_m=32,
                 group_n2=group_n2,
                 accs2=2,

@@ -166,22 +166,20 @@ def test_broken_gluon_falls_back_to_dot(fresh, monkeypatch, seed):
     monkeypatch.setenv("SGLANG_FP4EXT_FAULT_INJECT", "decode:gluon")
     dev = torch.device("cuda")
     w, pw, x, ids, tw = _case("cuda", seed, T=4, E=64, H=1024, I=256, k=8)
-    cfg = dataclasses.replace(
-        heuristic_config(4, pw.shape(8), current_target(dev)), kernels="gluon"
-    )
+    cfg = heuristic_config(4, pw.shape(8), current_target(dev)).reform(kernels="gluon")
     got = selfcheck.usable_entry(TableEntry("decode", cfg), 8, dev)
     assert got is not None and got.config.kernels == "dot", got
-    assert dataclasses.replace(got.config, kernels="gluon") == cfg
+    assert got.config == cfg.reform(kernels="dot")  # the same tiles
 
 
 def test_stacked_gemm1_is_checked_on_k_chunks_its_splits_divide():
     """A decode config with GEMM1's K splits stacked on one program (``kstack1``) needs K chunks
     that ``split_k1`` divides; the check widens H for it (6 chunks do not divide into 4 or 8: the
     H100 Marlin harness saw such configs fail their check and fall back to tl.dot, 2026-12-05)."""
-    from sglang_fp4ext.moe.decode.config import DecodeConfig
+    from sglang_fp4ext.moe.decode.config import GluonDecodeConfig
     from sglang_fp4ext.moe.tables import TableEntry
 
-    base = DecodeConfig(kernels="gluon", split_k1=2, warps1=1, block_n1=32)
+    base = GluonDecodeConfig(split_k1=2, warps1=1, block_n1=32)
     assert selfcheck.check_hidden(TableEntry("decode", base)) == selfcheck.CHECK_SHAPE["H"]
     for sk, want in ((2, 1536), (4, 3072), (8, 6144)):
         e = TableEntry("decode", dataclasses.replace(base, kstack1=1, split_k1=sk))
@@ -194,15 +192,13 @@ def test_stacked_gemm1_is_checked_on_k_chunks_its_splits_divide():
 @pytest.mark.parametrize("split_k1", [2, 4, 8])
 def test_stacked_gemm1_passes_its_check(fresh, split_k1):
     """A kstack1 config passes its check and serves as it is (no tl.dot fallback)."""
-    from sglang_fp4ext.moe.decode.config import DecodeConfig
+    from sglang_fp4ext.moe.decode.config import GluonDecodeConfig
     from sglang_fp4ext.moe.tables import TableEntry
 
     dev = torch.device("cuda")
     if not target_info.supports_gluon_decode(target_info.device_capability(dev)):
         pytest.skip("the Gluon decode family does not run on this GPU")
-    cfg = DecodeConfig(
-        grid="slots", kernels="gluon", kstack1=1, split_k1=split_k1, warps1=1, block_n1=32
-    )
+    cfg = GluonDecodeConfig(grid="slots", kstack1=1, split_k1=split_k1, warps1=1, block_n1=32)
     e = TableEntry("decode", cfg)
     assert selfcheck.usable_entry(e, 8, dev) == e, selfcheck._verdict(e, 8, dev)
     assert fresh == [e]
@@ -244,18 +240,17 @@ def test_w4a4_is_checked_against_the_w4a4_twin_and_falls_back_to_w4a16(
     the twin with NVFP4 activations: a correct kernel passes (its FP4 activations differ from the
     W4A16 twin by ~16% rms, which would fail); a broken one falls back to the same tiles on the
     W4A16 tl.dot kernels."""
-    from sglang_fp4ext.moe.prefill.config import PrefillConfig, w4a16_twin_config
+    from sglang_fp4ext.moe.prefill.config import W4A4PrefillConfig, w4a16_twin_config
     from sglang_fp4ext.moe.tables import TableEntry
 
     dev = torch.device("cpu")
-    cfg = PrefillConfig(
+    cfg = W4A4PrefillConfig(
         block_m=32,
         block_n1=64,
         block_n2=64,
         block_k1=256,
         block_k2=256,
         block_p=1024,
-        kernels="w4a4",
     )
     entry = TableEntry("prefill", cfg)
     v = selfcheck._verdict(entry, 4, dev)

@@ -25,9 +25,9 @@ from sglang_fp4ext import tune as TU
 from sglang_fp4ext.cli import main as cli_main
 from sglang_fp4ext.moe import tables as C
 from sglang_fp4ext.moe import tune_space as TS
-from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.config import DecodeConfig, DotDecodeConfig, GluonDecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
-from sglang_fp4ext.moe.prefill.config import PrefillConfig
+from sglang_fp4ext.moe.prefill.config import DotPrefillConfig, PrefillConfig
 from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.moe.tables import TableEntry
 
@@ -55,8 +55,8 @@ def _doc():
         "Test GPU",
         {
             EP8.key(): {
-                1: TableEntry("decode", DecodeConfig(split_k1=4, gemm2="tokens", block_n2=32)),
-                2048: TableEntry("prefill", PrefillConfig(block_m=64, stages1=2)),
+                1: TableEntry("decode", DotDecodeConfig(split_k1=4, gemm2="tokens", block_n2=32)),
+                2048: TableEntry("prefill", DotPrefillConfig(block_m=64, stages1=2)),
             }
         },
         {"note": "test"},
@@ -80,7 +80,7 @@ def test_round_trip_and_lookup(user_dir):
 
 
 def test_v1_table_migrates_to_decode(user_dir):
-    cfg = DecodeConfig(grid="experts", block_n1=128, split_k1=2)
+    cfg = DotDecodeConfig(grid="experts", block_n1=128, split_k1=2)
     (user_dir / "Test_GPU.json").write_text(
         json.dumps({"device_name": "Test GPU", "shapes": {TP8.key(): {"16": cfg.to_dict()}}})
     )
@@ -90,7 +90,7 @@ def test_v1_table_migrates_to_decode(user_dir):
 def test_user_table_replaces_shipped_shape(user_dir):
     shipped = C.load_entries.__wrapped__("NVIDIA H200")  # the shipped file alone (no user table)
     assert TP8.key() in shipped and EP8.key() in shipped
-    mine = TableEntry("prefill", PrefillConfig(block_m=32))
+    mine = TableEntry("prefill", DotPrefillConfig(block_m=32))
     (user_dir / "NVIDIA_H200.json").write_text(
         json.dumps(C.table_document("NVIDIA H200", {TP8.key(): {64: mine}}))
     )
@@ -136,7 +136,10 @@ def _bucket(d, b="1"):
         (lambda d: _bucket(d)["config"].update(split_k1=4.0), r"field 'split_k1': must be int"),
         (lambda d: _bucket(d)["config"].update(stages1=True), r"field 'stages1': must be int"),
         (lambda d: _bucket(d)["config"].update(grid=1), r"field 'grid': must be str"),
-        (lambda d: _bucket(d)["config"].update(split_k1=3), r"bucket '1': DecodeConfig.split_k1"),
+        (
+            lambda d: _bucket(d)["config"].update(split_k1=3),
+            r"bucket '1': DotDecodeConfig.split_k1",
+        ),
         (lambda d: _bucket(d, "2048").update(path="decode"), r"bucket '2048', field 'block_m'"),
         (lambda d: _bucket(d, "2048")["config"].update(combine="sum"), r"2048'.*combine"),
     ],
@@ -189,7 +192,7 @@ def test_search_space_is_deterministic_valid_and_small(shape, target):
             cands = space[path]
             assert len(cands) <= TS.MAX_CANDIDATES and len(set(cands)) == len(cands)
             for c in cands:
-                assert type(c) is cls and cls(**c.to_dict()) == c  # __post_init__ passes
+                assert isinstance(c, cls) and cls.from_dict(c.to_dict()) == c  # checks pass
             if cands:
                 assert cands[0] == heur(b, shape, target)
                 assert len(cands) >= 3, f"{path} b={b}: search space collapsed to {cands}"
@@ -214,7 +217,7 @@ def test_decode_search_space_tries_the_slot_parallel_token_gemm2_at_one_or_two_t
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
     for b in (1, 2, 4):
         cands = TU.search_space(b, TP8, H200)["decode"]
-        got = [c for c in cands if c.slots2]
+        got = [c for c in cands if getattr(c, "slots2", 0)]
         assert (len(got) >= 1) == (b <= 2), (b, got)
         for c in got:
             assert c.gemm2 == "tokens" and c.warps2 == 1 and c.kernels == "gluon"
@@ -242,7 +245,7 @@ def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four
     for shape, by_b in want.items():
         for b in (1, 2, 4, 8):
             cands = TU.search_space(b, shape, H200)["decode"]
-            got = [c for c in cands if c.kstack1]
+            got = [c for c in cands if getattr(c, "kstack1", 0)]
             assert bool(got) == (b <= 4), (b, got)
             if got:
                 assert got[0] == cands[0]  # the heuristic's own form
@@ -262,12 +265,12 @@ def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four
 def test_gemm1_reg_cap_adds_a_program_per_sm_without_spilling():
     """The caps decode step 11 compiled on sm_90 (GLM-5): 2-warp GEMM1 programs 168 registers
     at 8 pairs a tile, 184 at 16; 4-warp 168; none for what the cap does not apply to."""
-    base = DecodeConfig(kernels="gluon", block_t=8, warps1=2, block_n1=64)
+    base = GluonDecodeConfig(block_t=8, warps1=2, block_n1=64)
     assert TS.gemm1_reg_cap(base) == 168
     assert TS.gemm1_reg_cap(dataclasses.replace(base, block_t=16)) == 184
     assert TS.gemm1_reg_cap(dataclasses.replace(base, block_t=16, warps1=4, block_n1=128)) == 168
     for other in (dict(kernels="dot"), dict(kstack1=1, split_k1=2), dict(warps1=1, block_n1=32)):
-        assert TS.gemm1_reg_cap(dataclasses.replace(base, **other)) is None, other
+        assert TS.gemm1_reg_cap(base.reform(**other)) is None, other
 
 
 @pytest.mark.parametrize("target", [H200, PRO6000], ids=["h200", "pro6000"])
@@ -275,8 +278,7 @@ def test_decode_search_space_times_gluon_gemm1s_register_cap_not_its_missing_sta
     monkeypatch, target
 ):
     """The Gluon decode kernels have no pipeline stages (their K loops prefetch in registers), so
-    a Gluon candidate that differs only in ``stages1`` / ``stages2`` is the base again, timed
-    twice (it took one of the 12 slots at most buckets from 64 tokens before). From 32 tokens
+    their config has none and no candidate is another timed twice. From 32 tokens
     that slot times GEMM1 under its register cap instead (``gemm1_reg_cap``), and the 4-warp
     GEMM1 is timed capped too (the H200's fastest at 64-128 tokens in the closing run)."""
     from sglang_fp4ext import target_info
@@ -286,10 +288,9 @@ def test_decode_search_space_times_gluon_gemm1s_register_cap_not_its_missing_sta
     for shape in (TP8, TP8_FUSED, EP8):
         for b in TU.DEFAULT_BUCKETS:
             cands = TS.decode_candidates(b, shape, target)
-            gluon = [c for c in cands if c.kernels == "gluon"]
-            no_stages = [dataclasses.replace(c, stages1=3, stages2=3) for c in gluon]
-            assert len(set(no_stages)) == len(no_stages), (shape, b)  # none is another's twin
-            capped = [c for c in cands if c.maxnreg1]
+            assert len(set(cands)) == len(cands), (shape, b)  # none is another's twin
+            assert all(not hasattr(c, "stages1") for c in cands if c.kernels == "gluon")
+            capped = [c for c in cands if getattr(c, "maxnreg1", 0)]
             if b < 32:
                 assert not capped, (shape, b, capped)
             for c in capped:
@@ -347,7 +348,7 @@ def _wall_timer(step, n):
 
 def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     tiny = model_shapes.ModelShape("tiny", 8, 2, 256, 128, 1)
-    other = TableEntry("decode", DecodeConfig(split_k1=2))
+    other = TableEntry("decode", DotDecodeConfig(split_k1=2))
     tgt = Target("sm_90", "Test GPU", 132)
     # An existing table with another shape: the tuner merges, never clobbers it.
     TU.write_table(user_dir / "Test_GPU.json", "Test GPU", {SMALL.key(): {1: other}})
@@ -468,10 +469,10 @@ def test_heuristic_over_best_compares_within_each_path():
         }
 
     timings = [
-        rec("decode", DecodeConfig(), 12.0, True),
-        rec("prefill", PrefillConfig(), 30.0, True),
-        rec("decode", DecodeConfig(split_k1=2), 10.0),
-        rec("prefill", PrefillConfig(block_m=32), None),
+        rec("decode", DotDecodeConfig(), 12.0, True),
+        rec("prefill", DotPrefillConfig(), 30.0, True),
+        rec("decode", DotDecodeConfig(split_k1=2), 10.0),
+        rec("prefill", DotPrefillConfig(block_m=32), None),
     ]
     # decode: 12 / 10; prefill: its only timed candidate is the heuristic (the other failed)
     assert TU.heuristic_over_best(timings) == {"decode": 1.2, "prefill": 1.0}
@@ -483,7 +484,7 @@ def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):
     """A later decode-only run (its own log: no prefill bucket, switch point None) keeps the
     table's prefill buckets, so the meta keeps their switch point."""
     path = user_dir / "Test_GPU.json"
-    dec, pre = TableEntry("decode", DecodeConfig()), TableEntry("prefill", PrefillConfig())
+    dec, pre = TableEntry("decode", DotDecodeConfig()), TableEntry("prefill", DotPrefillConfig())
     log = {"versions": {}, "date": "d", "shapes": {SMALL.key(): {"preset": "p", "switch_point": 4}}}
     TU.write_table(path, "Test GPU", {SMALL.key(): {1: dec, 4: pre, 8: pre}}, log)
     log["shapes"][SMALL.key()]["switch_point"] = None

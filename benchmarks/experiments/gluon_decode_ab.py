@@ -90,10 +90,14 @@ def _unique(cfgs: list[DecodeConfig], drop: DecodeConfig | None = None) -> list[
     return out
 
 
+def _reform(c: DecodeConfig, **changes) -> DecodeConfig:
+    return c.reform(**changes)
+
+
 def candidates(v1: DecodeConfig, kc1: int) -> list[DecodeConfig]:
     """Gluon configs around ``v1`` (v1's tuned tiles): the same tiles, GEMM1 split-K / row tile /
     warps, GEMM2 form, tile, warps and row tiles per program."""
-    base = dataclasses.replace(v1, kernels="gluon")
+    base = v1.reform(kernels="gluon")
     out = [base]
     for sk in (1, 2, 4, 8):
         if sk <= kc1 and sk != base.split_k1:
@@ -118,7 +122,7 @@ def candidates(v1: DecodeConfig, kc1: int) -> list[DecodeConfig]:
 def slots_candidates(base: DecodeConfig, top_k: int) -> list[DecodeConfig]:
     """The token GEMM2 with a token's top-k slots side by side (``slots2=1``), 1, 2 or 4 warps and
     32-128 rows per slot, at the base's PDL; for a pairs-GEMM2 base also its plain token form."""
-    r = dataclasses.replace
+    r = _reform
     sp = min(1 << (top_k - 1).bit_length(), 8)  # slots side by side per round
     tok = r(base, kernels="gluon", gemm2="tokens", split_k2=1, tiles2=1, combine="counter")
     out = [] if base.gemm2 == "tokens" else [r(tok, slots2=0)]
@@ -156,7 +160,7 @@ def maxnreg_candidates(base: DecodeConfig) -> list[DecodeConfig]:
     ``MAXNREG_CAPS`` with its tiles as they are, and at 168 / 128 with 4 warps on 128 rows (Gluon,
     two launches, the K splits across programs). 96 is left out: it spills 53-141 words a K step
     (static SASS on sm_90, decode_v2_step11/)."""
-    r = dataclasses.replace
+    r = _reform
     b = r(base, kernels="gluon", kstack1=0)
     if base.kstack1:
         b = r(b, split_k1=1)
@@ -168,7 +172,7 @@ def maxnreg_candidates(base: DecodeConfig) -> list[DecodeConfig]:
 def combine_candidates(base: DecodeConfig, kc2: int) -> list[DecodeConfig]:
     """The pairs GEMM2 with its top-k sum in a third launch (``combine="kernel"``): row tile,
     warps, row tiles per program and GEMM2 split-K around ``base``."""
-    r = dataclasses.replace
+    r = _reform
     b = r(
         base,
         kernels="gluon",
@@ -190,7 +194,7 @@ def combine_candidates(base: DecodeConfig, kc2: int) -> list[DecodeConfig]:
 def pdl_candidates(base: DecodeConfig, heur: DecodeConfig, levels=(0, 1)) -> list[DecodeConfig]:
     """``base`` and the heuristic's config, each without and with programmatic dependent launch
     at ``levels`` (Gluon, two or three launches)."""
-    r = dataclasses.replace
+    r = _reform
     out = []
     for c in (base, heur):
         c = r(c, kernels="gluon")
@@ -201,7 +205,7 @@ def pdl_candidates(base: DecodeConfig, heur: DecodeConfig, levels=(0, 1)) -> lis
 def split_t_candidates(base: DecodeConfig) -> list[DecodeConfig]:
     """``base`` and its pairs-GEMM2 / third-launch form with each expert's pair chunks spread over
     2-16 programs (``split_t``)."""
-    r = dataclasses.replace
+    r = _reform
     forms = [r(base, kernels="gluon")]
     if base.gemm2 != "pairs" or base.combine != "kernel":
         forms.append(

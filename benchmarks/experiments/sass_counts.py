@@ -240,7 +240,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--gpu", help="hardware_table key: compile what that GPU serves, for its arch")
     ap.add_argument("--out", help="write the JSON here (else stdout)")
-    ap.add_argument("--config", help="a DecodeConfig(...) / PrefillConfig(...) for every case")
+    ap.add_argument(
+        "--config", help="a decode or prefill config, e.g. GluonDecodeConfig(...), for every case"
+    )
     ap.add_argument(
         "--set",
         default="",
@@ -261,7 +263,8 @@ def main(argv=None) -> int:
         path = rest[0] if rest else "decode"
         bs = {"tp8": GLM5_TP8, "ep8": GLM5_EP8}[name]
         shape = MoEShape(bs.E_local, bs.H, bs.I, bs.top_k)
-        names = {"DecodeConfig": DecodeConfig, "PrefillConfig": PrefillConfig}
+        families = (*DecodeConfig.families().values(), *PrefillConfig.families().values())
+        names = {c.__name__: c for c in families}
         forced = eval(a.config, names) if a.config else None
         if path == "decode":
             cfg = _changed(forced or config_for(int(T), shape, target), a.set)

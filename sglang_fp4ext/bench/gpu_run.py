@@ -25,9 +25,9 @@ def slowed_config():
     """A deliberately poor decode :class:`DecodeConfig` for demonstrating the regression gate
     (``pytest benchmarks --fp4ext-slow-config``): the real kernels, correct for every shape, but
     no split-K (few busy programs at small T), 32-row tiles and no software pipelining."""
-    from sglang_fp4ext.moe.decode.config import DecodeConfig
+    from sglang_fp4ext.moe.decode.config import DotDecodeConfig
 
-    return DecodeConfig(
+    return DotDecodeConfig(
         grid="experts",
         block_t=8,
         block_p=128,

@@ -1,9 +1,9 @@
 """A kernel launch as data: what a launcher plans, tests inspect and both paths run.
 
 A path's launcher builds the list of :class:`Launch` records of one call (``decode.plan``,
-``prefill``'s plan) and runs them in order. Arguments go by name where the kernel's parameters
-are shared across families (a keyword the kernel does not take fails at launch, and the CPU
-tier checks every planned keyword against the kernel's parameters). Triton is imported only
+``prefill``'s plan) and runs them in order. Every argument goes by its parameter name (a keyword
+the kernel does not take fails at launch, and the CPU tier checks every planned keyword against
+the kernel's parameters). Triton is imported only
 when a launch runs or its kernel is asked for.
 """
 
@@ -17,14 +17,13 @@ __all__ = ["Launch"]
 
 @dataclass(frozen=True, eq=False)
 class Launch:
-    """``sglang_fp4ext.moe.<module>.<kernel>[grid](*args, **kwargs, **options)``: ``kwargs`` are
-    kernel arguments (constexprs and layouts included), ``options`` Triton's launch options
-    (``num_warps``, ``num_stages``, ``launch_pdl``, ``maxnreg``)."""
+    """``sglang_fp4ext.moe.<module>.<kernel>[grid](**kwargs, **options)``: ``kwargs`` are the
+    kernel's arguments by name (constexprs and layouts included), ``options`` Triton's launch
+    options (``num_warps``, ``num_stages``, ``launch_pdl``, ``maxnreg``)."""
 
     module: str
     kernel: str
     grid: tuple
-    args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)
 
@@ -36,7 +35,7 @@ class Launch:
         """``(index, name, value, is_constexpr)`` of every argument given, in the kernel's
         parameter order: what an ahead-of-time compile of this launch specialises on."""
         fn = self.fn()
-        given = dict(zip(fn.arg_names, self.args)) | self.kwargs
+        given = self.kwargs
         const = set(fn.constexprs)
         return [(i, n, given[n], i in const) for i, n in enumerate(fn.arg_names) if n in given]
 
@@ -44,4 +43,4 @@ class Launch:
         return self.fn().is_gluon()
 
     def run(self) -> None:
-        self.fn()[self.grid](*self.args, **self.kwargs, **self.options)
+        self.fn()[self.grid](**self.kwargs, **self.options)

@@ -122,7 +122,7 @@ def names() -> tuple[str, ...]:
 def path_of(config) -> KernelPath:
     """The path whose config type ``config`` is."""
     for p in _REGISTRY.values():
-        if type(config) is p.config_type:
+        if isinstance(config, p.config_type):
             return p
     raise TypeError(
         f"{type(config).__name__} is the config of no kernel path "
@@ -136,7 +136,7 @@ def path_of(config) -> KernelPath:
 def _decode_check_hidden(config: DecodeConfig, H: int) -> int:
     """GEMM1's K splits stacked on one program (``kstack1``) must be equal: the smallest multiple
     of ``H`` whose K chunks (of 256) ``split_k1`` divides (8 splits: 24 chunks, H = 6144)."""
-    if not config.kstack1:
+    if config.kernels != "gluon" or not config.kstack1:
         return H
     kc = H // 256
     return 256 * kc * config.split_k1 // math.gcd(kc, config.split_k1)

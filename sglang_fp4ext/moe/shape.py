@@ -2,15 +2,16 @@
 
 :class:`MoEShape` (per-rank expert shape), :class:`Target` (what a heuristic may know about the
 GPU), :func:`token_bucket` (the power-of-two bucket a token count is served from) and
-:class:`ConfigDict` (the JSON round trip shared by the decode ``DecodeConfig`` and the prefill
-``PrefillConfig``). Imports no launcher and no config, so both config modules and the table
-module (``config.py``) can import it.
+:class:`ConfigDict` (a path's config family and its JSON round trip, shared by the decode
+``DecodeConfig`` and the prefill ``PrefillConfig``). Imports no launcher and no config, so both
+config modules and the table module (``tables.py``) can import it.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
 
 from sglang_fp4ext.roofline import expected_distinct_experts
 
@@ -32,18 +33,77 @@ FUSED_SHARED_ROUTED_EXPERTS = (256, 384)
 
 
 class ConfigDict:
-    """JSON round trip of a frozen kernel-config dataclass (table entries): unknown keys are an
-    error naming the class, values are checked by the class's ``__post_init__``."""
+    """A kernel path's config: one frozen dataclass, or a base class holding the tiles every kernel
+    family of the path takes (``DecodeConfig``) and one frozen dataclass per family, declared
+    ``class GluonDecodeConfig(DecodeConfig, family="gluon")``, adding that family's own knobs. The
+    JSON form (table entries) names the family in ``"kernels"``; the base reads any family's.
+    Unknown keys are an error naming the class, values are checked by ``__post_init__``."""
+
+    #: The family's name ("" on a path's base class, which cannot be built).
+    kernels: ClassVar[str] = ""
+    _families: ClassVar[dict[str, type]] = {}
+
+    def __init_subclass__(cls, family: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if family is None or ConfigDict in cls.__bases__:  # a path's own: families register here
+            cls._families = {}
+        if family is not None:
+            cls.kernels = family
+            cls._families[family] = cls
+
+    def __post_init__(self):
+        if not self.kernels and self._families:
+            raise TypeError(
+                f"{type(self).__name__} holds what its kernel families share: build one of "
+                f"{', '.join(c.__name__ for c in self._families.values())}"
+            )
+
+    @classmethod
+    def families(cls) -> dict[str, type]:
+        """{family name: config class} of this path, in declaration order."""
+        return dict(cls._families)
+
+    @classmethod
+    def family(cls, kernels: str | None = None) -> type:
+        """The class of family ``kernels`` (None: this class if it is a family, else the path's
+        first family)."""
+        if not cls._families:  # a path with one config type
+            return cls
+        if kernels is None:
+            return cls if cls.kernels else next(iter(cls._families.values()))
+        if kernels not in cls._families or cls.kernels not in ("", kernels):
+            raise ValueError(
+                f"{cls.__name__}: kernels must be one of {tuple(cls._families)}"
+                + (f" (this class is {cls.kernels!r})" if cls.kernels else "")
+                + f", got {kernels!r}"
+            )
+        return cls._families[kernels]
 
     @classmethod
     def from_dict(cls, d: dict):
-        unknown = set(d) - {f.name for f in fields(cls)}
+        d = dict(d)
+        sub = cls.family(d.pop("kernels", None) if cls._families else None)
+        unknown = set(d) - {f.name for f in fields(sub)}
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}")
-        return cls(**d)
+            raise ValueError(f"unknown {sub.__name__} fields {sorted(unknown)}")
+        return sub(**d)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"kernels": self.kernels, **asdict(self)} if self.kernels else asdict(self)
+
+    def reform(self, kernels: str | None = None, **changes):
+        """``self`` with ``changes``, in family ``kernels`` if given: the fields that family
+        shares with this one carry over, this family's own knobs stay behind."""
+        if kernels and kernels not in self._families:
+            raise ValueError(f"kernels must be one of {tuple(self._families)}, got {kernels!r}")
+        sub = self._families[kernels] if kernels else type(self)
+        names = {f.name for f in fields(sub)}
+        if set(changes) - names:
+            raise ValueError(
+                f"{', '.join(sorted(set(changes) - names))}: not a knob of {sub.__name__}"
+            )
+        kept = {f.name: getattr(self, f.name) for f in fields(self) if f.name in names}
+        return sub(**{**kept, **changes})
 
 
 @dataclass(frozen=True)

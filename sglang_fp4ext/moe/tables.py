@@ -174,6 +174,12 @@ def parse_shape_key(key) -> MoEShape:
 def _parse_config(cls, d, where: str):
     if not isinstance(d, dict):
         raise ConfigTableError(f"{where}: config must be an object, got {type(d).__name__}")
+    if cls.families():  # the path's base class: the family named by "kernels" (none: the first)
+        try:
+            cls = cls.family(d.get("kernels"))
+        except ValueError as exc:
+            raise ConfigTableError(f"{where}, field 'kernels': {exc}") from None
+        d = {k: v for k, v in d.items() if k != "kernels"}
     defaults = {f.name: f.default for f in fields(cls)}
     for name, v in d.items():
         if name not in defaults:
@@ -386,7 +392,7 @@ def path_config(path: str, T: int, shape: MoEShape, target: Target | None = None
     """``path``'s config for ``T`` tokens: override of that path's type, else the tuned entry if
     the table puts ``T`` on ``path``, else ``path``'s heuristic."""
     kernel_path = paths.get(path)
-    if type(_OVERRIDE) is kernel_path.config_type:
+    if isinstance(_OVERRIDE, kernel_path.config_type):
         return _OVERRIDE
     target = target or current_target()
     entry = table_entry(T, shape, target)

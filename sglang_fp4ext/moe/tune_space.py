@@ -45,7 +45,6 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from sglang_fp4ext import target_info
-from sglang_fp4ext.moe.decode.config import takes_gemm1_cap
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
@@ -79,7 +78,7 @@ def gemm1_reg_cap(cfg) -> int | None:
     loop (static SASS, GLM-5 on sm_90: 2-warp programs 180 -> 168 registers at 8 pairs a tile,
     6 programs an SM instead of 5; 230 -> 184 at 16, 5 instead of 4; 4-warp programs 168, 3
     instead of 2). None where no such GEMM1 runs."""
-    if not takes_gemm1_cap(cfg.kernels, cfg.kstack1) or cfg.warps1 not in (2, 4):
+    if cfg.kernels != "gluon" or cfg.kstack1 or cfg.warps1 not in (2, 4):
         return None
     return 184 if cfg.warps1 == 2 and cfg.block_t >= 16 else 168
 
@@ -106,7 +105,8 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
     base = heuristic_config(b, shape, target)
     plain = heuristic_config(b, shape, target, forms=False)
     kc1, kc2 = -(-shape.H // K_CHUNK), -(-shape.I // K_CHUNK)
-    r = dataclasses.replace
+    # A knob of the other family raises ValueError: that candidate is not built.
+    r = lambda c, **knobs: c.reform(**knobs)  # noqa: E731
     sk1 = base.split_k1
 
     def split1(s):
@@ -149,9 +149,13 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         lambda: r(plain, kernels=other),  # both families are timed
         flip,
         # the pairs GEMM2's other top-k combine; its pair chunks over 4 programs (hot experts)
-        lambda: r(
-            base if base.gemm2 == "pairs" else flip(),
-            combine="counter" if base.combine == "kernel" else "kernel",
+        lambda: (
+            r(
+                base if base.gemm2 == "pairs" else flip(),
+                combine="counter" if base.combine == "kernel" else "kernel",
+            )
+            if base.kernels == "gluon"
+            else None
         ),
         lambda: r(base if base.gemm2 == "pairs" else flip(), split_t=hot(4)),
         # programmatic dependent launch flipped, where the GPU has it

@@ -1,15 +1,30 @@
 """The decode config heuristic: the :class:`DecodeConfig` a token bucket, shape and GPU get
-when no table entry exists (the reasoning and measurements behind it: ``decode.config``'s module
-docstring and the comments here)."""
+when no table entry exists (the measurements behind it: the comments here).
+
+**Heuristic.** Grid by pair slots while ``T * top_k <= E`` (every program has an expert), else by
+experts. Every GEMM runs 2 warps per program (``mma.sync`` with the decoded weights in registers,
+see ``decode._dot_kernels``), 64-row tiles and 3 pipeline stages (two 256-deep K chunks in flight).
+``block_t`` covers the expected pairs per expert (8 or 16; wider tiles spill). GEMM1 splits K until
+the expected busy programs (distinct experts ``D(T) = E (1 - (1 - k/E)^T)`` x row tiles x splits)
+reach about four per SM, keeping at least 2 K chunks per split (Little's law: ~25-30 KB in flight
+per SM covers DRAM latency). GEMM2 (K = I, one chunk per expert under TP) does the same with its K,
+then packs ``tiles2`` row tiles into a program while there are more than ~8 programs per SM, so the
+per-program setup and the combine bookkeeping are amortised. While experts see few pairs (``T *
+top_k / D <= 2``; H200 tuning picked it for GLM-5 TP8 up to T = 32) GEMM2 is token-centric instead
+(``gemm2="tokens"``), unless that gives fewer 32-row programs than SMs. On the Gluon family the
+pairs GEMM2 leaves its top-k sum to a third launch (``combine="kernel"``). At one token the Gluon
+launches use programmatic dependent launch where the GPU has it (``pdl``). On the Gluon family it
+then takes the forms ``fp4ext tune`` found faster on Hopper (``_measured_forms``): a fused shared
+expert's pair chunks spread over programs, 32-row token GEMM2 tiles where its chains are short,
+GEMM1's K splits on one program's warps at 1-4 tokens and a token's slots side by side at 1-2.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
 from sglang_fp4ext import target_info
-from sglang_fp4ext.moe.decode.config import (
-    DecodeConfig,
-)
+from sglang_fp4ext.moe.decode.config import DecodeConfig, DotDecodeConfig, GluonDecodeConfig
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 from sglang_fp4ext.roofline import expected_distinct_experts
@@ -63,25 +78,27 @@ def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True
     # GLM-5 TP8 T = 64 (2.3 pairs per expert; decode_v2_step2/split_t_ab_h200.json).
     gemm2 = "tokens" if rows_per_expert <= 2.0 and not few else "pairs"
     bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
-    cfg = DecodeConfig(
+    tiles = dict(
         grid=grid,
         block_t=block_t,
         block_p=block_p,
         block_n1=bn1,
         split_k1=sk1,
         warps1=4 if wide else 2,
-        stages1=3,
         block_n2=bn2,
         split_k2=1 if gemm2 == "tokens" else sk2,
         warps2=2,
-        stages2=3,
         tiles2=1 if gemm2 == "tokens" else tiles2,
         gemm2=gemm2,
-        kernels="gluon" if gluon else "dot",
+    )
+    if not gluon:
+        return DotDecodeConfig(**tiles, stages1=3, stages2=3)
+    cfg = GluonDecodeConfig(
+        **tiles,
         # The in-kernel combine serialises each program on its arrival counters; a third launch
         # summing the partials was 1.05-1.48x faster wherever the pairs GEMM2 ran (H200, GLM-5
         # TP8 T = 64-256, EP8 T = 16-256: decode_v2_step2/combine_ab_h200.json).
-        combine="kernel" if gluon and gemm2 == "pairs" else "counter",
+        combine="kernel" if gemm2 == "pairs" else "counter",
         # One token: starting GEMM2 while GEMM1 runs (its weights asked of L2). With the pairs
         # GEMM2 at once (pdl 1): won at T = 1 in every H200 run, layers back to back or not
         # (GLM-5 EP8 3-5%, Qwen3-30B-A3B 5-6%; decode_v2_step3/), and beat pdl 2 (EP8 6.3 vs
@@ -90,7 +107,7 @@ def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True
         # us back to back, 26.9 -> 25.2 with a kernel between layers (decode_v2_step4/). From
         # T = 2 both lost or tied (T = 4: 40.8 -> 46.6 us with pdl 2).
         pdl=(1 if gemm2 == "pairs" else 2)
-        if gluon and b == 1 and target_info.supports_pdl(target_info.arch_capability(target.arch))
+        if b == 1 and target_info.supports_pdl(target_info.arch_capability(target.arch))
         else 0,
     )
     return _measured_forms(cfg, b, shape, target, wide) if forms else cfg

@@ -14,7 +14,7 @@ The arrival counters are left at zero by every call. Workspaces are shared by al
 calls must be ordered on one stream.
 
 Weights come as ``prepared.PreparedMoEWeights`` (shared with the prefill path); the config is
-``decode.config.DecodeConfig``. The torch twin is
+a ``decode.config.DecodeConfig`` family. The torch twin is
 ``sglang_fp4ext.moe.reference.fused_moe_nvfp4_torch`` (fp32 on dequantised weights).
 """
 
@@ -133,8 +133,10 @@ def plan(
 ) -> list[Launch]:
     """The 2-3 launches of one call (GEMM1; the token GEMM2, or the pairs GEMM2 and, with
     ``combine="kernel"``, its combine) with the workspaces they share, as data. ``family``: the
-    one that runs (:func:`launch_family`); ``pdl``: the programmatic dependent launch the Gluon
-    kernels run with (0 without)."""
+    one that runs (:func:`launch_family`; a Gluon config runs its tiles on the dot family there);
+    ``pdl``: the programmatic dependent launch the Gluon kernels run with (0 without)."""
+    if family != config.kernels:
+        config = config.reform(kernels=family)
     T, H = x.shape
     top_k = ids.shape[1]
     shape = w.shape(top_k)
@@ -144,7 +146,7 @@ def plan(
     kc1 = w.w13.k_pad // K_CHUNK
     if kstack1 and kc1 % config.split_k1:
         raise ValueError(
-            f"fused_moe_nvfp4: DecodeConfig.kstack1=1 needs GEMM1's {kc1} K chunks of "
+            f"fused_moe_nvfp4: GluonDecodeConfig.kstack1=1 needs GEMM1's {kc1} K chunks of "
             f"{K_CHUNK} (H={H}) to divide into split_k1={config.split_k1} equal splits"
         )
     dev = x.device
@@ -249,7 +251,7 @@ def _launch(
         kernel, rows, bt = "_gemm2_tok_slots", min(triton_next_pow2(top_k), 8), 8
         if rows * warps > 32:
             raise ValueError(
-                f"DecodeConfig.slots2=1 with warps2={warps} runs {rows * warps} warps per "
+                f"GluonDecodeConfig.slots2=1 with warps2={warps} runs {rows * warps} warps per "
                 f"program at top_k={top_k}: more than 32"
             )
     elif gemm1 and cfg.kstack1:

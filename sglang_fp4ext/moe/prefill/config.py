@@ -1,59 +1,40 @@
-"""Launch config of the NVFP4 prefill path (``prefill.launch.fused_moe_nvfp4_prefill``).
+"""Launch config of the NVFP4 prefill path (``prefill.launch.fused_moe_nvfp4_prefill``): one
+frozen type per kernel family.
 
-:class:`PrefillConfig` is the frozen description of one prefill call (grouping, GEMM1, GEMM2,
-combine); :func:`prefill_heuristic_config` the deterministic default for any shape (its docstring
-gives the measurements behind it). Which path serves a token count and the tuned tables live in
-``config.py``; this module imports no launcher.
+:class:`PrefillConfig` holds the grouping, GEMM and combine tiles every family takes;
+:class:`DotPrefillConfig` (``tl.dot``), :class:`WgmmaPrefillConfig` (Gluon wgmma, Hopper) and
+:class:`W4A4PrefillConfig` (``tl.dot_scaled``, NVFP4 activations) are the families. The
+heuristic is ``prefill.heuristic``; which path serves a token count and the tuned tables live in
+``moe.tables``. This module imports no launcher.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 from sglang_fp4ext.moe.shape import ConfigDict
 
 __all__ = [
-    "PREFILL_KERNEL_FAMILIES",
+    "DotPrefillConfig",
     "PrefillConfig",
+    "W4A4PrefillConfig",
+    "WgmmaPrefillConfig",
     "prefill_activations",
     "served_prefill_config",
     "w4a16_twin_config",
     "wgmma_supports_shape",
 ]
 
-#: Prefill GEMM families: "dot" (Triton ``tl.dot``, v1), "wgmma" (Gluon, Hopper, v2) and
-#: "w4a4" (Triton ``tl.dot_scaled``, NVFP4 activations, Blackwell).
-PREFILL_KERNEL_FAMILIES = ("dot", "wgmma", "w4a4")
 #: Opt-in shared memory per block on sm_90 (227 KiB): the wgmma family's activation ring.
 WGMMA_SMEM_LIMIT = 232_448
 
 
-#: The wgmma family's knobs at their off values: the other families take only these, and the
-#: W4A16 twin of a wgmma config sets them (``block_m1`` is not among them: every family tiles
-#: GEMM1 by it, the twin drops it for the dot family's shared memory).
-WGMMA_KNOBS_OFF = dict(
-    prefetch1=1,
-    prefetch2=1,
-    accs2=1,
-    static_ring1=0,
-    static_ring2=0,
-    smem_epi2=0,
-    l2_prefetch1=0,
-    l2_prefetch2=0,
-    code_ring1=0,
-    code_ring2=0,
-    tail1=0,
-    tw1=0,
-    hoist2=0,
-    msub2=1,
-)
-
-
 def w4a16_twin_config(cfg: PrefillConfig) -> PrefillConfig:
-    """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps): the
-    self-check's fallback, and what a W4A4 choice runs on weights without input scales."""
-    return replace(cfg, kernels="dot", block_k2=128, block_m1=0, **WGMMA_KNOBS_OFF)
+    """A v2 prefill config's tiles on the ``tl.dot`` W4A16 kernels (128-deep GEMM2 steps, GEMM1 on
+    ``block_m`` for the dot family's shared memory): the self-check's fallback, and what a W4A4
+    choice runs on weights without input scales."""
+    return cfg.reform(kernels="dot", block_k2=128, block_m1=0)
 
 
 def prefill_activations() -> str:
@@ -96,22 +77,110 @@ def _next_pow2(n: int) -> int:
 
 @dataclass(frozen=True)
 class PrefillConfig(ConfigDict):
-    """Tiles and launch parameters of one prefill call. ``eval(repr(cfg)) == cfg``.
+    """What every prefill family takes: the grouping, GEMM1, GEMM2 and combine tiles of one call.
+    Build a family: :class:`DotPrefillConfig`, :class:`WgmmaPrefillConfig` or
+    :class:`W4A4PrefillConfig`. ``eval(repr(cfg)) == cfg``.
 
     ``block_m``: tokens per MMA tile (the grouping granularity; the MMA's N side). ``block_n*``:
     weight rows per program (M side; GEMM1 rows are interleaved gate/up, so ``block_n1 / 2``
     intermediate columns). ``block_k*``: K per main-loop step, 256 (one layout chunk) or 128 (half
     a chunk). ``warps*``/``stages*``: Triton ``num_warps``/``num_stages``. Suffix 1 = GEMM1, 2 =
-    GEMM2. ``block_p``: pair slots per grouping program (sorted in registers). ``combine``:
-    ``"ordered"`` (deterministic) or ``"atomic"`` (fp32 atomics, opt-in, dot). ``kernels``: the
-    GEMMs' family, ``"dot"`` (``prefill._dot_kernels``, v1, every GPU and the interpreter) or
-    ``"wgmma"`` (``prefill._wgmma_kernels``, sm_90 only: ``block_n*`` 128 weight rows on 8 warps,
-    ``block_k*`` 256, ``stages*`` the activation ring's depth 2-4,
-    ``block_m`` <= 128, the ordered combine; H and I multiples of 256) or ``"w4a4"``
-    (``prefill._w4a4_kernels``, sm_100/sm_120 and the interpreter: NVFP4 activations with the
-    static input scales, ``block_k*`` 256, the ordered combine, ``group_n2`` unused; H and I
-    multiples of 256). Under the interpreter a ``"wgmma"`` config runs the ``"dot"`` kernels.
-    wgmma only: ``prefetch*``, the K chunks of FP4 codes each GEMM keeps in flight ahead of its
+    GEMM2. ``group_n2``: GEMM2 row blocks per program. ``block_p``: pair slots per grouping
+    program (sorted in registers). ``combine``: ``"ordered"`` (deterministic) or ``"atomic"``
+    (fp32 atomics, opt-in, the dot family only). ``block_m1``: GEMM1's tokens per M tile when it
+    differs from GEMM2's (0: ``block_m``).
+    """
+
+    block_m: int = 128
+    block_n1: int = 128
+    block_k1: int = 128
+    warps1: int = 8
+    stages1: int = 2
+    block_n2: int = 128
+    block_k2: int = 128
+    warps2: int = 8
+    stages2: int = 2
+    group_n2: int = 1
+    block_p: int = 1024
+    combine: str = "ordered"
+    block_m1: int = 0
+
+    @property
+    def gemm1_block_m(self) -> int:
+        """GEMM1's tokens per M tile: ``block_m1``, or ``block_m`` when it is 0 (the two GEMMs
+        tile the same sorted rows independently)."""
+        return self.block_m1 or self.block_m
+
+    def __post_init__(self):
+        super().__post_init__()
+        name = type(self).__name__
+        for f in fields(self):
+            if f.name != "combine" and not isinstance(getattr(self, f.name), int):
+                raise ValueError(f"{name}.{f.name} must be an int, got {getattr(self, f.name)!r}")
+        for f in ("block_m", "block_n1", "block_n2", "warps1", "warps2", "group_n2", "block_p"):
+            if not _pow2(getattr(self, f)):
+                raise ValueError(f"{name}.{f} must be a power of two, got {getattr(self, f)!r}")
+        if self.block_m1 and not (_pow2(self.block_m1) and 16 <= self.block_m1 <= 256):
+            raise ValueError(
+                f"{name}.block_m1 must be 0 (GEMM1 tiles as block_m) or a power of two in "
+                f"[16, 256], got {self.block_m1!r}"
+            )
+        if not 16 <= self.block_m <= 256:
+            raise ValueError(
+                f"{name}.block_m must be in [16, 256] (tl.dot needs >= 16), got {self.block_m}"
+            )
+        if not 32 <= self.block_n1 <= ROW_ALIGN:
+            raise ValueError(
+                f"{name}.block_n1 must be in [32, {ROW_ALIGN}] (gate and up halves of >= 16 "
+                f"rows; the layout pads rows to {ROW_ALIGN}), got {self.block_n1}"
+            )
+        if not 16 <= self.block_n2 <= ROW_ALIGN:
+            raise ValueError(f"{name}.block_n2 must be in [16, {ROW_ALIGN}], got {self.block_n2}")
+        for f in ("block_k1", "block_k2"):
+            if getattr(self, f) not in (128, K_CHUNK):
+                raise ValueError(f"{name}.{f} must be 128 or {K_CHUNK}, got {getattr(self, f)}")
+        for f in ("warps1", "warps2"):
+            if not 1 <= getattr(self, f) <= 16:
+                raise ValueError(f"{name}.{f} must be in [1, 16], got {getattr(self, f)}")
+        for f in ("stages1", "stages2"):
+            if not 1 <= getattr(self, f) <= 8:
+                raise ValueError(f"{name}.{f} must be in [1, 8], got {getattr(self, f)}")
+        if not 16 <= self.block_p <= 4096:
+            raise ValueError(f"{name}.block_p must be in [16, 4096], got {self.block_p}")
+        if self.combine not in ("ordered", "atomic"):
+            raise ValueError(f"{name}.combine must be 'ordered' or 'atomic', got {self.combine!r}")
+        if self.combine == "atomic" and self.kernels != "dot":
+            raise ValueError(f"{name} has the ordered combine, not the atomic one")
+
+
+@dataclass(frozen=True)
+class DotPrefillConfig(PrefillConfig, family="dot"):
+    """W4A16 on ``tl.dot`` (``prefill._dot_kernels``, v1): every GPU and the interpreter (which
+    also runs a wgmma config's tiles on it)."""
+
+
+@dataclass(frozen=True)
+class W4A4PrefillConfig(PrefillConfig, family="w4a4"):
+    """NVFP4 activations with the static input scales on ``tl.dot_scaled``
+    (``prefill._w4a4_kernels``; sm_100 / sm_120 and the interpreter): ``block_k*`` 256, the
+    ordered combine, ``group_n2`` unused; H and I multiples of 256."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
+            raise ValueError(
+                f"W4A4PrefillConfig: block_k1 and block_k2 must be {K_CHUNK} (a layout chunk "
+                f"per step), got {self.block_k1}, {self.block_k2}"
+            )
+
+
+@dataclass(frozen=True)
+class WgmmaPrefillConfig(PrefillConfig, family="wgmma"):
+    """W4A16 on Hopper's warpgroup MMA (Gluon, ``prefill._wgmma_kernels``, sm_90 only):
+    ``block_n*`` 128 weight rows on 8 warps, ``block_k*`` 256, ``stages*`` the activation ring's
+    depth 2-4, ``block_m`` <= 128, the ordered combine; H and I multiples of 256.
+
+    ``prefetch*``, the K chunks of FP4 codes each GEMM keeps in flight ahead of its
     decode (1-3, in registers); ``accs2``, GEMM2's accumulators: 2 overlaps a row block's
     epilogue with the next block's MMAs (``I`` = 256 only: one K chunk per block;
     ``group_n2`` <= 8, the blocks are unrolled); ``static_ring*`` 1: the activation ring's stages
@@ -148,25 +217,11 @@ class PrefillConfig(ConfigDict):
     decode it ``msub2`` times; the last sub-tile's padding is the only padding); 1: off.
     """
 
-    block_m: int = 128
-    block_n1: int = 128
-    block_k1: int = 128
-    warps1: int = 8
-    stages1: int = 2
-    block_n2: int = 128
-    block_k2: int = 128
-    warps2: int = 8
-    stages2: int = 2
-    group_n2: int = 1
-    block_p: int = 1024
-    combine: str = "ordered"
-    kernels: str = "dot"
     prefetch1: int = 1
     prefetch2: int = 1
     accs2: int = 1
     static_ring1: int = 0
     static_ring2: int = 0
-    block_m1: int = 0
     smem_epi2: int = 0
     l2_prefetch1: int = 0
     l2_prefetch2: int = 0
@@ -177,92 +232,14 @@ class PrefillConfig(ConfigDict):
     hoist2: int = 0
     msub2: int = 1
 
-    @property
-    def gemm1_block_m(self) -> int:
-        """GEMM1's tokens per M tile: ``block_m1``, or ``block_m`` when it is 0 (the two GEMMs
-        tile the same sorted rows independently)."""
-        return self.block_m1 or self.block_m
-
     def __post_init__(self):
-        for f in fields(self):
-            if f.name not in ("combine", "kernels") and not isinstance(getattr(self, f.name), int):
-                raise ValueError(
-                    f"PrefillConfig.{f.name} must be an int, got {getattr(self, f.name)!r}"
-                )
-        for name in ("block_m", "block_n1", "block_n2", "warps1", "warps2", "group_n2", "block_p"):
-            if not _pow2(getattr(self, name)):
-                raise ValueError(
-                    f"PrefillConfig.{name} must be a power of two, got {getattr(self, name)!r}"
-                )
-        if self.block_m1 and not (_pow2(self.block_m1) and 16 <= self.block_m1 <= 256):
-            raise ValueError(
-                f"PrefillConfig.block_m1 must be 0 (GEMM1 tiles as block_m) or a power of two in "
-                f"[16, 256], got {self.block_m1!r}"
-            )
-        if not 16 <= self.block_m <= 256:
-            raise ValueError(
-                f"PrefillConfig.block_m must be in [16, 256] (tl.dot needs >= 16), "
-                f"got {self.block_m}"
-            )
-        if not 32 <= self.block_n1 <= ROW_ALIGN:
-            raise ValueError(
-                f"PrefillConfig.block_n1 must be in [32, {ROW_ALIGN}] (gate and up halves of "
-                f">= 16 rows; the layout pads rows to {ROW_ALIGN}), got {self.block_n1}"
-            )
-        if not 16 <= self.block_n2 <= ROW_ALIGN:
-            raise ValueError(
-                f"PrefillConfig.block_n2 must be in [16, {ROW_ALIGN}], got {self.block_n2}"
-            )
-        for name in ("block_k1", "block_k2"):
-            if getattr(self, name) not in (128, K_CHUNK):
-                raise ValueError(
-                    f"PrefillConfig.{name} must be 128 or {K_CHUNK}, got {getattr(self, name)}"
-                )
-        for name in ("warps1", "warps2"):
-            if not 1 <= getattr(self, name) <= 16:
-                raise ValueError(
-                    f"PrefillConfig.{name} must be in [1, 16], got {getattr(self, name)}"
-                )
-        for name in ("stages1", "stages2"):
-            if not 1 <= getattr(self, name) <= 8:
-                raise ValueError(
-                    f"PrefillConfig.{name} must be in [1, 8], got {getattr(self, name)}"
-                )
-        if not 16 <= self.block_p <= 4096:
-            raise ValueError(f"PrefillConfig.block_p must be in [16, 4096], got {self.block_p}")
-        if self.combine not in ("ordered", "atomic"):
-            raise ValueError(
-                f"PrefillConfig.combine must be 'ordered' or 'atomic', got {self.combine!r}"
-            )
-        if self.kernels not in PREFILL_KERNEL_FAMILIES:
-            raise ValueError(
-                f"PrefillConfig.kernels must be one of {PREFILL_KERNEL_FAMILIES}, "
-                f"got {self.kernels!r}"
-            )
-        if self.kernels == "wgmma":
-            self._check_wgmma()
-        else:
-            wrong = {
-                k: getattr(self, k) for k, off in WGMMA_KNOBS_OFF.items() if getattr(self, k) != off
-            }
-            if wrong:
-                raise ValueError(
-                    f"PrefillConfig: {', '.join(WGMMA_KNOBS_OFF)} are knobs of the wgmma kernels; "
-                    f"kernels={self.kernels!r} needs them at {WGMMA_KNOBS_OFF}, got {wrong}"
-                )
-        if self.kernels == "w4a4":
-            if self.block_k1 != K_CHUNK or self.block_k2 != K_CHUNK:
-                raise ValueError(
-                    f"PrefillConfig(kernels='w4a4'): block_k1 and block_k2 must be {K_CHUNK} (a "
-                    f"layout chunk per step), got {self.block_k1}, {self.block_k2}"
-                )
-            if self.combine != "ordered":
-                raise ValueError("PrefillConfig(kernels='w4a4') has only the ordered combine")
+        super().__post_init__()
+        self._check_wgmma()
 
     def _check_wgmma(self):
         if max(self.block_m, self.gemm1_block_m) > 128:
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): block_m and block_m1 must be <= 128 (the "
+                f"WgmmaPrefillConfig: block_m and block_m1 must be <= 128 (the "
                 f"accumulator lives in registers), got {self.block_m}, {self.block_m1}"
             )
         for i in (1, 2):
@@ -282,13 +259,13 @@ class PrefillConfig(ConfigDict):
                 # I = 256).
                 gemm2 = " or, for GEMM2, 64 on 4 warps at 2 stages" if i == 2 else ""
                 raise ValueError(
-                    f"PrefillConfig(kernels='wgmma'): block_n{i} must be 128 on 8 warps (two "
+                    f"WgmmaPrefillConfig: block_n{i} must be 128 on 8 warps (two "
                     f"warpgroups of 64 weight rows){gemm2}, got block_n{i}={bn}, warps{i}={w}, "
                     f"stages{i}={ns}"
                 )
             if bk != K_CHUNK:
                 raise ValueError(
-                    f"PrefillConfig(kernels='wgmma'): block_k{i} must be {K_CHUNK} (a layout chunk "
+                    f"WgmmaPrefillConfig: block_k{i} must be {K_CHUNK} (a layout chunk "
                     f"per step), got {bk}"
                 )
             # GEMM2's staged epilogue adds its [block_m, block_n2] bf16 tile to the ring, the
@@ -308,7 +285,7 @@ class PrefillConfig(ConfigDict):
                     f", plus {extra} B for the staged epilogue, code ring and tail" if extra else ""
                 )
                 raise ValueError(
-                    f"PrefillConfig(kernels='wgmma'): stages{i} must be in [2, 4] with the ring "
+                    f"WgmmaPrefillConfig: stages{i} must be in [2, 4] with the ring "
                     f"(2 x stages x block_m x 256 B, or msub2 x block_m x 512 B = {ring} B"
                     f"{plus}"
                     f") within "
@@ -317,12 +294,12 @@ class PrefillConfig(ConfigDict):
         for name in ("prefetch1", "prefetch2"):
             if getattr(self, name) not in (1, 2, 3):
                 raise ValueError(
-                    f"PrefillConfig(kernels='wgmma'): {name} must be 1, 2 or 3 (code chunks in "
+                    f"WgmmaPrefillConfig: {name} must be 1, 2 or 3 (code chunks in "
                     f"flight), got {getattr(self, name)!r}"
                 )
         if self.accs2 not in (1, 2) or (self.accs2 == 2 and self.group_n2 > 8):
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): accs2 must be 1 or 2, and 2 needs group_n2 <= 8 "
+                f"WgmmaPrefillConfig: accs2 must be 1 or 2, and 2 needs group_n2 <= 8 "
                 f"(its row blocks are unrolled), got accs2={self.accs2!r}, "
                 f"group_n2={self.group_n2}"
             )
@@ -330,13 +307,13 @@ class PrefillConfig(ConfigDict):
             sr, ns = getattr(self, f"static_ring{i}"), getattr(self, f"stages{i}")
             if sr not in (0, 1) or (sr and ns > 3):
                 raise ValueError(
-                    f"PrefillConfig(kernels='wgmma'): static_ring{i} must be 0 or 1, and 1 needs "
+                    f"WgmmaPrefillConfig: static_ring{i} must be 0 or 1, and 1 needs "
                     f"stages{i} <= 3, got static_ring{i}={sr!r}, stages{i}={ns}"
                 )
         for name in ("l2_prefetch1", "l2_prefetch2"):
             if getattr(self, name) not in range(5):
                 raise ValueError(
-                    f"PrefillConfig(kernels='wgmma'): {name} must be in 0..4 (chunks past the "
+                    f"WgmmaPrefillConfig: {name} must be in 0..4 (chunks past the "
                     f"register queue asked of L2; 0: off), got {getattr(self, name)!r}"
                 )
         if (
@@ -346,7 +323,7 @@ class PrefillConfig(ConfigDict):
             and (self.code_ring2 and (self.prefetch2, self.l2_prefetch2) != (1, 0))
         ):
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): with accs2=2 code_ring2 must be 0 or 1 (every "
+                f"WgmmaPrefillConfig: with accs2=2 code_ring2 must be 0 or 1 (every "
                 f"row block's codes copied into shared memory when the program starts), with "
                 f"prefetch2=1 and l2_prefetch2=0, got code_ring2={self.code_ring2!r}, "
                 f"prefetch2={self.prefetch2}, l2_prefetch2={self.l2_prefetch2}"
@@ -368,7 +345,7 @@ class PrefillConfig(ConfigDict):
                 )
             ):
                 raise ValueError(
-                    f"PrefillConfig(kernels='wgmma'): code_ring{i} must be 0 (off) or the code "
+                    f"WgmmaPrefillConfig: code_ring{i} must be 0 (off) or the code "
                     f"ring's depth 2-4, a multiple of stages{i}, with static_ring{i}=1, "
                     f"prefetch{i}=1 and l2_prefetch{i}=0 (the ring replaces the register queue), "
                     f"got code_ring{i}={crg!r}, stages{i}={ns}, "
@@ -382,23 +359,23 @@ class PrefillConfig(ConfigDict):
             and (self.static_ring1 != 1 or self.code_ring1 or self.tail1 > self.gemm1_block_m)
         ):
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): tail1 must be 0 (off), 16, 32 or 64, at most "
+                f"WgmmaPrefillConfig: tail1 must be 0 (off), 16, 32 or 64, at most "
                 f"GEMM1's block_m, with static_ring1=1 and code_ring1=0, got tail1={self.tail1!r}, "
                 f"GEMM1 block_m={self.gemm1_block_m}, static_ring1={self.static_ring1}, "
                 f"code_ring1={self.code_ring1}"
             )
         if self.tw1 not in (0, 1) or self.hoist2 not in (0, 1) or self.hoist2 and self.accs2 != 2:
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): tw1 and hoist2 must be 0 or 1, hoist2 only with "
+                f"WgmmaPrefillConfig: tw1 and hoist2 must be 0 or 1, hoist2 only with "
                 f"accs2=2; got tw1={self.tw1!r}, hoist2={self.hoist2!r}, accs2={self.accs2}"
             )
         if self.smem_epi2 not in (0, 1):
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): smem_epi2 must be 0 or 1, got {self.smem_epi2!r}"
+                f"WgmmaPrefillConfig: smem_epi2 must be 0 or 1, got {self.smem_epi2!r}"
             )
         if self.static_ring2 and self.accs2 == 2:
             raise ValueError(
-                "PrefillConfig(kernels='wgmma'): static_ring2 is for GEMM2's ring; with accs2=2 "
+                "WgmmaPrefillConfig: static_ring2 is for GEMM2's ring; with accs2=2 "
                 "GEMM2 has none (its activations are copied once per program)"
             )
         if (
@@ -407,12 +384,8 @@ class PrefillConfig(ConfigDict):
             and (self.accs2, self.code_ring2, self.hoist2, self.smem_epi2) != (2, 1, 1, 1)
         ):
             raise ValueError(
-                f"PrefillConfig(kernels='wgmma'): msub2 must be 1 (off) or 2-4 GEMM2 sub-tiles "
+                f"WgmmaPrefillConfig: msub2 must be 1 (off) or 2-4 GEMM2 sub-tiles "
                 f"per M tile, the latter with accs2=2, code_ring2=1, hoist2=1 and smem_epi2=1; got "
                 f"msub2={self.msub2!r}, accs2={self.accs2}, code_ring2={self.code_ring2}, "
                 f"hoist2={self.hoist2}, smem_epi2={self.smem_epi2}"
-            )
-        if self.combine == "atomic":
-            raise ValueError(
-                "PrefillConfig(kernels='wgmma') has the ordered combine, not the atomic one"
             )

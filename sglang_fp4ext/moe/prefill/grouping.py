@@ -45,7 +45,7 @@ _DOT, _WGMMA, _W4A4 = "prefill._dot_kernels", "prefill._wgmma_kernels", "prefill
 def prefill_launch(
     kernel: str,
     grid: tuple,
-    args: tuple,
+    args: dict,
     constexprs: dict,
     num_warps: int,
     num_stages: int,
@@ -53,18 +53,12 @@ def prefill_launch(
     module: str = "dot",
 ) -> Launch:
     """One launch of ``prefill._dot_kernels`` (``module="w4a4"``: ``prefill._w4a4_kernels``; with
-    ``gluon``: ``prefill._wgmma_kernels``, which take no stages): runtime arguments in order,
-    constexprs (the Gluon layouts among them) by name."""
+    ``gluon``: ``prefill._wgmma_kernels``, which take no stages): runtime arguments and constexprs
+    (the Gluon layouts among them), each by its parameter name."""
     if gluon:
-        return Launch(_WGMMA, kernel, grid, args, constexprs, dict(num_warps=num_warps))
-    return Launch(
-        _W4A4 if module == "w4a4" else _DOT,
-        kernel,
-        grid,
-        args,
-        constexprs,
-        dict(num_warps=num_warps, num_stages=num_stages),
-    )
+        return Launch(_WGMMA, kernel, grid, args | constexprs, dict(num_warps=num_warps))
+    options = dict(num_warps=num_warps, num_stages=num_stages)
+    return Launch(_W4A4 if module == "w4a4" else _DOT, kernel, grid, args | constexprs, options)
 
 
 def group_plan(ids: torch.Tensor, E: int, block_p: int, tw: torch.Tensor | None = None):
@@ -81,12 +75,17 @@ def group_plan(ids: torch.Tensor, E: int, block_p: int, tw: torch.Tensor | None 
     sorted_tw = ws[nb * nbins + 2 * nbins + max(P, 1) :][:P].view(torch.float32)
     launches = [
         prefill_launch(
-            "_group_count", (nb,), (ids, hist, P, E), dict(NBINS=nbins, BLOCK_P=block_p), 4, 1
+            "_group_count",
+            (nb,),
+            dict(ids_ptr=ids, hist_ptr=hist, P=P, E=E),
+            dict(NBINS=nbins, BLOCK_P=block_p),
+            4,
+            1,
         ),
         prefill_launch(
             "_group_scan",
             (1,),
-            (hist, counts, start, nb, E),
+            dict(hist_ptr=hist, counts_ptr=counts, start_ptr=start, NB=nb, E=E),
             dict(NBINS=nbins, ROWS=_SCAN_ROWS),
             4,
             1,
@@ -94,7 +93,16 @@ def group_plan(ids: torch.Tensor, E: int, block_p: int, tw: torch.Tensor | None 
         prefill_launch(
             "_group_scatter",
             (nb,),
-            (ids, ids if tw is None else tw, hist, start, sorted_pair, sorted_tw, P, E),
+            dict(
+                ids_ptr=ids,
+                tw_ptr=ids if tw is None else tw,
+                prefix_ptr=hist,
+                start_ptr=start,
+                sorted_ptr=sorted_pair,
+                sorted_tw_ptr=sorted_tw,
+                P=P,
+                E=E,
+            ),
             dict(NBINS=nbins, BLOCK_P=block_p, WITH_TW=tw is not None),
             4,
             1,

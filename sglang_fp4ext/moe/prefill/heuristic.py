@@ -8,8 +8,10 @@ import math
 from sglang_fp4ext import target_info
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.prefill.config import (
-    PREFILL_KERNEL_FAMILIES,
+    DotPrefillConfig,
     PrefillConfig,
+    W4A4PrefillConfig,
+    WgmmaPrefillConfig,
     _next_pow2,
     prefill_activations,
     static_ring_fits,
@@ -122,7 +124,7 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
     bm = _wgmma_block_m(rows, shape)
     one_chunk = shape.I == K_CHUNK
     msub = one_chunk and rows >= 2 * bm
-    return PrefillConfig(
+    return WgmmaPrefillConfig(
         block_m=bm,
         **wgmma_gemm1_knobs(bm, shape, rows),
         block_n1=128,
@@ -134,7 +136,6 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
         stages2=2,
         group_n2=8 if shape.I <= 512 and not msub else 4,
         block_p=block_p,
-        kernels="wgmma",
         accs2=2 if one_chunk else 1,
         smem_epi2=int(one_chunk or bm >= 128),
         code_ring2=int(one_chunk),
@@ -172,7 +173,7 @@ def _w4a4_config(block_m: int, target: Target, block_p: int) -> PrefillConfig:
     bm = min(block_m, 128)
     big = _datacenter_mma(target.arch)
     bn, w = (128, 8) if big or bm == 128 else (64, 4)
-    return PrefillConfig(
+    return W4A4PrefillConfig(
         block_m=bm,
         block_n1=bn,
         block_k1=K_CHUNK,
@@ -184,7 +185,6 @@ def _w4a4_config(block_m: int, target: Target, block_p: int) -> PrefillConfig:
         stages2=2,
         group_n2=1,
         block_p=block_p,
-        kernels="w4a4",
     )
 
 
@@ -223,10 +223,10 @@ def prefill_heuristic_config(
     block_p = min(1024, max(64, _next_pow2(P)))
     if kernels is None:
         kernels = default_prefill_family(shape, target)
-    if kernels not in PREFILL_KERNEL_FAMILIES:
+    if kernels not in PrefillConfig.families():
         raise ValueError(
             f"prefill_heuristic_config: kernels must be one of "
-            f"{PREFILL_KERNEL_FAMILIES} or None, got {kernels!r}"
+            f"{tuple(PrefillConfig.families())} or None, got {kernels!r}"
         )
     if kernels == "wgmma":
         return _wgmma_config(rows, shape, block_p)
@@ -244,6 +244,6 @@ def prefill_heuristic_config(
     else:
         g1 = dict(block_n1=64, block_k1=256, warps1=4, stages1=2)
         g2 = dict(block_n2=128, stages2=2)
-    return PrefillConfig(
+    return DotPrefillConfig(
         block_m=block_m, **g1, **g2, block_k2=128, warps2=8, group_n2=8, block_p=block_p
     )

@@ -1,6 +1,6 @@
 """NVFP4 fused-MoE prefill path: validate -> config -> workspaces -> 6 to 8 launches.
 
-Three GEMM families, chosen by ``PrefillConfig.kernels``: ``dot`` (W4A16, ``tl.dot``, the launches
+Three GEMM families, a ``PrefillConfig`` type each: ``dot`` (W4A16, ``tl.dot``, the launches
 below), ``wgmma`` (W4A16, Gluon, sm_90) and ``w4a4`` (NVFP4 activations, ``tl.dot_scaled``,
 sm_100 / sm_120); ``plan.py`` builds each one's launches. They share the grouping
 (``grouping.py``) and the ordered combine.
@@ -88,8 +88,8 @@ def _check_family_gpu(family: str, device_index: int) -> None:
     cap = target_info.device_capability(None if device_index < 0 else device_index)
     if not supports(cap):
         raise ValueError(
-            f"fused_moe_nvfp4_prefill: PrefillConfig(kernels={family!r}) needs {needs}, this GPU "
-            f"is sm_{cap[0]}{cap[1]}; use kernels='dot'"
+            f"fused_moe_nvfp4_prefill: the {family!r} prefill family needs {needs}, this GPU "
+            f"is sm_{cap[0]}{cap[1]}; use DotPrefillConfig"
         )
 
 

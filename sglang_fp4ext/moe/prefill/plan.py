@@ -72,24 +72,24 @@ def plan(
         prefill_launch(
             "_prefill_gemm1",
             (w13.n_pad // config.block_n1, max_m_tiles(P, E, bm1)),
-            (
-                x,
-                sorted_pair,
-                counts,
-                w13.q,
-                w13.scale,
-                w13.alpha,
-                inter,
-                H,
-                I,
-                w13.n_pad,
-                w13.k_pad // K_CHUNK,
-                top_k,
-                x.stride(0),
-                w13.q.stride(0),
-                w13.q.stride(1),
-                w13.scale.stride(0),
-                w13.scale.stride(1),
+            dict(
+                x_ptr=x,
+                sorted_ptr=sorted_pair,
+                counts_ptr=counts,
+                q_ptr=w13.q,
+                s_ptr=w13.scale,
+                a_ptr=w13.alpha,
+                inter_ptr=inter,
+                H=H,
+                I=I,
+                NP=w13.n_pad,
+                KC=w13.k_pad // K_CHUNK,
+                TOP_K=top_k,
+                stride_x=x.stride(0),
+                q_e_stride=w13.q.stride(0),
+                q_row_stride=w13.q.stride(1),
+                s_e_stride=w13.scale.stride(0),
+                s_chunk_stride=w13.scale.stride(1),
             ),
             dict(common, BM=bm1, BN=config.block_n1, BK=config.block_k1),
             config.warps1,
@@ -100,25 +100,25 @@ def plan(
         prefill_launch(
             "_prefill_gemm2",
             (-(-(w2.n_pad // config.block_n2) // config.group_n2), m_tiles),
-            (
-                inter,
-                sorted_pair,
-                counts,
-                sorted_tw,
-                w2.q,
-                w2.scale,
-                w2.alpha,
-                partial,
-                H,
-                I,
-                w2.n_pad,
-                w2.k_pad // K_CHUNK,
-                top_k,
-                partial.stride(0),
-                w2.q.stride(0),
-                w2.q.stride(1),
-                w2.scale.stride(0),
-                w2.scale.stride(1),
+            dict(
+                inter_ptr=inter,
+                sorted_ptr=sorted_pair,
+                counts_ptr=counts,
+                tw_ptr=sorted_tw,
+                q_ptr=w2.q,
+                s_ptr=w2.scale,
+                a_ptr=w2.alpha,
+                dst_ptr=partial,
+                H=H,
+                I=I,
+                NP=w2.n_pad,
+                KC=w2.k_pad // K_CHUNK,
+                TOP_K=top_k,
+                stride_dst=partial.stride(0),
+                q_e_stride=w2.q.stride(0),
+                q_row_stride=w2.q.stride(1),
+                s_e_stride=w2.scale.stride(0),
+                s_chunk_stride=w2.scale.stride(1),
             ),
             dict(common, BN=config.block_n2, BK=config.block_k2, NG=config.group_n2, ATOMIC=atomic),
             config.warps2,
@@ -135,7 +135,17 @@ def _combine_launch(partial, topk_ids, out, E: int, atomic: bool, compute_f32: b
     return prefill_launch(
         "_prefill_combine",
         (-(-T // _COMBINE_BT), -(-H // _COMBINE_BH)),
-        (partial, topk_ids, out, T, H, E, topk_ids.shape[1], partial.stride(0), out.stride(0)),
+        dict(
+            src_ptr=partial,
+            ids_ptr=topk_ids,
+            out_ptr=out,
+            T=T,
+            H=H,
+            E=E,
+            TOP_K=topk_ids.shape[1],
+            stride_src=partial.stride(0),
+            stride_out=out.stride(0),
+        ),
         dict(BT=_COMBINE_BT, BH=_COMBINE_BH, ATOMIC=atomic, COMPUTE_F32=compute_f32),
         4,
         1,
@@ -145,8 +155,8 @@ def _combine_launch(partial, topk_ids, out, E: int, atomic: bool, compute_f32: b
 def _check_k_chunks(family: str, H: int, I: int) -> None:
     if not wgmma_supports_shape(H, I):
         raise ValueError(
-            f"fused_moe_nvfp4_prefill: PrefillConfig(kernels={family!r}) needs H and I multiples "
-            f"of {K_CHUNK}, got H={H}, I={I}; use kernels='dot'"
+            f"fused_moe_nvfp4_prefill: the {family!r} prefill family needs H and I multiples "
+            f"of {K_CHUNK}, got H={H}, I={I}; use DotPrefillConfig"
         )
 
 
@@ -163,7 +173,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
     _check_k_chunks("wgmma", H, I)
     if config.accs2 == 2 and I != K_CHUNK:
         raise ValueError(
-            f"fused_moe_nvfp4_prefill: PrefillConfig(accs2=2) runs GEMM2 one K chunk per row "
+            f"fused_moe_nvfp4_prefill: WgmmaPrefillConfig(accs2=2) runs GEMM2 one K chunk per row "
             f"block and needs intermediate_size == {K_CHUNK}, got {I}"
         )
     for i, K in ((1, H), (2, I)):
@@ -178,7 +188,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
             continue
         if not static_ring_fits(K, unroll):
             raise ValueError(
-                f"fused_moe_nvfp4_prefill: PrefillConfig({what}, which must divide its "
+                f"fused_moe_nvfp4_prefill: WgmmaPrefillConfig({what}, which must divide its "
                 f"{K // K_CHUNK} K chunks "
                 f"({'hidden' if i == 1 else 'intermediate'}_size {K} / {K_CHUNK})"
             )
@@ -198,7 +208,7 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
         prefill_launch(
             "_permute_k",
             (-(-T // _PERMUTE_BT), H // 128),
-            (x, xk, T, H, x.stride(0)),
+            dict(x_ptr=x, y_ptr=xk, T=T, K=H, stride_x=x.stride(0)),
             dict(BT=_PERMUTE_BT),
             4,
             1,
@@ -218,25 +228,25 @@ def _plan_wgmma(x, weights: PreparedMoEWeights, topk_ids, topk_weights, out, con
                 prefill_launch(
                     f"_wgmma_gemm{i}",
                     (-(-(w.n_pad // bn) // ng), max_m_tiles(P, E, tm)),
-                    (
-                        src,
-                        sorted_pair,
-                        counts,
-                        sorted_tw,
-                        w.q,
-                        w.scale,
-                        w.alpha,
-                        dst,
-                        K,
-                        nout,
-                        w.n_pad,
-                        top_k,
-                        src.stride(0),
-                        dst.stride(0),
-                        w.q.stride(0),
-                        w.q.stride(1),
-                        w.scale.stride(0),
-                        w.scale.stride(1),
+                    dict(
+                        x_ptr=src,
+                        sorted_ptr=sorted_pair,
+                        counts_ptr=counts,
+                        tw_ptr=sorted_tw,
+                        q_ptr=w.q,
+                        s_ptr=w.scale,
+                        a_ptr=w.alpha,
+                        dst_ptr=dst,
+                        K=K,
+                        NOUT=nout,
+                        NP=w.n_pad,
+                        TOP_K=top_k,
+                        stride_x=src.stride(0),
+                        stride_dst=dst.stride(0),
+                        q_e_stride=w.q.stride(0),
+                        q_row_stride=w.q.stride(1),
+                        s_e_stride=w.scale.stride(0),
+                        s_chunk_stride=w.scale.stride(1),
                     ),
                     dict(
                         NBINS=nbins,
@@ -288,7 +298,7 @@ def _plan_w4a4(
     _check_k_chunks("w4a4", H, I)
     if not weights.has_input_scales:
         raise ValueError(
-            "fused_moe_nvfp4_prefill: PrefillConfig(kernels='w4a4') quantizes the activations with "
+            "fused_moe_nvfp4_prefill: W4A4PrefillConfig quantizes the activations with "
             "the checkpoint's static input scales, and these weights carry none "
             "(PreparedMoEWeights.w13_input_scale / w2_input_scale)"
         )
@@ -314,7 +324,7 @@ def _plan_w4a4(
         prefill_launch(
             "_quant_act",
             (-(-T // _QUANT_BT), H // K_CHUNK),
-            (x, xq, xs, gs1, T, H, x.stride(0)),
+            dict(x_ptr=x, q_ptr=xq, s_ptr=xs, gs_ptr=gs1, T=T, H=H, stride_x=x.stride(0)),
             dict(BT=_QUANT_BT),
             4,
             1,
@@ -325,26 +335,26 @@ def _plan_w4a4(
         prefill_launch(
             "_w4a4_gemm1",
             (w13.n_pad // config.block_n1, max_m_tiles(P, E, config.gemm1_block_m)),
-            (
-                xq,
-                xs,
-                sorted_pair,
-                counts,
-                w13.q,
-                w13.scale,
-                w13.alpha,
-                gs1,
-                gs2,
-                iq,
-                is_,
-                I,
-                w13.n_pad,
-                H // K_CHUNK,
-                top_k,
-                w13.q.stride(0),
-                w13.q.stride(1),
-                w13.scale.stride(0),
-                w13.scale.stride(1),
+            dict(
+                xq_ptr=xq,
+                xs_ptr=xs,
+                sorted_ptr=sorted_pair,
+                counts_ptr=counts,
+                q_ptr=w13.q,
+                s_ptr=w13.scale,
+                a_ptr=w13.alpha,
+                gs1_ptr=gs1,
+                gs2_ptr=gs2,
+                iq_ptr=iq,
+                is_ptr=is_,
+                I=I,
+                NP=w13.n_pad,
+                KC=H // K_CHUNK,
+                TOP_K=top_k,
+                q_e_stride=w13.q.stride(0),
+                q_row_stride=w13.q.stride(1),
+                s_e_stride=w13.scale.stride(0),
+                s_chunk_stride=w13.scale.stride(1),
             ),
             dict(common, BM=config.gemm1_block_m, BN=config.block_n1),
             config.warps1,
@@ -356,25 +366,25 @@ def _plan_w4a4(
         prefill_launch(
             "_w4a4_gemm2",
             (w2.n_pad // config.block_n2, m_tiles),
-            (
-                iq,
-                is_,
-                sorted_pair,
-                counts,
-                sorted_tw,
-                w2.q,
-                w2.scale,
-                w2.alpha,
-                gs2,
-                partial,
-                H,
-                w2.n_pad,
-                I // K_CHUNK,
-                w2.q.stride(0),
-                w2.q.stride(1),
-                w2.scale.stride(0),
-                w2.scale.stride(1),
-                partial.stride(0),
+            dict(
+                iq_ptr=iq,
+                is_ptr=is_,
+                sorted_ptr=sorted_pair,
+                counts_ptr=counts,
+                tw_ptr=sorted_tw,
+                q_ptr=w2.q,
+                s_ptr=w2.scale,
+                a_ptr=w2.alpha,
+                gs2_ptr=gs2,
+                dst_ptr=partial,
+                H=H,
+                NP=w2.n_pad,
+                KC=I // K_CHUNK,
+                q_e_stride=w2.q.stride(0),
+                q_row_stride=w2.q.stride(1),
+                s_e_stride=w2.scale.stride(0),
+                s_chunk_stride=w2.scale.stride(1),
+                stride_dst=partial.stride(0),
             ),
             dict(common, BN=config.block_n2),
             config.warps2,
