@@ -10,7 +10,7 @@ Used by ``fp4ext check`` and the end-to-end tests. The servers are ``server.SGLa
 * ``expected_moe_layers`` / ``served_moe_layers``: which layers of a model are MoE layers (SGLang's
   rule) and which ones the server log says fp4ext served.
 * ``check_checkpoint_against_oracle`` / ``check_against_default_backend``: the checks behind
-  ``fp4ext check``.
+  ``fp4ext check``; ``judge_against_default`` the latter's rule.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ __all__ = [
     "prompts_for",
     "expected_moe_layers",
     "served_moe_layers",
+    "check_against_default_backend",
+    "judge_against_default",
 ]
 
 
@@ -308,20 +310,16 @@ def check_against_default_backend(
     *,
     prompts: list[list[int]],
     max_new_tokens: int = 16,
+    tolerance: float = GAP_TOLERANCE,
     progress: Progress | None = None,
 ) -> dict:
-    """Greedy tokens of fp4ext vs SGLang's default NVFP4 MoE backend on the same model/flags
-    (one server after the other: a real model fills the GPUs)."""
-    base = [a for a in launch_args]
-    outs_default, _ = serve_greedy(
-        model_path,
-        base,
-        None,
-        prompts,
-        max_new_tokens,
-        name="default-backend server",
-        progress=progress,
-    )
+    """fp4ext vs SGLang's default NVFP4 MoE backend on the same model and flags, one server
+    after the other (a real model fills the GPUs): fp4ext generates greedily first; the
+    default-backend server then generates its own greedy tokens and scores fp4ext's teacher-forced
+    (``choice_gaps``), since greedy tokens legitimately drift apart between W4A16 and W4A4
+    numerics. The verdict is :func:`judge_against_default`'s."""
+    say = progress or (lambda kind, text: None)
+    base = list(launch_args)
     outs_fp4ext, log = serve_greedy(
         model_path,
         [*base, "--moe-runner-backend", "fp4ext"],
@@ -331,18 +329,57 @@ def check_against_default_backend(
         name="fp4ext server",
         progress=progress,
     )
+    default = SGLangServer(model_path, base, name="default-backend server")
+    with serving(default, progress=progress):
+        say("phase", f"generating {len(prompts)} prompts on the default-backend server")
+        outs_default = [default.generate(p, max_new_tokens) for p in prompts]
+        say("phase", "scoring fp4ext's tokens on the default-backend server (teacher-forced)")
+        gaps = [default.choice_gaps(p, o) for p, o in zip(prompts, outs_fp4ext)]
     first_diff = []
     for a, b in zip(outs_default, outs_fp4ext):
         d = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         first_diff.append(d)
     expected = expected_moe_layers(json.loads((Path(model_path) / "config.json").read_text()))
     served = served_moe_layers(log)
+    all_served = bool(expected) and sorted(served) == expected
     return {
         "default": outs_default,
         "fp4ext": outs_fp4ext,
         "identical_prompts": sum(d is None for d in first_diff),
         "first_divergence": first_diff,
+        "gaps": gaps,
         "moe_layers_expected": expected,
         "moe_layers_served": {k: sorted(v) for k, v in sorted(served.items())},
-        "fp4ext_layers_logged": bool(expected) and sorted(served) == expected,
+        "fp4ext_layers_logged": all_served,
+        **judge_against_default(first_diff, gaps, layers_served=all_served, tolerance=tolerance),
     }
+
+
+def judge_against_default(
+    first_divergence: list[int | None],
+    gaps: list[list[float]],
+    *,
+    layers_served: bool,
+    tolerance: float = GAP_TOLERANCE,
+) -> dict:
+    """The rule of ``fp4ext check --model-path``: pass when every fp4ext token is within
+    ``tolerance`` (logits) of the default backend's best, scored teacher-forced, and fp4ext
+    served every MoE layer. Returns ``ok``, ``max_gap`` and the verdict ``line``, which names
+    each divergence and the gap of fp4ext's token there."""
+    max_gap = max((max(g) for g in gaps if g), default=0.0)
+    ok = layers_served and max_gap <= tolerance
+    same = sum(d is None for d in first_divergence)
+    parts = [f"{same}/{len(first_divergence)} prompts identical"]
+    for i, d in enumerate(first_divergence):
+        if d is not None:
+            parts.append(
+                f"prompt {i} diverges at token {d} (fp4ext's token {gaps[i][d]:.2f} below the "
+                "default backend's best)"
+            )
+    parts.append(
+        f"largest teacher-forced gap {max_gap:.2f} {'<=' if max_gap <= tolerance else '>'} "
+        f"{tolerance}"
+    )
+    parts.append(f"fp4ext {'served' if layers_served else 'did NOT serve'} every MoE layer")
+    line = f"{'PASS' if ok else 'FAIL'}: " + "; ".join(parts)
+    return {"ok": ok, "max_gap": max_gap, "line": line}
