@@ -811,7 +811,7 @@ def test_wgmma_heuristic(monkeypatch):
     assert prefill_heuristic_config(4096, tp8, rtx).kernels == "dot"
     assert prefill_heuristic_config(4096, tp8, h200).kernels == "wgmma"
     monkeypatch.setenv("SGLANG_FP4EXT_PREFILL_ACTIVATIONS", "fp8")
-    with pytest.raises(ValueError, match="expected 'auto' or 'bf16'"):
+    with pytest.raises(ValueError, match="must be auto or bf16"):
         prefill_heuristic_config(4096, tp8, rtx)
 
 

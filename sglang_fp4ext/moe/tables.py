@@ -150,7 +150,7 @@ def table_path(device_name: str) -> Path:
 
 def user_config_dir() -> Path:
     """``$SGLANG_FP4EXT_CONFIG_DIR`` when set, else ``~/.cache/sglang_fp4ext/configs``."""
-    return Path(envs.CONFIG_DIR.get()).expanduser()
+    return Path(envs.CONFIG_DIR.value()).expanduser()
 
 
 def user_table_path(device_name: str) -> Path:

@@ -41,10 +41,7 @@ def prefill_activations() -> str:
     """``SGLANG_FP4EXT_PREFILL_ACTIVATIONS``, checked: ``"auto"`` or ``"bf16"``."""
     from sglang_fp4ext import envs
 
-    acts = (envs.PREFILL_ACTIVATIONS.get() or "auto").strip().lower()
-    if acts not in ("auto", "bf16"):
-        raise ValueError(f"{envs.PREFILL_ACTIVATIONS.name}={acts!r}: expected 'auto' or 'bf16'")
-    return acts
+    return envs.PREFILL_ACTIVATIONS.value()
 
 
 def served_prefill_config(cfg: PrefillConfig, has_input_scales: bool) -> PrefillConfig:
