@@ -122,14 +122,16 @@ def _routing(B: int, real: int, masked: bool, gen):
     """
     import torch
 
-    from sglang_fp4ext.bench import GLM5_TP8, uniform_routing
+    from sglang_fp4ext.bench.layer import make_routing
+    from sglang_fp4ext.model_shapes import preset
 
-    ids, tw, _ = uniform_routing(B, GLM5_TP8, device="cuda", generator=gen)
+    tp8 = preset("glm5-tp8")
+    ids, tw, _ = make_routing(tp8, B, device="cuda", generator=gen)
     if masked:
         ids[real:] = -1
     ids = torch.cat([ids, torch.full((B, 1), SHARED_ID, dtype=torch.int32, device="cuda")], 1)
     tw = torch.cat([tw, torch.rand(B, 1, device="cuda", generator=gen)], 1)
-    x = torch.randn(B, GLM5_TP8.H, device="cuda", generator=gen).to(torch.bfloat16)
+    x = torch.randn(B, tp8.hidden, device="cuda", generator=gen).to(torch.bfloat16)
     return x, ids.contiguous(), tw.contiguous()
 
 

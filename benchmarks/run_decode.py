@@ -27,12 +27,8 @@ from pathlib import Path
 
 import torch
 
-from sglang_fp4ext.bench import (
-    SHAPES,
-    nvfp4_bytes_per_expert,
-    random_packed_weights,
-    uniform_routing,
-)
+from sglang_fp4ext.bench import nvfp4_bytes_per_expert, random_packed_weights
+from sglang_fp4ext.bench.layer import make_routing
 from sglang_fp4ext.bench.peers import TorchGroupedMMMoE, has_grouped_mm
 from sglang_fp4ext.bench.timing import (
     copy_bandwidth_Bps,
@@ -40,6 +36,7 @@ from sglang_fp4ext.bench.timing import (
     kernel_times_us,
     time_graph_replay,
 )
+from sglang_fp4ext.model_shapes import preset
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
@@ -162,10 +159,10 @@ def main(argv=None) -> int:
     rows, checks, tuned = [], [], {}
     snames = args.shapes.split(",")
     for sname in snames:
-        bs = SHAPES[sname]
+        bs = preset(sname.replace("_", "-"))  # glm5_tp8 -> the glm5-tp8 preset
         gen = torch.Generator(device="cuda").manual_seed(2026)
         packs = [
-            random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen)
+            random_packed_weights(bs.E_local, bs.hidden, bs.I_local, device="cuda", generator=gen)
             for _ in range(args.copies)
         ]
         prepared = [PreparedMoEWeights.from_moe_weights(p) for p in packs]
@@ -174,17 +171,15 @@ def main(argv=None) -> int:
         peers = None
         if not args.no_peer and has_grouped_mm():
             peers = [TorchGroupedMMMoE(p) for p in packs]
-        per_expert = nvfp4_bytes_per_expert(bs.H, bs.I)
+        per_expert = nvfp4_bytes_per_expert(bs.hidden, bs.I_local)
         for T in tokens:
-            routes = [
-                uniform_routing(T, bs, device="cuda", generator=gen) for _ in range(args.copies)
-            ]
+            routes = [make_routing(bs, T, device="cuda", generator=gen) for _ in range(args.copies)]
             xs = [
-                torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
+                torch.randn(T, bs.hidden, device="cuda", generator=gen).to(torch.bfloat16)
                 for _ in range(args.copies)
             ]
             outs = [
-                torch.empty(T, bs.H, dtype=torch.bfloat16, device="cuda")
+                torch.empty(T, bs.hidden, dtype=torch.bfloat16, device="cuda")
                 for _ in range(args.copies)
             ]
 

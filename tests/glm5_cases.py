@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
+from sglang_fp4ext.bench import random_packed_weights
+from sglang_fp4ext.bench.layer import make_routing
+from sglang_fp4ext.model_shapes import preset
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 
 NAMES = ("tp8_shared", "ep8")
@@ -23,7 +25,7 @@ def weights(name: str):
         g = torch.Generator(device="cuda").manual_seed(7)
         E, I = (257, 256) if name == "tp8_shared" else (32, 2048)
         w = random_packed_weights(E, H, I, device="cuda", generator=g)
-        ep = 1 if name == "tp8_shared" else GLM5_EP8.ep  # as SGLang's layer gives it
+        ep = 1 if name == "tp8_shared" else preset("glm5-ep8").ep  # as SGLang's layer gives it
         _CACHE[name] = (w, PreparedMoEWeights.from_moe_weights(w, ep))
     return _CACHE[name]
 
@@ -31,11 +33,11 @@ def weights(name: str):
 def inputs(name: str, T: int, g: torch.Generator):
     """Fresh ``(x bf16 (T, H), topk_ids int32, topk_weights fp32)`` for ``T`` tokens."""
     if name == "tp8_shared":
-        ids, tw, _ = uniform_routing(T, GLM5_TP8, device="cuda", generator=g)
+        ids, tw, _ = make_routing(preset("glm5-tp8"), T, device="cuda", generator=g)
         ids = torch.cat([ids, torch.full((T, 1), 256, dtype=torch.int32, device="cuda")], 1)
         tw = torch.cat([tw, torch.rand(T, 1, device="cuda", generator=g)], 1)
     else:
-        ids, tw, _ = uniform_routing(T, GLM5_EP8, device="cuda", generator=g)
+        ids, tw, _ = make_routing(preset("glm5-ep8"), T, device="cuda", generator=g)
     x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
     return x, ids.contiguous(), tw.contiguous()
 

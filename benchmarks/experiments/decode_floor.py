@@ -24,8 +24,10 @@ import time
 import torch
 from _stream_kernels import _empty, _stream_experts  # this folder (run as a script)
 
-from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
+from sglang_fp4ext.bench import random_packed_weights
+from sglang_fp4ext.bench.layer import make_routing
 from sglang_fp4ext.bench.timing import copy_bandwidth_Bps, kernel_times_us, time_graph_replay
+from sglang_fp4ext.model_shapes import preset
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
@@ -60,10 +62,10 @@ def main(out_path: str, budget_s: float = 200.0) -> int:
     bw = copy_bandwidth_Bps()
     target = current_target()
     rows = []
-    for bs in (GLM5_TP8, GLM5_EP8):
+    for bs in (preset("glm5-tp8"), preset("glm5-ep8")):
         gen = torch.Generator(device="cuda").manual_seed(seed)
-        packs = [random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen)
-                 for _ in range(4)]  # fmt: skip
+        E, H, I = bs.E_local, bs.hidden, bs.I_local
+        packs = [random_packed_weights(E, H, I, device="cuda", generator=gen) for _ in range(4)]
         prep = [PreparedMoEWeights.from_moe_weights(p) for p in packs]
         views = [_words(p.w13) + _words(p.w2) for p in prep]
         shape = prep[0].shape(bs.top_k)
@@ -72,10 +74,12 @@ def main(out_path: str, budget_s: float = 200.0) -> int:
         for T in TOKENS:
             if time.time() > deadline:
                 break
-            routes = [uniform_routing(T, bs, device="cuda", generator=gen) for _ in range(4)]
-            xs = [torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
+            routes = [make_routing(bs, T, device="cuda", generator=gen) for _ in range(4)]
+            xs = [torch.randn(T, bs.hidden, device="cuda", generator=gen).to(torch.bfloat16)
                   for _ in range(4)]  # fmt: skip
-            outs = [torch.empty(T, bs.H, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+            outs = [
+                torch.empty(T, bs.hidden, dtype=torch.bfloat16, device="cuda") for _ in range(4)
+            ]
             dids = [torch.unique(r[0][r[0] >= 0]).to(torch.int32) for r in routes]
             D = sum(d.numel() for d in dids) / 4
             cfg = config_for(T, shape, target)

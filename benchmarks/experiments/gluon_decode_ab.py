@@ -44,20 +44,15 @@ from pathlib import Path
 
 import torch
 
-from sglang_fp4ext.bench import (
-    GLM5_EP8,
-    GLM5_TP8,
-    BenchShape,
-    nvfp4_bytes_per_expert,
-    random_packed_weights,
-    uniform_routing,
-)
+from sglang_fp4ext.bench import nvfp4_bytes_per_expert, random_packed_weights
+from sglang_fp4ext.bench.layer import make_routing
 from sglang_fp4ext.bench.timing import (
     copy_bandwidth_Bps,
     gpu_clocks,
     kernel_times_us,
     time_graph_replay,
 )
+from sglang_fp4ext.model_shapes import ModelShape, preset
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
@@ -71,12 +66,12 @@ from sglang_fp4ext.testing.compare import error_stats
 SHAPES = {
     s.name: s
     for s in (
-        GLM5_TP8,
-        GLM5_EP8,
+        dataclasses.replace(preset("glm5-tp8"), name="glm5_tp8"),
+        dataclasses.replace(preset("glm5-ep8"), name="glm5_ep8"),
         # TP8 as SGLang runs GLM-5: the shared expert fused as local expert 256, top_k 8 + 1.
-        dataclasses.replace(GLM5_TP8, name="glm5_tp8_shared"),
-        BenchShape("dsr1_tp8", 256, 256, 7168, 256, 8),  # DeepSeek-R1 TP8: no tuned table
-        BenchShape("qwen3_30b", 128, 128, 2048, 768, 8),  # Qwen3-30B-A3B, one GPU: no table
+        dataclasses.replace(preset("glm5-tp8"), name="glm5_tp8_shared"),
+        ModelShape("dsr1_tp8", 256, 8, 7168, 2048, 58, tp=8),  # DeepSeek-R1 TP8: no tuned table
+        ModelShape("qwen3_30b", 128, 8, 2048, 768, 48),  # Qwen3-30B-A3B, one GPU: no table
     )
 }
 
@@ -305,18 +300,18 @@ def main(argv=None) -> int:
         s = SHAPES[sname]
         shared = sname.endswith("_shared")
         packs = [
-            random_packed_weights(s.E_local + shared, s.H, s.I, device=dev, generator=g)
+            random_packed_weights(s.E_local + shared, s.hidden, s.I_local, device=dev, generator=g)
             for _ in range(args.copies)
         ]
         prepared = [PreparedMoEWeights.from_moe_weights(w) for w in packs]
         shape = prepared[0].shape(s.top_k + shared)
         kc1 = prepared[0].w13.k_pad // 256
-        per_expert = nvfp4_bytes_per_expert(s.H, s.I)
+        per_expert = nvfp4_bytes_per_expert(s.hidden, s.I_local)
         for T in [int(t) for t in args.tokens.split(",")]:
             if time.time() - t_start > args.deadline_s:
                 res["errors"].append(f"deadline: skipped {sname} T={T} and later")
                 break
-            routs = [uniform_routing(T, s, device=dev, generator=g) for _ in range(args.copies)]
+            routs = [make_routing(s, T, device=dev, generator=g) for _ in range(args.copies)]
             if shared:  # every token also goes to the shared expert (id E_local, last slot)
                 sid = torch.full((T, 1), s.E_local, dtype=torch.int32, device=dev)
                 routs = [
@@ -327,9 +322,11 @@ def main(argv=None) -> int:
                     )
                     for i, w, d in routs
                 ]
-            xs = [torch.randn(T, s.H, device=dev, generator=g).to(torch.bfloat16) for _ in routs]
+            xs = [
+                torch.randn(T, s.hidden, device=dev, generator=g).to(torch.bfloat16) for _ in routs
+            ]
             distinct = sum(r[2] for r in routs) / len(routs)
-            floor_us = (distinct * per_expert + 4 * T * s.H) / bw * 1e6
+            floor_us = (distinct * per_expert + 4 * T * s.hidden) / bw * 1e6
             ref = fused_moe_nvfp4_torch(xs[0], packs[0], routs[0][0], routs[0][1])
             heur = heuristic_config(T, shape, target)
             if shipped:
@@ -372,7 +369,7 @@ def main(argv=None) -> int:
                     try:
                         if rep == 0:
                             out = torch.full(
-                                (T, s.H), float("nan"), dtype=torch.bfloat16, device=dev
+                                (T, s.hidden), float("nan"), dtype=torch.bfloat16, device=dev
                             )
                             fused_moe_nvfp4(
                                 xs[0], prepared[0], routs[0][0], routs[0][1], out=out, config=cfg

@@ -17,20 +17,22 @@ import sys
 
 import torch
 
-from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8, random_packed_weights, uniform_routing
+from sglang_fp4ext.bench import random_packed_weights
+from sglang_fp4ext.bench.layer import make_routing
+from sglang_fp4ext.model_shapes import preset
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 
 T = int(sys.argv[1])
-bs = GLM5_EP8 if "ep8" in sys.argv[2:] else GLM5_TP8
+bs = preset("glm5-ep8" if "ep8" in sys.argv[2:] else "glm5-tp8")
 call = fused_moe_nvfp4_prefill if "prefill" in sys.argv[2:] else fused_moe_nvfp4
 gen = torch.Generator(device="cuda").manual_seed(1)
 prep = PreparedMoEWeights.from_moe_weights(
-    random_packed_weights(bs.E_local, bs.H, bs.I, device="cuda", generator=gen), bs.ep
+    random_packed_weights(bs.E_local, bs.hidden, bs.I_local, device="cuda", generator=gen), bs.ep
 )
-ids, tw, _ = uniform_routing(T, bs, device="cuda", generator=gen)
-x = torch.randn(T, bs.H, device="cuda", generator=gen).to(torch.bfloat16)
+ids, tw, _ = make_routing(bs, T, device="cuda", generator=gen)
+x = torch.randn(T, bs.hidden, device="cuda", generator=gen).to(torch.bfloat16)
 kw = {}
 if os.environ.get("NCU_KNOBS") and call is fused_moe_nvfp4_prefill:
     from sglang_fp4ext.moe.shape import current_target

@@ -35,8 +35,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sglang_fp4ext.bench import GLM5_EP8, GLM5_TP8
 from sglang_fp4ext.hardware import spec_by_key, spec_for_device_name
+from sglang_fp4ext.model_shapes import preset
 from sglang_fp4ext.moe.decode import launch as F
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
@@ -261,8 +261,8 @@ def main(argv=None) -> int:
     for case in a.cases:
         name, T, *rest = case.split(":")
         path = rest[0] if rest else "decode"
-        bs = {"tp8": GLM5_TP8, "ep8": GLM5_EP8}[name]
-        shape = MoEShape(bs.E_local, bs.H, bs.I, bs.top_k)
+        bs = preset({"tp8": "glm5-tp8", "ep8": "glm5-ep8"}[name])
+        shape = MoEShape(bs.E_local, bs.hidden, bs.I_local, bs.top_k)
         families = (*DecodeConfig.families().values(), *PrefillConfig.families().values())
         names = {c.__name__: c for c in families}
         forced = eval(a.config, names) if a.config else None
