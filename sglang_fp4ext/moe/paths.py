@@ -17,13 +17,15 @@ it up in the tables (``config.py``), which read this registry.
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.config import check_hidden as decode_check_hidden
+from sglang_fp4ext.moe.decode.config import fallbacks as decode_fallbacks
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
-from sglang_fp4ext.moe.prefill.config import PrefillConfig, served_prefill_config, w4a16_twin_config
+from sglang_fp4ext.moe.prefill.config import PrefillConfig, served_prefill_config
+from sglang_fp4ext.moe.prefill.config import fallbacks as prefill_fallbacks
 from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
 from sglang_fp4ext.moe.tune_space import (
     DECODE_MAX_BUCKET,
@@ -133,25 +135,6 @@ def path_of(config) -> KernelPath:
 # ---- the shipped paths ----
 
 
-def _decode_check_hidden(config: DecodeConfig, H: int) -> int:
-    """GEMM1's K splits stacked on one program (``kstack1``) must be equal: the smallest multiple
-    of ``H`` whose K chunks (of 256) ``split_k1`` divides (8 splits: 24 chunks, H = 6144)."""
-    if config.kernels != "gluon" or not config.kstack1:
-        return H
-    kc = H // 256
-    return 256 * kc * config.split_k1 // math.gcd(kc, config.split_k1)
-
-
-def _decode_fallbacks(config: DecodeConfig):
-    # A Gluon config's tiles on the tl.dot family.
-    return (config.reform(kernels="dot"),) if config.kernels != "dot" else ()
-
-
-def _prefill_fallbacks(config: PrefillConfig):
-    # wgmma and W4A4 tiles on the W4A16 tl.dot family.
-    return (w4a16_twin_config(config),) if config.kernels in ("wgmma", "w4a4") else ()
-
-
 def _prefill_serves(config: PrefillConfig, weights) -> PrefillConfig:
     return served_prefill_config(config, getattr(weights, "has_input_scales", False))
 
@@ -165,8 +148,8 @@ DECODE = register(
         candidates=decode_candidates,
         check_tokens=5,
         tune_buckets=(1, DECODE_MAX_BUCKET),
-        check_hidden=_decode_check_hidden,
-        fallbacks=_decode_fallbacks,
+        check_hidden=decode_check_hidden,
+        fallbacks=decode_fallbacks,
     )
 )
 PREFILL = register(
@@ -178,7 +161,7 @@ PREFILL = register(
         candidates=prefill_candidates,
         check_tokens=64,
         tune_buckets=(PREFILL_MIN_BUCKET, 1 << 30),
-        fallbacks=_prefill_fallbacks,
+        fallbacks=prefill_fallbacks,
         serves=_prefill_serves,
         nvfp4_activations=lambda config: config.kernels == "w4a4",
     )

@@ -9,12 +9,13 @@ kernel family.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from sglang_fp4ext.moe.layout import ROW_ALIGN
+from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 from sglang_fp4ext.moe.shape import ConfigDict
 
-__all__ = ["DecodeConfig", "DotDecodeConfig", "GluonDecodeConfig"]
+__all__ = ["DecodeConfig", "DotDecodeConfig", "GluonDecodeConfig", "check_hidden", "fallbacks"]
 
 
 def _pow2(x: int) -> bool:
@@ -191,3 +192,19 @@ class GluonDecodeConfig(DecodeConfig, family="gluon"):
         if self.maxnreg1 and "maxnreg1" not in changes and changes.get("kstack1"):
             changes["maxnreg1"] = 0
         return super().reform(kernels, **changes)
+
+
+def fallbacks(config: DecodeConfig) -> tuple[DecodeConfig, ...]:
+    """The configs the self-check tries, in order, where ``config`` fails its check: a Gluon
+    config's tiles on the ``tl.dot`` family."""
+    return (config.reform(kernels="dot"),) if config.kernels != "dot" else ()
+
+
+def check_hidden(config: DecodeConfig, H: int) -> int:
+    """The hidden size the self-check runs ``config`` at for a layer of hidden size ``H``: GEMM1's
+    K splits stacked on one program (``kstack1``) must be equal, so the smallest multiple of ``H``
+    whose K chunks (of 256) ``split_k1`` divides (8 splits: 24 chunks, H = 6144)."""
+    if config.kernels != "gluon" or not config.kstack1:
+        return H
+    kc = H // K_CHUNK
+    return K_CHUNK * kc * config.split_k1 // math.gcd(kc, config.split_k1)

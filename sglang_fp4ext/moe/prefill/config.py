@@ -20,6 +20,7 @@ __all__ = [
     "PrefillConfig",
     "W4A4PrefillConfig",
     "WgmmaPrefillConfig",
+    "fallbacks",
     "prefill_activations",
     "served_prefill_config",
     "w4a16_twin_config",
@@ -35,6 +36,12 @@ def w4a16_twin_config(cfg: PrefillConfig) -> PrefillConfig:
     ``block_m`` for the dot family's shared memory): the self-check's fallback, and what a W4A4
     choice runs on weights without input scales."""
     return cfg.reform(kernels="dot", block_k2=128, block_m1=0)
+
+
+def fallbacks(config: PrefillConfig) -> tuple[PrefillConfig, ...]:
+    """The configs the self-check tries, in order, where ``config`` fails its check: wgmma and
+    W4A4 tiles on the W4A16 ``tl.dot`` family."""
+    return (w4a16_twin_config(config),) if config.kernels in ("wgmma", "w4a4") else ()
 
 
 def prefill_activations() -> str:
