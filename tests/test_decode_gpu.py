@@ -20,7 +20,7 @@ import dataclasses
 import pytest
 import torch
 
-from sglang_fp4ext.moe.decode import launch as fm
+from sglang_fp4ext.moe.decode import plan as decode_plan
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.tables import config_for
@@ -105,8 +105,8 @@ def _same_bits(x, pw, ids, tw, cfg, **variant):
 def _counters_zero():
     """Graph safety: the arrival counters are back at zero."""
     for buf in ("cnt1", "cnt2"):
-        if ("cuda:0", buf) in fm._WORKSPACES:
-            assert int(fm._WORKSPACES[("cuda:0", buf)].abs().sum()) == 0, buf
+        if ("cuda:0", buf) in decode_plan._WORKSPACES:
+            assert int(decode_plan._WORKSPACES[("cuda:0", buf)].abs().sum()) == 0, buf
 
 
 @pytest.mark.parametrize("kernels", FAMILIES)

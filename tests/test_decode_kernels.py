@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang_fp4ext.moe.decode import launch as fm
+from sglang_fp4ext.moe.decode import plan as decode_plan
 from sglang_fp4ext.moe.decode.config import DecodeConfig, DotDecodeConfig, GluonDecodeConfig
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
@@ -165,7 +165,7 @@ def test_matches_reference(case, seed):
     print(case.name, st)
     # Graph safety: every arrival counter is back at zero after the call.
     for name in ("cnt1", "cnt2"):
-        buf = fm._WORKSPACES.get((str(out.device), name))
+        buf = decode_plan._WORKSPACES.get((str(out.device), name))
         assert buf is None or int(buf.abs().sum()) == 0, f"{name} not reset"
 
 
@@ -289,11 +289,14 @@ def test_scale_code_decode_gpu_and_interpreter_forms_agree():
 def test_grown_workspace_keeps_the_old_buffer_alive():
     """A graph captured before a workspace grew still points at the old buffer: it must not be
     freed (SGLang captures the largest batch first, then warms smaller ones up eagerly)."""
-    fm.clear_workspaces()
+    decode_plan.clear_workspaces()
     dev = torch.device("cpu")
-    ptr = fm._workspace(dev, "probe", 8, torch.float32, zero=False).data_ptr()
-    grown = fm._workspace(dev, "probe", 64, torch.float32, zero=False)
+    ptr = decode_plan._workspace(dev, "probe", 8, torch.float32, zero=False).data_ptr()
+    grown = decode_plan._workspace(dev, "probe", 64, torch.float32, zero=False)
     assert grown.data_ptr() != ptr
-    assert any(t.data_ptr() == ptr for t in fm._RETIRED)
-    assert fm._workspace(dev, "probe", 16, torch.float32, zero=False).data_ptr() == grown.data_ptr()
-    fm.clear_workspaces()
+    assert any(t.data_ptr() == ptr for t in decode_plan._RETIRED)
+    assert (
+        decode_plan._workspace(dev, "probe", 16, torch.float32, zero=False).data_ptr()
+        == grown.data_ptr()
+    )
+    decode_plan.clear_workspaces()

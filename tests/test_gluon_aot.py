@@ -363,7 +363,7 @@ def _plan(cfg, family="gluon", *, E=8, H=512, top_k=2, pdl=0, T=3):
     """``decode.plan`` of one call on CPU tensors (nothing is launched)."""
     import torch
 
-    from sglang_fp4ext.moe.decode import launch as decode
+    from sglang_fp4ext.moe.decode import plan as decode
     from sglang_fp4ext.moe.prepared import PreparedMoEWeights
     from sglang_fp4ext.moe.weights import random_moe_weights
 

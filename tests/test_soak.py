@@ -18,7 +18,7 @@ import torch
 
 from sglang_fp4ext.bench import random_packed_weights
 from sglang_fp4ext.moe import dispatch, selfcheck
-from sglang_fp4ext.moe.decode import launch as decode
+from sglang_fp4ext.moe.decode import plan as decode
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 from sglang_fp4ext.moe.shape import Target

@@ -37,7 +37,7 @@ from triton.compiler import ASTSource
 
 from sglang_fp4ext.hardware import spec_by_key, spec_for_device_name
 from sglang_fp4ext.model_shapes import preset
-from sglang_fp4ext.moe.decode import launch as F
+from sglang_fp4ext.moe.decode import plan as F
 from sglang_fp4ext.moe.decode.config import DecodeConfig
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
 from sglang_fp4ext.moe.prefill import plan as PF

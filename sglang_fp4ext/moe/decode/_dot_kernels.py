@@ -51,142 +51,14 @@ numbers.
 import triton
 import triton.language as tl
 
-from sglang_fp4ext.moe.layout import SCALE_CODE_BF16_BIAS
-
-# The FP4 bit trick leaves values 2^-126 too small and scale codes decode to the scale times 2^100.
-# Weights are decoded as w * 2^-26 (exact, normal range in bf16) and the epilogue multiplies by
-# 2^26 together with the per-row global scale.
-_TWO_P26 = tl.constexpr(67108864.0)  # 2^26
-_SCALE_BIAS = tl.constexpr(SCALE_CODE_BF16_BIAS)
-
-#: Inline PTX of ``_fp4x4_to_bf16_asm`` (also used by the Gluon kernels, ``decode._gluon_kernels``):
-#: operands $4 = four packed bytes, $5/$6 = bf16 scale pairs of the low nibbles, $7/$8 of the high
-#: nibbles; results $0/$1 = low-nibble weights of bytes (0, 1)/(2, 3), $2/$3 the high nibbles.
-FP4X4_TO_BF16_PTX = tl.constexpr(
-    """
-    {
-    .reg .b32 y, z, m, v, nz;
-    mov.b32 nz, 0x80008000;
-    prmt.b32 y, $4, 0, 0x4140;
-    prmt.b32 z, $4, 0, 0x4342;
-    and.b32 m, y, 0x000F000F;
-    mul.lo.u32 v, m, 0x1040;
-    and.b32 v, v, 0x81C081C0;
-    fma.rn.bf16x2 $0, v, $5, nz;
-    and.b32 m, z, 0x000F000F;
-    mul.lo.u32 v, m, 0x1040;
-    and.b32 v, v, 0x81C081C0;
-    fma.rn.bf16x2 $1, v, $6, nz;
-    and.b32 m, y, 0x00F000F0;
-    mul.lo.u32 v, m, 0x104;
-    and.b32 v, v, 0x81C081C0;
-    fma.rn.bf16x2 $2, v, $7, nz;
-    and.b32 m, z, 0x00F000F0;
-    mul.lo.u32 v, m, 0x104;
-    and.b32 v, v, 0x81C081C0;
-    fma.rn.bf16x2 $3, v, $8, nz;
-    }
-    """
+from sglang_fp4ext.moe._common import (
+    _TWO_P26,
+    _fp4x4_to_bf16_asm,
+    _nibbles_to_w,
+    _scale_bf16,
+    _silu_mul_store,
+    _to_bf16,
 )
-
-
-@triton.jit
-def _to_bf16(x, COMPUTE_F32: tl.constexpr):
-    """fp32 -> bf16, round to nearest even. The interpreter's cast truncates (measured, Triton
-    3.8), so there the rounding is done on the bits first (finite inputs) and the cast is exact."""
-    if COMPUTE_F32:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        x = b.to(tl.float32, bitcast=True)
-    return x.to(tl.bfloat16)
-
-
-@triton.jit
-def _scale_bf16(c, COMPUTE_F32: tl.constexpr):
-    """Scale codes (``layout.py``) -> the block scale times 2^100: bf16 bits ``c * 16 + bias``,
-    one integer multiply-add, exact (<= 4 significant bits, exponent in range). Under the
-    interpreter (``COMPUTE_F32``) the same bits shifted into an fp32."""
-    # if/else, not an early return: compiled, Triton visits the code after a static-if return
-    # too and rejects the two return types (the GPU probe of test_decode_kernels calls both).
-    if COMPUTE_F32:
-        s = ((c.to(tl.uint32) << 20) + (_SCALE_BIAS << 16)).to(tl.float32, bitcast=True)
-    else:
-        s = ((c.to(tl.uint16) << 4) + _SCALE_BIAS).to(tl.bfloat16, bitcast=True)
-    return s
-
-
-@triton.jit
-def _fp4x4_to_bf16_asm(b, s_lo, s_hi):
-    """GPU only (inline PTX, sm_80+): packed bytes -> (low-nibble, high-nibble) bf16 values.
-
-    Elementwise: output ``lo[i] = e2m1(b[i] & 0xF) * s_lo[i]``, ``hi[i] = e2m1(b[i] >> 4) *
-    s_hi[i]``, where the scales are bf16 (``_scale_bf16``) and the results ``w * 2^-26``. Four
-    bytes per instance: ``prmt`` spreads bytes 0,1 (2,3) to the two 16-bit halves, a mask isolates
-    one nibble per half, one integer multiply makes two shifted copies (sign lands on bf16 bit 15,
-    magnitude on bits 8..6, the same bit trick as the fp32 path with bf16's 8-bit exponent), a mask
-    keeps those 4 bits, and one ``fma.rn.bf16x2`` by the scale pair (``+ -0``) gives two exact
-    products (<= 6 significant bits). 18 instructions per 8 weights.
-    """
-    return tl.inline_asm_elementwise(
-        FP4X4_TO_BF16_PTX,
-        "=r,=r,=r,=r,r,r,r,r,r",
-        args=[b, s_lo, s_hi],
-        dtype=(tl.bfloat16, tl.bfloat16),
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def _fp4x4_nibble_to_bf16_asm(b, s, half):
-    """GPU only (inline PTX, sm_80+): one nibble of each packed byte -> ``e2m1(nibble) * s``.
-
-    ``_fp4x4_to_bf16_asm``'s sequence for one nibble, chosen at run time by ``half`` (0: low,
-    1: high) through the mask and multiplier operands (no extra instruction): for K loops that
-    step half a layout chunk at a time. 11 instructions per 4 weights. ``s`` bf16
-    (``_scale_bf16``), results ``w * 2^-26``, exact.
-    """
-    mask = (0x000F000F << (4 * half)).to(tl.uint32)
-    mult = (0x1040 >> (4 * half)).to(tl.uint32)
-    # pack=4: b is one register, s two (bf16 pairs), mask and mult four each (only $5, $9 read).
-    return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 y, z, m, v, nz;
-        mov.b32 nz, 0x80008000;
-        prmt.b32 y, $2, 0, 0x4140;
-        prmt.b32 z, $2, 0, 0x4342;
-        and.b32 m, y, $5;
-        mul.lo.u32 v, m, $9;
-        and.b32 v, v, 0x81C081C0;
-        fma.rn.bf16x2 $0, v, $3, nz;
-        and.b32 m, z, $5;
-        mul.lo.u32 v, m, $9;
-        and.b32 v, v, 0x81C081C0;
-        fma.rn.bf16x2 $1, v, $4, nz;
-        }
-        """,
-        "=r,=r,r,r,r,r,r,r,r,r,r,r,r",
-        args=[b, s, mask, mult],
-        dtype=tl.bfloat16,
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def _nibbles_to_w(b, s_codes, half, COMPUTE_F32: tl.constexpr):
-    """Packed codes ``b`` uint8 and scale codes ``s_codes`` (broadcast against ``b``) -> the
-    weights of one nibble of each byte (``half`` 0: low, 1: high), ``w * 2^-26``, exact. GPU: bf16
-    from ``_fp4x4_nibble_to_bf16_asm``. Interpreter (``COMPUTE_F32``): fp32 by the pure-Triton bit
-    trick (sign to fp32 bit 31, magnitude to bits 24..22: the E2M1 value times 2^-126, the E2M1
-    subnormal 0.5 landing on the fp32 subnormal), no inline asm."""
-    if COMPUTE_F32:
-        n = b.to(tl.uint32) >> (4 * half)
-        w = (((n & 0x8) << 28) | ((n & 0x7) << 22)).to(tl.float32, bitcast=True)
-        return w * _scale_bf16(s_codes, True)
-    else:
-        return _fp4x4_nibble_to_bf16_asm(b, _scale_bf16(s_codes, False), half)
 
 
 @triton.jit
@@ -317,30 +189,6 @@ def _pairs_in_regs(ids_ptr, e, c, P, BT: tl.constexpr, BLOCK_P: tl.constexpr):
         found += tl.sum(sel.to(tl.int32), 1)
         base += tl.sum(hit, 0)
     return pair, found != 0
-
-
-@triton.jit
-def _silu_mul_store(
-    acc,
-    a_ptr,
-    rows,
-    pairs,
-    pmask,
-    inter_ptr,
-    nb,
-    I,
-    BN: tl.constexpr,
-    BT: tl.constexpr,
-    COMPUTE_F32: tl.constexpr,
-):
-    """Rows are interleaved gate/up: scale, split, silu(gate) * up, store bf16 to inter[pair, j]."""
-    alpha = tl.load(a_ptr + rows) * _TWO_P26
-    y = acc * alpha[:, None]
-    g, u = tl.split(tl.permute(tl.reshape(y, [BN // 2, 2, BT]), (0, 2, 1)))
-    h = g / (1.0 + tl.exp(-g)) * u
-    j = nb * (BN // 2) + tl.arange(0, BN // 2)
-    ptr = inter_ptr + pairs[None, :].to(tl.int64) * I + j[:, None]
-    tl.store(ptr, _to_bf16(h, COMPUTE_F32), mask=(j[:, None] < I) & pmask[None, :])
 
 
 @triton.jit

@@ -49,7 +49,7 @@ numbers.
 import triton
 import triton.language as tl
 
-from sglang_fp4ext.moe.decode._dot_kernels import (
+from sglang_fp4ext.moe._common import (
     _TWO_P26,
     _fp4x4_to_bf16_asm,
     _nibbles_to_w,

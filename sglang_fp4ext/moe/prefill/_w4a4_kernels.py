@@ -35,7 +35,7 @@ epilogues -- is the code the GPU runs.
 import triton
 import triton.language as tl
 
-from sglang_fp4ext.moe.decode._dot_kernels import _to_bf16
+from sglang_fp4ext.moe._common import _to_bf16
 from sglang_fp4ext.moe.prefill._dot_kernels import _tile_of
 
 # ---- NVFP4 numerics (nvfp4/format.py, bit for bit) ----

@@ -40,8 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
-from sglang_fp4ext.moe.decode._gluon_kernels import (
+from sglang_fp4ext.moe._common import (
     _ONE_BLOCK,
     _TWO_P26,
     _add,
@@ -56,6 +55,7 @@ from sglang_fp4ext.moe.decode._gluon_kernels import (
     ring_layouts,
     weight_layout,
 )
+from sglang_fp4ext.moe._gluon_compat import barrier, gl, gluon
 
 
 @functools.cache
