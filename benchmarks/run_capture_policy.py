@@ -1,4 +1,4 @@
-"""Capture policy (issue 5): MoE layer time per real decode batch, SGLang's buckets vs the policy.
+"""Capture policy: MoE layer time per real decode batch, SGLang's buckets vs the policy.
 
 For GLM-5 TP8 per-GPU shapes (256 routed experts + the fused shared expert 256, top-k 8 + 1,
 H 6144, I 256) and each real batch size ``T`` (default 1..64), two ways to serve the step:

@@ -79,7 +79,8 @@ def _misc_candidates(base: DecodeConfig):
 
 
 def _targets(rows) -> dict:
-    """Issue 4 targets: T = 1 >= 0.5 of the measured copy bandwidth, 2-64 >= 0.7, 128-256 >= 0.8."""
+    """The decode targets, as shares of the measured copy bandwidth: T = 1 >= 0.5, 2-64 >= 0.7,
+    128-256 >= 0.8."""
     out = []
     for r in rows:
         goal = 0.5 if r["T"] == 1 else (0.7 if r["T"] <= 64 else 0.8)

@@ -1,4 +1,4 @@
-"""GPU tier (issue 5): the fp4ext MoE layer in CUDA graphs at every decode bucket of the policy.
+"""GPU tier: the fp4ext MoE layer in CUDA graphs at every decode bucket of the policy.
 
 The layer is ``experts.run_experts("triton", ...)``: what SGLang's fp4ext runner core runs from
 the top-k output (``topk_ids``/``topk_weights``) to the combined output, at GLM-5 TP8 per-GPU

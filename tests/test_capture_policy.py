@@ -1,4 +1,4 @@
-"""CUDA-graph capture policy (issue 5), CPU tier.
+"""CUDA-graph capture policy, CPU tier.
 
 * The pure policy (``compute_policy`` and its parts): properties over random inputs (hypothesis):
   padding never moves a decode batch into another kernel-config bucket, prefill buckets are tile

@@ -261,7 +261,7 @@ def test_slots2_changes_no_bit(name, T, warps2, block_n2, pdl, seed):
 @pytest.mark.parametrize("T", [32, 40])
 def test_split_t_beside_the_token_gemm2_changes_no_bit(T, split_k1, split_t, seed):
     """GEMM1 with the fused shared expert's pair chunks over ``split_t`` programs beside the
-    token GEMM2 (the heuristic's form on the expert grid, decode step 9): each chunk computed as
+    token GEMM2 (the heuristic's form on the expert grid): each chunk computed as
     in one program, split-K partials reduced in split order, so the same bits as ``split_t=1``;
     40 tokens leave a partial last chunk; and the fp32 twin within tolerance."""
     w, pw = glm5_cases.weights("tp8_shared")

@@ -1,4 +1,4 @@
-"""A real SGLang HTTP server with ``--moe-runner-backend fp4ext`` on the CPU (issue 9, CPU tier).
+"""A real SGLang HTTP server with ``--moe-runner-backend fp4ext`` on the CPU (CPU tier).
 
 Two tiny models, quantised and exported by NVIDIA ModelOpt, are served by ``python -m
 sglang.launch_server --quantization modelopt_fp4 --moe-runner-backend fp4ext`` and greedy-decoded
@@ -139,7 +139,7 @@ def test_fp4ext_check_cli(glm45_cli):
     assert "verdict: PASS" in proc.stdout and r["ok"] is True
     assert "SGLang log says fp4ext served the MoE layers: yes" in proc.stdout
     assert "prompts identical to the oracle's greedy tokens: " in proc.stdout
-    # Every phase on its own line with the time since the start (issue 17), e.g.
+    # Every phase on its own line with the time since the start, e.g.
     # "  [  14.4 s] starting fp4ext server on 127.0.0.1:18944".
     for phase in (
         r"quantizing and exporting the tiny model",
@@ -154,7 +154,7 @@ def test_fp4ext_check_cli(glm45_cli):
 
 @pytest.mark.sglang
 def test_fp4ext_check_cli_port_taken_fails_at_once(tmp_path):
-    """``fp4ext check`` whose server port is taken says so at once (issue 17: it used to wait
+    """``fp4ext check`` whose server port is taken says so at once (it used to wait
     out the 600 s health timeout), naming the port."""
     pytest.importorskip("modelopt.torch.export", reason="nvidia-modelopt is not importable")
     with socket.socket() as taken:

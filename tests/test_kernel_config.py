@@ -227,7 +227,7 @@ def test_fused_shared_expert_is_sglangs_rule():
 
 
 def test_heuristic_takes_the_measured_forms_on_the_gluon_two_launch_path(monkeypatch):
-    """Decode step 9 (``decode.heuristic._measured_forms``): GEMM1's K splits stacked on one
+    """The measured forms (``decode.heuristic._measured_forms``): GEMM1's K splits stacked on one
     program at 1-4 tokens (8 / 4 / 2 splits; 4 at one token with a 9th id; at 2 tokens only
     for EP8's 4096-row experts, and not at 2 tokens with a 9th id), a token's slots side by side
     at 1-2 tokens without expert parallelism and with top-k <= 8, 32-row token GEMM2 tiles for

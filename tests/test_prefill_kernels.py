@@ -743,7 +743,7 @@ def test_wgmma_heuristic(monkeypatch):
     got = {T: prefill_heuristic_config(T, tp8, h200) for T in Ts}
     assert all(c.kernels == "wgmma" for c in got.values())
     # GEMM2's M tiles of 2 sub-tiles on 4 blocks per program where an expert expects >= 2 tiles
-    # of rows (step 8's sweeps: T = 4096 / 8192 faster, 2048 slower), else 1 on 8 blocks.
+    # of rows (the msub2 sweeps: T = 4096 / 8192 faster, 2048 slower), else 1 on 8 blocks.
     assert {T: (c.msub2, c.group_n2) for T, c in got.items()} == {
         512: (1, 8),
         1024: (1, 8),
@@ -760,7 +760,7 @@ def test_wgmma_heuristic(monkeypatch):
         8192: 64,
     }
     assert got[4096].stages1 == 3 and got[512].stages1 == 2
-    # GEMM2 at I = 256: one warpgroup, two accumulators (fastest at every T of step 2's sweep).
+    # GEMM2 at I = 256: one warpgroup, two accumulators (fastest at every T of the GEMM2 sweep).
     assert all((c.block_n2, c.warps2, c.stages2, c.accs2) == (64, 4, 2, 2) for c in got.values())
     ep = {T: prefill_heuristic_config(T, ep8, h200) for T in Ts}
     assert {T: c.block_m for T, c in ep.items()} == {
@@ -773,9 +773,9 @@ def test_wgmma_heuristic(monkeypatch):
     assert all(c.group_n2 == 4 for c in ep.values())
     assert all((c.block_n2, c.warps2, c.accs2) == (128, 8, 1) for c in ep.values())
     # From block_m 64: GEMM1's ring in static slots (3 stages divide H / 256 = 24) with its
-    # 16-row tail; at I = 256 GEMM1 on its own tiles of the rows rounded, capped at 128 (step 5's
-    # same-run sweep: 64 + 16 at T = 2048, 128 + 16 above); DeepSeek-R1's 28 chunks: no ring,
-    # no tail, GEMM1's 128-row tile from block_m 64 (step 3).
+    # 16-row tail; at I = 256 GEMM1 on its own tiles of the rows rounded, capped at 128 (the
+    # tail's same-run sweep: 64 + 16 at T = 2048, 128 + 16 above); DeepSeek-R1's 28 chunks: no ring,
+    # no tail, GEMM1's 128-row tile from block_m 64 (the static-ring sweep).
     assert {T: (c.static_ring1, c.block_m1, c.tail1) for T, c in got.items()} == {
         512: (0, 0, 0),
         1024: (0, 0, 0),
@@ -1049,7 +1049,7 @@ _KNOBS = [
         "accs2=2, group_n2=8, code_ring2=1, smem_epi2=1",
     ),
     # The routing weight applied in GEMM1's epilogue (tw1) and GEMM2's epilogue loads hoisted
-    # (hoist2): the shipped TP8 T = 4096 and EP8 T = 4096 configs with them (prefill step 7).
+    # (hoist2): the shipped TP8 T = 4096 and EP8 T = 4096 configs with them.
     (
         _GLM5[0],
         "block_m=64, block_m1=128, stages1=3, static_ring1=1, tail1=16, block_n2=64, "
@@ -1062,7 +1062,7 @@ _KNOBS = [
     ),
     (_GLM5[1], "block_m=128, stages1=3, static_ring1=1, tail1=16, group_n2=4, smem_epi2=1, tw1=1"),
     # GEMM2's M tiles of msub2 sub-tiles, each decoded row block multiplied by every sub-tile
-    # the tile's rows reach (prefill step 8): 3 x 64 rows on 8 blocks, 2 x 64 on 4, 4 x 32 on 4
+    # the tile's rows reach (msub2): 3 x 64 rows on 8 blocks, 2 x 64 on 4, 4 x 32 on 4
     # (at T = 4096 the fused shared expert's 4,096 rows run many full tiles and a ragged last).
     (
         _GLM5[0],
@@ -1195,14 +1195,14 @@ def _check_wgmma_design(rows, where):
         spills = any("spill stores" in l and not l.startswith("0 bytes") for l in r["spills"])
         if r["kernel"] == "_wgmma_gemm1" and not r["tail"]:  # the K loop alone: no spills
             assert not spills, r
-        if r["tail"]:  # the tail's launch: a few bytes outside the K loop (static SASS, step 5)
+        if r["tail"]:  # the tail's launch: a few bytes outside the K loop (static SASS)
             stores = [
                 int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)
             ]
             assert max(stores, default=0) <= 64, r
         # The two accumulators' point is overlap, not local memory: no spills on tiles of <= 32
         # tokens. At 64 ptxas spills (~200 B on one warpgroup), and it was still the fastest
-        # GEMM2 measured (prefill_v2_step2: TP8 T = 4096 635 vs 727 us).
+        # GEMM2 measured (prefill_wgmma_gemm2: TP8 T = 4096 635 vs 727 us).
         # (Not with 3-4 sub-tiles per M tile, msub2: 4 x 32 is a 128-row tile; bounded below.)
         if (
             "accs2=2" in r["config"]
@@ -1211,10 +1211,10 @@ def _check_wgmma_design(rows, where):
         ):
             assert not spills, r
         # Without the routing weight's loads and multiplies GEMM2 fits its registers: the
-        # shipped EP8 GEMM2 spills 200-256 B, TP8's sits at 255 registers (prefill step 7).
+        # shipped EP8 GEMM2 spills 200-256 B, TP8's sits at 255 registers.
         # With 3-4 sub-tiles (msub2) each sub-tile's pair rows and staged store stay live across
         # the row block: ptxas spills 84-548 B (sm_90, Triton 3.6 / 3.8, measured 2026-12-04);
-        # none of those is shipped (3 x 64 lost in step 8). The shipped 2 x 64 fits.
+        # none of those is shipped (3 x 64 lost in the msub2 sweep). The shipped 2 x 64 fits.
         if r["kernel"] == "_wgmma_gemm2" and "tw1=1" in r["config"]:
             stores = [
                 int(m) for l in r["spills"] for m in re.findall(r"(\d+) bytes spill stores", l)

@@ -213,7 +213,7 @@ def test_compute_efficiency_uses_dense_peak():
     e = rf.compute_efficiency(flops, us, H200, "bf16")
     assert e.achieved == pytest.approx(672) and round(e.fraction, 2) == 0.68
     assert "dense" in e.basis and "sparse" not in e.basis
-    # Issue 7: 1,300 TFLOPS FP4 on a PRO 6000 is ~65% of the dense peak, not 32% of "4 PFLOPS".
+    # 1,300 TFLOPS FP4 on a PRO 6000 is ~65% of the dense peak, not 32% of "4 PFLOPS".
     e = rf.compute_efficiency(1300e12, 1e6, PRO, "fp4")
     assert e.fraction == pytest.approx(1300 / 2015)
     with pytest.raises(ValueError, match="no dense fp4 peak.*FP4"):

@@ -1,4 +1,4 @@
-"""The server harness fails fast and keeps servers apart (issue 17, CPU tier).
+"""The server harness fails fast and keeps servers apart (CPU tier).
 
 ``sglang_fp4ext.testing.server.SGLangServer`` must notice within seconds a server that cannot come
 up (launcher exited, fatal log line, HTTP port taken, front end that never listens), kill its

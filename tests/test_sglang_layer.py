@@ -1,4 +1,4 @@
-"""fp4ext inside SGLang's own NVFP4 MoE layer on the CPU (issue 9, CPU tier).
+"""fp4ext inside SGLang's own NVFP4 MoE layer on the CPU (CPU tier).
 
 SGLang's ``FusedMoE`` with ``ModelOptFp4Config`` and ``--moe-runner-backend fp4ext``: expert
 tensors in ModelOpt's per-expert checkpoint layout go through SGLang's own weight loaders

@@ -210,7 +210,7 @@ def test_search_space_is_deterministic_valid_and_small(shape, target):
 def test_decode_search_space_tries_the_slot_parallel_token_gemm2_at_one_or_two_tokens(monkeypatch):
     """Where the heuristic runs the Gluon token GEMM2 (GLM-5 TP8 on the H200, outside the
     interpreter), buckets 1 and 2 time it with the slots side by side (``slots2``: the
-    heuristic's form there since decode step 9) and one after the other; larger buckets only
+    heuristic's form there) and one after the other; larger buckets only
     the walk."""
     from sglang_fp4ext import target_info
 
@@ -232,7 +232,7 @@ def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four
 ):
     """Where the heuristic runs the Gluon two-launch decode, buckets 1-4 time GEMM1 with its K
     splits on one program's warps (``kstack1``) and across programs. The stacked form (the
-    heuristic's since decode step 9 on these shapes) as the H100 sweeps found best: 8 / 4 / 2
+    heuristic's on these shapes) as the H100 sweeps found best: 8 / 4 / 2
     splits at 1 / 2 / 4 tokens (32 rows on a warp; 64 on two at 4), fewer where the K chunks do
     not divide (DeepSeek-R1 TP8: 28 chunks -> 4 at 1 token); larger buckets neither."""
     from sglang_fp4ext import target_info
@@ -263,7 +263,7 @@ def test_decode_search_space_tries_gemm1_with_its_k_splits_stacked_at_up_to_four
 
 
 def test_gemm1_reg_cap_adds_a_program_per_sm_without_spilling():
-    """The caps decode step 11 compiled on sm_90 (GLM-5): 2-warp GEMM1 programs 168 registers
+    """The caps the static SASS chose on sm_90 (GLM-5): 2-warp GEMM1 programs 168 registers
     at 8 pairs a tile, 184 at 16; 4-warp 168; none for what the cap does not apply to."""
     base = GluonDecodeConfig(block_t=8, warps1=2, block_n1=64)
     assert TS.gemm1_reg_cap(base) == 168
@@ -319,11 +319,11 @@ def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
             assert cands[1] == prefill_heuristic_config(b, shape, H200, "dot")
             assert {c.kernels for c in cands} == {"wgmma", "dot"} and len(cands) >= 6
             assert len({c.block_m for c in cands if c.kernels == "wgmma"}) >= 3
-            if shape.I == 256 and b == 512:  # step 1's GEMM2 (two warpgroups, one accumulator)
+            if shape.I == 256 and b == 512:  # GEMM2 on two warpgroups with one accumulator
                 # stays timed where the candidate cap reaches it: a config that keeps hoist2=1
                 # with accs2=1 is invalid and would be dropped silently.
                 assert any(c.kernels == "wgmma" and c.accs2 == 1 for c in cands), (shape, b)
-            if shape.I == 256:  # GEMM2's sub-tiles (step 8) flipped: both forms are timed
+            if shape.I == 256:  # GEMM2's sub-tiles (msub2) flipped: both forms are timed
                 assert {
                     (c.msub2, c.group_n2) for c in cands if c.kernels == "wgmma" and c.accs2 == 2
                 } >= {(1, 8), (2, 4)}, (shape, b)

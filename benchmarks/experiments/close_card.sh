@@ -1,5 +1,5 @@
 #!/bin/bash
-# The closing measurements of #15 (decode v2) and #16 (prefill v2) on the card at hand, H200 or H100
+# The closing measurements of the decode and prefill families on the card at hand, H200 or H100
 # (whichever is lent), against that card's shipped table, in as many device calls as the PARTS
 # need (each call's LIMIT, default 585 s; 2026-12-06's H200 run took four):
 #   tune      `fp4ext tune` re-times GLM-5 TP8, TP8 + fused shared and EP8, buckets 1-256, every
@@ -18,7 +18,7 @@
 #             the shapes without a table)
 #   pab       prefill v1 (tl.dot), v2 as shipped and torch bf16 in one process, T = 512-8192
 #   ptk       triton_kernels next to fp4ext's prefill, same Ts (.peers carried)
-#   caps      GEMM1 under its register caps (decode step 11), T = 64-256
+#   caps      GEMM1 under its register caps (maxnreg1), T = 64-256
 # AS_TABLE=path: that table (e.g. the H200's on an H100) serves as this card's, for the GPU tiers
 # of a table whose card is not lent (timings then belong to this card, not the table's).
 # Results: $OUT/run.log (summary) and $OUT/$PACK.tar.gz (every log and JSON).

@@ -1,7 +1,7 @@
 #!/bin/bash
 # A decode table for the card at hand (an H100 when no H200 is lent), then both peers on it, in
 # one call:
-#   1. TABLE (default: decode_v2_step8/run2_h100/picks_table.json: the H200's table with the
+#   1. TABLE (default: decode_kstack_h100/run2_h100/picks_table.json: the H200's table with the
 #      buckets 1-4 the 2026-12-05 H100 sweep picked) copied under this card's name as a user
 #      table; `fp4ext tune` re-times GLM-5 TP8 and EP8 decode buckets BUCKETS (default 8..256)
 #      on it (each bucket's table entry, the incumbent, always timed; a candidate replaces it
@@ -24,7 +24,7 @@ if [ "${TIER:-0}" = 1 ]; then
   echo rc=$? >> $R/tier_selfcheck.log; grep "passed\|failed\|self-check \|rc=" $R/tier_selfcheck.log >> $OUT/run.log; pack
 fi
 python benchmarks/experiments/table_as_card.py /tmp/cfg \
-  --src ${TABLE:-benchmarks/results/decode_v2_step8/run2_h100/picks_table.json} >> $OUT/run.log 2>&1
+  --src ${TABLE:-benchmarks/results/decode_kstack_h100/run2_h100/picks_table.json} >> $OUT/run.log 2>&1
 export SGLANG_FP4EXT_CONFIG_DIR=/tmp/cfg
 if [ "${TUNE:-1}" = 1 ]; then
 step tune

@@ -1,5 +1,5 @@
 #!/bin/bash
-# #15, where the Gluon decode kernels' time goes at small T (H200): Nsight Compute, full set with
+# Where the Gluon decode kernels' time goes at small T (H200): Nsight Compute, full set with
 # SASS source counters, of GLM-5 TP8 T = 1 and 8 and EP8 T = 2 (the Marlin tie), the shipped
 # table's configs, two eager calls' kernels each (ncu_target.py). $OUT gets run.log (speed of
 # light, occupancy, stall shares per kernel via ncu_stalls.py), the details pages and source CSVs.

@@ -146,7 +146,7 @@ def kstack_candidates(base: DecodeConfig, kc1: int) -> list[DecodeConfig]:
 #: GEMM1 register caps per warps a CTA: each buys one more resident CTA an SM (64K registers)
 #: than the cap above it: 2 warps 184 / 168 / 144 / 128 -> 5 / 6 / 7 / 8 CTAs, 4 warps 168 / 128
 #: -> 3 / 4. 184, not 200 (also 5 CTAs): at 16 pairs a tile ptxas spills at 200 and not at 184
-#: (static SASS, decode_v2_step11/).
+#: (static SASS, decode_gemm1_regcap/).
 MAXNREG_CAPS = {2: (184, 168, 144, 128), 4: (168, 128)}
 
 
@@ -154,7 +154,7 @@ def maxnreg_candidates(base: DecodeConfig) -> list[DecodeConfig]:
     """GEMM1 under a register cap (``maxnreg1``: more resident warps, maybe spills) at
     ``MAXNREG_CAPS`` with its tiles as they are, and at 168 / 128 with 4 warps on 128 rows (Gluon,
     two launches, the K splits across programs). 96 is left out: it spills 53-141 words a K step
-    (static SASS on sm_90, decode_v2_step11/)."""
+    (static SASS on sm_90, decode_gemm1_regcap/)."""
     r = _reform
     b = r(base, kernels="gluon", kstack1=0)
     if base.kstack1:

@@ -34,13 +34,13 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 #: Measured cards: (name, cc, SMs, the peer run whose process measured copy bandwidth, a run log
 #: whose first nvidia-smi line gives the max SM clock).
 MEASURED = [
-    ("H200", 90, 132, "peers_2026-12-03_step7/marlin_peer.json", "prefill_v2_step10/run_h200.log"),
+    ("H200", 90, 132, "peers_marlin_h200/marlin_peer.json", "prefill_group_combine/run_h200.log"),
     (
         "H100 80GB HBM3",
         90,
         132,
-        "decode_v2_step8/run4_h100_tuned/marlin_peer.json",
-        "decode_v2_step10/run1_h100_diag/diag.log",
+        "decode_kstack_h100/run4_h100_tuned/marlin_peer.json",
+        "decode_issue_rate/run1_h100_diag/diag.log",
     ),
 ]
 

@@ -1,4 +1,4 @@
-"""Stall reasons per kernel from an Nsight Compute source page (#16): the share of warp-state
+"""Stall reasons per kernel from an Nsight Compute source page: the share of warp-state
 samples per reason and the SASS lines holding the most samples, with their main reason.
 
     ncu -i REPORT.ncu-rep --page source --csv --print-source sass > source.csv

@@ -1,7 +1,7 @@
 """Nsight Compute target: three eager MoE calls with the card's table config, T = argv[1]; GLM-5
 TP8, or EP8 with ``ep8``; the decode path, or the prefill path with ``prefill``. Decode:
-``decode_ncu.sh`` (``benchmarks/results/decode_v2_step6/ncu_decode_*_h200.txt``). Prefill, as
-``benchmarks/results/prefill_v2_step8/ncu_gemm1_tp8_4096_h200.txt`` was made:
+``decode_ncu.sh`` (``benchmarks/results/decode_ncu/ncu_decode_*_h200.txt``). Prefill, as
+``benchmarks/results/prefill_msub2/ncu_gemm1_tp8_4096_h200.txt`` was made:
 
 ``ncu --clock-control none -k regex:_wgmma_gemm1 --launch-skip 2 --launch-count 2 --set full
 --import-source yes -o /tmp/g1 python benchmarks/experiments/ncu_target.py 4096 prefill``

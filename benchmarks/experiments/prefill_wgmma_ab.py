@@ -1,4 +1,4 @@
-"""Prefill v2 step 1 (#16): the Gluon wgmma GEMMs against v1's tl.dot kernels, same process, H200.
+"""The Gluon wgmma prefill GEMMs against v1's tl.dot kernels, same process, H200.
 
 For GLM-5 TP8, TP8 with the fused shared expert and EP8 at T = 512 .. 8192 (``AB_T``), and one
 shape without a table (DeepSeek-R1 TP8, E = 256, H = 7168, I = 256): v1 (the shipped H200 table's
@@ -10,7 +10,7 @@ CUDA-graph replay
 fraction of the bf16 matmul rate measured in the same run, and the ratio to v1. Table last;
 JSON to ``$OUT/prefill_wgmma_ab.json``.
 
-``AB_SHIPPED=1`` (#16's closing A/B): per shape and T, v1, v2 as shipped (the GPU's table or the
+``AB_SHIPPED=1`` (the closing A/B): per shape and T, v1, v2 as shipped (the GPU's table or the
 heuristic, ``prefill_config_for``) and the torch bf16 grouped-GEMM peer (``bench/peers.py``, the
 regression suite's ``torch-bf16``), in one process; no knob variants, no decode row.
 
@@ -57,7 +57,7 @@ def variants(T, ms, target):
         ("wgmma stages1 flip", dataclasses.replace(h, stages1=5 - h.stages1)),
         ("wgmma group_n2 flip", dataclasses.replace(h, group_n2=12 - h.group_n2)),
     ]
-    if h.accs2 == 2:  # step 2's GEMM2 (one warpgroup, two accumulators) against step 1's
+    if h.accs2 == 2:  # GEMM2 on one warpgroup with two accumulators against two warpgroups with one
         out.append(("wgmma step-1 GEMM2", dataclasses.replace(h, block_n2=128, warps2=8, accs2=1)))
     return out
 

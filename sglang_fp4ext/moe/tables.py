@@ -102,12 +102,12 @@ PREFILL_MIN_TOKENS = 1024
 #: Where the wgmma prefill family runs (sm_90, H and I multiples of 256): it wins from bucket 512
 #: for GLM-5 TP8 (452 vs decode 524 us), EP8 (363 vs 912) and the untabled DeepSeek-R1 TP8 (514
 #: with the heuristic's config vs 601), same run, H200
-#: (``benchmarks/results/prefill_v2_step1/wgmma_ab_final_h200.json``).
+#: (``benchmarks/results/prefill_wgmma/wgmma_ab_final_h200.json``).
 WGMMA_PREFILL_MIN_TOKENS = 512
 #: ... and from this bucket where one expert is a fused shared expert (``MoEShape.fused_shared``:
 #: it sees every token, so the decode path's pairs GEMMs run it on a few programs): GLM-5 TP8 +
 #: shared T = 128 / 256 prefill 352.9 / 368.0 us vs the best decode config 473.7 / 591.5 (H100,
-#: ``benchmarks/results/decode_v2_step9/``; without a hot expert the two paths tie there).
+#: ``benchmarks/results/decode_forms_h100/``; without a hot expert the two paths tie there).
 WGMMA_FUSED_SHARED_PREFILL_MIN_TOKENS = 128
 
 _SHAPE_KEY_FIELDS = ("E", "H", "I", "top_k")

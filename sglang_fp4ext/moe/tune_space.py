@@ -314,7 +314,7 @@ def prefill_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX
             lambda: r(base, stages2=3),
             # GEMM2 at I = 256: two warpgroups with one accumulator (the heuristic runs one
             # warpgroup with two); deeper code prefetch (lost in every H200 sweep,
-            # benchmarks/results/prefill_v2_step2/: kept as the one candidate that can say
+            # benchmarks/results/prefill_wgmma_gemm2/: kept as the one candidate that can say
             # otherwise on a new GPU).
             # (hoist2 is the two accumulators' epilogue: off with one.)
             lambda: (

@@ -75,7 +75,7 @@ def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True
     nb2_32 = -(-shape.H // ROW_ALIGN) * ROW_ALIGN // 32
     few = b * nb2_32 < target.num_sms
     # 2 pairs per expert: with the third-launch combine the pairs GEMM2 was 1.15x faster from
-    # GLM-5 TP8 T = 64 (2.3 pairs per expert; decode_v2_step2/split_t_ab_h200.json).
+    # GLM-5 TP8 T = 64 (2.3 pairs per expert; decode_combine_split_t/split_t_ab_h200.json).
     gemm2 = "tokens" if rows_per_expert <= 2.0 and not few else "pairs"
     bn2 = 32 if gemm2 == "tokens" and b * nb2 < 2 * target.num_sms else bn
     tiles = dict(
@@ -97,14 +97,14 @@ def heuristic_config(T: int, shape: MoEShape, target: Target, forms: bool = True
         **tiles,
         # The in-kernel combine serialises each program on its arrival counters; a third launch
         # summing the partials was 1.05-1.48x faster wherever the pairs GEMM2 ran (H200, GLM-5
-        # TP8 T = 64-256, EP8 T = 16-256: decode_v2_step2/combine_ab_h200.json).
+        # TP8 T = 64-256, EP8 T = 16-256: decode_combine_split_t/combine_ab_h200.json).
         combine="kernel" if gemm2 == "pairs" else "counter",
         # One token: starting GEMM2 while GEMM1 runs (its weights asked of L2). With the pairs
         # GEMM2 at once (pdl 1): won at T = 1 in every H200 run, layers back to back or not
-        # (GLM-5 EP8 3-5%, Qwen3-30B-A3B 5-6%; decode_v2_step3/), and beat pdl 2 (EP8 6.3 vs
+        # (GLM-5 EP8 3-5%, Qwen3-30B-A3B 5-6%; decode_pdl/), and beat pdl 2 (EP8 6.3 vs
         # 7.0 us, Qwen3 20.5 vs 21.8). The token GEMM2 lost with pdl 1 back to back (TP8 29.1
         # vs 25.2 us) but won with pdl 2, GEMM1 releasing it after its K loops: TP8 24.9 -> 23.3
-        # us back to back, 26.9 -> 25.2 with a kernel between layers (decode_v2_step4/). From
+        # us back to back, 26.9 -> 25.2 with a kernel between layers (decode_pdl_trigger/). From
         # T = 2 both lost or tied (T = 4: 40.8 -> 46.6 us with pdl 2).
         pdl=(1 if gemm2 == "pairs" else 2)
         if b == 1 and target_info.supports_pdl(target_info.arch_capability(target.arch))
@@ -118,7 +118,7 @@ def _measured_forms(
 ) -> DecodeConfig:
     """The Gluon forms where ``fp4ext tune`` found them faster (on both Hopper cards unless a
     rule says otherwise: the H200 table, and the H100 runs in
-    ``benchmarks/results/decode_v2_step9/``), for shapes and GPUs without a table of their own.
+    ``benchmarks/results/decode_forms_h100/``), for shapes and GPUs without a table of their own.
 
     * **Hot expert** (``MoEShape.fused_shared``: every token hits one expert): from 64 tokens
       the pairs GEMM2 and GEMM1 spread its pair chunks over ``split_t = b / (2 block_t)``

@@ -120,7 +120,7 @@ def _ring(BM: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr):
     halves, each its own allocation, ``(lo0, hi0, lo1, hi1, ..)``. Triton's shared-memory barrier
     insertion tracks hazards per allocation: in one ``[2 NS, BM, 128]`` allocation indexed at run
     time it cannot tell the slot being refilled from the slots the MMAs read, and puts a CTA
-    barrier before each half's copies (two per chunk; Nsight Compute, prefill_v2_step2: 13% of
+    barrier before each half's copies (two per chunk; Nsight Compute, prefill_wgmma_gemm2: 13% of
     GEMM1's stall samples on the first)."""
     if NS == 2:
         r = (
@@ -191,7 +191,7 @@ def _wgmma_gemm1(
     weights; the one compiled without the tail (``BT`` = 0, ``TM`` > ``BM``) the others. One
     kernel branching between the two pipelines spilled in both (208 B of stack, local loads in
     the K loop; TP8 T = 2048, where no tile has tail rows, took 500 us against 393,
-    prefill_v2_step5)."""
+    prefill_gemm1_tail)."""
     e, row0, nrows = _tile_of(counts_ptr, gl.program_id(1), NBINS, TM, CL)
     if nrows <= 0:
         return
@@ -1407,7 +1407,7 @@ def _one_chunk_msub(
     to a body compiled for it: the steps are unrolled, and a run-time branch among them would
     put non-``wgmma`` writes to the accumulators inside ptxas's ``wgmma`` pipeline. Shared
     memory grows by a sub-tile's activations each (``MS * BM * 512`` B): at 3 x 64 rows one CTA
-    fits per SM and it lost (prefill_v2_step8); 2 x 64 on 4 blocks ships."""
+    fits per SM and it lost (prefill_msub2); 2 x 64 on 4 blocks ships."""
     S = (nrows + BM - 1) // BM
     for n in gl.static_range(1, MS + 1):
         if S == n:
@@ -1928,7 +1928,7 @@ def _epilogue(
     first ``nstore`` (``nrows``, or 0: nothing) of the tile's ``nrows`` columns. GEMM2's ``EPI``
     (``smem_epi2``): 1 stores through shared memory (``_store_staged``), 0 from the accumulator
     registers; the routing weight is read by sorted row (``tw_ptr``: ``sorted_tw``; through the
-    pair index it was slower, prefill_v2_step5/prefill_tw_ab_tp8_h200.json). ``TW``
+    pair index it was slower, prefill_gemm1_tail/prefill_tw_ab_tp8_h200.json). ``TW``
     (``tw1``): GEMM1 multiplies the up rows by it (``tw * SiLU(g) * u``), GEMM2 stores unweighted.
     ``HO`` (``hoist2``): ``a_raw`` holds the block's global scales and, with ``EPI``, ``pair``
     the staged store's pair rows (``_one_chunk_2acc``); else both are loaded here."""

@@ -257,7 +257,7 @@ class WgmmaPrefillConfig(PrefillConfig, family="wgmma"):
             one_wg = i == 2 and (bn, w, ns) == (64, 4, 2)
             if (bn, w) != (128, 8) and not one_wg:
                 # One warpgroup (64 rows, 4 warps) was wrong in one H200 A/B
-                # (benchmarks/results/prefill_v2_step1/wgmma_ab_1_h200.json, a run that also read
+                # (benchmarks/results/prefill_wgmma/wgmma_ab_1_h200.json, a run that also read
                 # unwritten sorted slots past a tile's end) and right in every later one. Allowed
                 # where the GPU tier checks it (GEMM2 at 2 stages) and where it won (GEMM2 at
                 # I = 256).

@@ -63,7 +63,7 @@ def wgmma_gemm1_knobs(block_m: int, shape: MoEShape, rows: float | None = None) 
 
 def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
     """The wgmma family's default (sm_90), from the same-run A/B on the H200
-    (``benchmarks/results/prefill_v2_step1/wgmma_ab_final_h200.json``: GLM-5 TP8, TP8 with the
+    (``benchmarks/results/prefill_wgmma/wgmma_ab_final_h200.json``: GLM-5 TP8, TP8 with the
     fused shared expert, EP8 and DeepSeek-R1 TP8, T = 512..8192):
 
     * ``block_m`` (``_wgmma_block_m``): the expected rows per local expert ``rows`` (EP-aware),
@@ -77,17 +77,17 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
       measured best ``block_m`` except T = 8192 at I = 256, where 64 is 1-2% slower than 128
       (TP8 2,925 vs 2,900 us; with the fused shared expert 3,232 vs 3,155).
     * GEMM1: 3 ring stages at ``block_m`` >= 64 (TP8 T = 4096: 759 vs 794 us; EP8 at 128,
-      ``prefill_v2_step2/wgmma_ab_h200.json``: T = 4096 1,259 vs 1,307 us, 8192 1,987 vs 2,031),
+      ``prefill_wgmma_gemm2/wgmma_ab_h200.json``: T = 4096 1,259 vs 1,307 us, 8192 1,987 vs 2,031),
       2 otherwise.
     * GEMM2: 2 stages; 8 row blocks per program at ``I`` <= 512 (one chunk per block: the
       blocks share the program's pipeline; TP8 T = 512: 213 vs 246 us at 4), 4 above (EP8,
       I = 2048: T = 1024 180 vs 218 us at 8).
     * GEMM2 at ``I`` = 256 (one chunk per row block): one warpgroup of 64 rows and two
-      accumulators (``accs2``), 8 blocks per program (``prefill_v2_step2/prefill_gemm2_tp8_h200
+      accumulators (``accs2``), 8 blocks per program (``prefill_wgmma_gemm2/prefill_gemm2_tp8_h200
       .json``, same run, GLM-5 TP8): GEMM2 178 vs 216 us at T = 512, 251 vs 306 at 1024, 392 vs
       431 at 2048, 635 vs 727 at 4096, 1,142 vs 1,305 at 8192 (4 blocks per program: 1,100). At
       EP8 (I = 2048) one warpgroup lost (T = 4096: 724 vs 453 us): 8 warps stay above.
-    * From ``block_m`` 64 (``prefill_v2_step3/prefill_ring_{tp8,ep8}_h200.json``, same run):
+    * From ``block_m`` 64 (``prefill_static_ring/prefill_ring_{tp8,ep8}_h200.json``, same run):
       GEMM1's activation ring in static slots (``static_ring1``, where the 3 stages divide
       ``H / 256``; Nsight Compute: barrier stalls 16.6% -> 5.5% of GEMM1's samples): TP8
       T = 2048 / 4096 / 8192 912 / 1,505 / 2,673 vs 950 / 1,567 / 2,765 us, EP8 818 / 1,207 /
@@ -97,13 +97,13 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
       897 / 1,424 / 2,461 us.
     * GEMM2's staged epilogue (``smem_epi2``) at ``I`` = 256 and at ``block_m`` 128, and at
       ``I`` = 256 every row block's codes copied when a program starts (``code_ring2=1``)
-      (``prefill_v2_step4/prefill_sorted_tw_{tp8,ep8}_h200.json``, same run): TP8
+      (``prefill_sorted_tw/prefill_sorted_tw_{tp8,ep8}_h200.json``, same run): TP8
       GEMM2 at T = 1024 / 2048 / 4096 / 8192 248 / 421 / 688 / 1,233 us -> 228 / 329 / 536 / 935
       staged, 224 / 289 / 460 / 817 with both; EP8 (I = 2048) staged at T = 4096 / 8192 489 /
       742 -> 447 / 669, but 268 -> 280 at T = 2048 (``block_m`` 64) and a tie at 1024. The L2
       code prefetch (``l2_prefetch1/2`` = 2) lost in both (TP8 T = 4096 1,501 vs 1,465 us).
     * The routing weight in GEMM1's epilogue (``tw1``) everywhere, and at ``I`` = 256 GEMM2's
-      epilogue loads hoisted (``hoist2``) (``prefill_v2_step7/prefill_step7_{tp8,ep8,fused}
+      epilogue loads hoisted (``hoist2``) (``prefill_gemm2_epilogue/prefill_{tp8,ep8,fused}
       _h200.json``, same run): TP8 T = 1024 / 2048 / 4096 / 8192 542 / 711 / 1,114
       / 2,016 us -> 506 / 648 / 1,030 / 1,875 (GEMM2 463 -> 370 at 4096); the fused shared expert
       781 / 1,230 / 2,224 -> 715 / 1,137 / 2,098 at 2048 / 4096 / 8192; EP8 (``tw1`` alone: no
@@ -111,8 +111,8 @@ def _wgmma_config(rows: float, shape: MoEShape, block_p: int) -> PrefillConfig:
       693 -> 703 at 2048 (+1.4%, kept: one rule).
     * At ``I`` = 256 where an expert expects at least two M tiles of rows (``rows`` >= 2
       ``block_m``): GEMM2's M tiles of 2 sub-tiles that share each decoded row block
-      (``msub2``) on 4 blocks per program (``prefill_v2_step8/prefill_step8{,b}_tp8_h200.json``,
-      and ``prefill_step8_off_*``: three sweep processes): TP8 T = 4096 1,037.5 /
+      (``msub2``) on 4 blocks per program (``prefill_msub2/prefill{,_rerun}_tp8_h200.json``,
+      and ``prefill_off_*``: three sweep processes): TP8 T = 4096 1,037.5 /
       1,035.6 / 1,036.8 -> 1,022.1 / 1,024.1 / 1,020.6 us, 8192 1,900.0 / 1,911.0 / 1,913.7 ->
       1,861.9 / 1,859.1 / 1,864.1 (GEMM2 ~672 -> ~628); the fused shared expert 1,147.1 /
       2,136.8 -> 1,127.1 / 2,070.6, DeepSeek-R1 TP8 1,373.8 / 2,385.9 -> 1,363.0 / 2,318.9 at
