@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 import logging
 import sys
 import time
@@ -55,24 +54,13 @@ from sglang_fp4ext.moe import paths
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 from sglang_fp4ext.moe.tables import (
     TableEntry,
-    clear_table_cache,
     load_entries,
-    read_table_file,
-    table_document,
     user_table_path,
 )
 from sglang_fp4ext.moe.tune_space import MAX_CANDIDATES, QUICK_CANDIDATES
-from sglang_fp4ext.progress import best_postfix
+from sglang_fp4ext.tune_record import bar_postfix, heuristic_over_best, write_json, write_table
 
-__all__ = [
-    "DEFAULT_BUCKETS",
-    "search_space",
-    "tune",
-    "write_table",
-    "switch_point",
-    "bar_postfix",
-    "heuristic_over_best",
-]
+__all__ = ["DEFAULT_BUCKETS", "search_space", "tune"]
 
 logger = logging.getLogger("sglang_fp4ext")
 
@@ -134,38 +122,6 @@ def _check(layer, T: int, path: str, cfg) -> dict:
     st = error_stats(outs[0], ref)
     ok = st.nonfinite == 0 and st.rms_rel <= RMS_REL and st.max_rel <= MAX_REL
     return {"max_rel": st.max_rel, "rms_rel": st.rms_rel, "nonfinite": st.nonfinite, "ok": ok}
-
-
-def switch_point(winners: dict[int, str]) -> int | None:
-    """Smallest bucket from which "prefill" wins every larger bucket of ``winners``."""
-    point = None
-    for b in sorted(winners, reverse=True):
-        if winners[b] != "prefill":
-            break
-        point = b
-    return point
-
-
-def bar_postfix(T: int, n_timed: int, n_total: int, timings: Sequence[dict]) -> str:
-    """The progress bar's postfix while bucket ``T`` is timed: candidates timed so far and the
-    fastest time of each path among them (``timings``: the bucket log's records)."""
-    best = {p: min((t["us"] for t in timings if t["path"] == p and "us" in t), default=None)
-            for p in paths.names()}  # fmt: skip
-    tail = best_postfix(best)
-    return f"T={T} {n_timed}/{n_total}" + (f" {tail}" if tail else "")
-
-
-def heuristic_over_best(timings: Sequence[dict]) -> dict[str, float]:
-    """Per path: the heuristic config's time (the record marked ``heuristic``) over the fastest
-    candidate timed for that path (1.0: the heuristic won; a lower bound when the budget cut the
-    candidates short): what a shape without a tuned table gives away by running the heuristic."""
-    out = {}
-    for p in paths.names():
-        us = [t["us"] for t in timings if t["path"] == p and "us" in t]
-        hu = [t["us"] for t in timings if t["path"] == p and "us" in t and t.get("heuristic")]
-        if us and hu:
-            out[p] = round(hu[0] / min(us), 3)
-    return out
 
 
 def _incumbent(device_name: str, key: str, bucket: int) -> TableEntry | None:
@@ -369,7 +325,7 @@ def tune(
             doc = write_table(table_file, device_name, {mshape.key(): entries}, log)
             slog["switch_point"] = doc["meta"]["shapes"][mshape.key()]["switch_point"]
             if log_path:
-                _write_json(Path(log_path), log)
+                write_json(Path(log_path), log)
         bar.close()
         del layer
         if device.type == "cuda":
@@ -388,45 +344,9 @@ def tune(
                 + "\n"
             )
     if log_path:
-        _write_json(Path(log_path), log)
+        write_json(Path(log_path), log)
     stream.write("switch points (first bucket of prefill): "
                  + ", ".join(f"{s['preset']} {s.get('switch_point')}"
                              for s in log["shapes"].values()) + "\n")  # fmt: skip
     stream.write(f"wrote {table_file}" + (f" and {log_path}" if log_path else "") + "\n")
     return log
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)
-
-
-def write_table(path: Path, device_name: str, entries: dict, log: dict | None = None) -> dict:
-    """Merge ``{shape key: {bucket: TableEntry}}`` into the table at ``path`` (other shapes and
-    buckets kept; an existing file that does not parse is an error, never overwritten)."""
-    path = Path(path)
-    merged: dict = {}
-    meta: dict = {}
-    if path.exists():
-        dev, merged = read_table_file(path)
-        if dev != device_name:
-            raise ValueError(f"{path} is the table of {dev!r}, not of {device_name!r}")
-        meta = json.loads(path.read_text()).get("meta", {})
-    for key, buckets in entries.items():
-        merged[key] = {**merged.get(key, {}), **buckets}
-    meta.setdefault("shapes", {})
-    if log is not None:
-        meta["tuned_by"] = "fp4ext tune"
-        meta["versions"] = log["versions"]
-        meta["date"] = log["date"]
-        for key, slog in log["shapes"].items():
-            if key in entries:  # of the merged table: a decode-only run keeps prefill's buckets
-                paths = {int(b): e.path for b, e in merged[key].items()}
-                meta["shapes"][key] = {"preset": slog["preset"],
-                                       "switch_point": switch_point(paths)}  # fmt: skip
-    doc = table_document(device_name, merged, meta)
-    _write_json(path, doc)
-    clear_table_cache()
-    return doc

@@ -145,7 +145,7 @@ LAYERS = (
             "patch_check",
         ),
     ),
-    ("tools", ("bench", "testing", "tune", "tune_cli")),
+    ("tools", ("bench", "testing", "tune", "tune_record", "tune_cli")),
     ("cli", ("cli", "__main__")),
 )
 

@@ -13,6 +13,7 @@ import pytest
 
 from sglang_fp4ext import model_shapes
 from sglang_fp4ext import tune as TU
+from sglang_fp4ext import tune_record as TR
 from sglang_fp4ext.bench.gpu_run import step_text
 from sglang_fp4ext.moe.shape import Target
 from sglang_fp4ext.progress import Progress, best_postfix
@@ -36,8 +37,8 @@ def test_tune_bar_postfix_counts_and_best_per_path():
         {"path": "decode", "us": 12.5},
         {"path": "prefill", "error": "CompilationError: ..."},  # failed: no time, not a best
     ]
-    assert TU.bar_postfix(64, 3, 12, timings) == "T=64 3/12 best decode 12.5 us"
-    assert TU.bar_postfix(64, 0, 12, []) == "T=64 0/12"
+    assert TR.bar_postfix(64, 3, 12, timings) == "T=64 3/12 best decode 12.5 us"
+    assert TR.bar_postfix(64, 0, 12, []) == "T=64 0/12"
 
 
 def test_bench_step_text_names_the_best_speedup_so_far():

@@ -22,6 +22,7 @@ import torch
 
 from sglang_fp4ext import model_shapes
 from sglang_fp4ext import tune as TU
+from sglang_fp4ext import tune_record as TR
 from sglang_fp4ext.cli import main as cli_main
 from sglang_fp4ext.moe import tables as C
 from sglang_fp4ext.moe import tune_space as TS
@@ -331,9 +332,9 @@ def test_prefill_search_space_times_both_families_on_sm90(monkeypatch):
 
 
 def test_switch_point():
-    assert TU.switch_point({1: "decode", 2: "prefill", 4: "decode", 8: "prefill"}) == 8
-    assert TU.switch_point({1: "decode", 2: "prefill", 4: "prefill"}) == 2
-    assert TU.switch_point({1: "decode", 2: "decode"}) is None
+    assert TR.switch_point({1: "decode", 2: "prefill", 4: "decode", 8: "prefill"}) == 8
+    assert TR.switch_point({1: "decode", 2: "prefill", 4: "prefill"}) == 2
+    assert TR.switch_point({1: "decode", 2: "decode"}) is None
 
 
 # ---- the tuning flow (interpreter, tiny shape) ----
@@ -351,7 +352,7 @@ def test_tune_flow_writes_a_checked_merged_table(user_dir, seed):
     other = TableEntry("decode", DotDecodeConfig(split_k1=2))
     tgt = Target("sm_90", "Test GPU", 132)
     # An existing table with another shape: the tuner merges, never clobbers it.
-    TU.write_table(user_dir / "Test_GPU.json", "Test GPU", {SMALL.key(): {1: other}})
+    TR.write_table(user_dir / "Test_GPU.json", "Test GPU", {SMALL.key(): {1: other}})
     out = io.StringIO()
     log = TU.tune(
         [tiny], [1, 2, 4], budget_s=0.01, quick=True, copies=1, seed=seed, device="cpu",
@@ -406,7 +407,7 @@ def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir,
     space = TU.search_space(1, shape, tgt, limit=TS.QUICK_CANDIDATES, ranges=_D1_P2)
     mine = space["decode"][1]  # not the heuristic: the budget alone would never reach it
     assert mine != space["decode"][0]
-    TU.write_table(
+    TR.write_table(
         user_dir / "Test_GPU.json", "Test GPU", {shape.key(): {1: TableEntry("decode", mine)}}
     )
     times = iter([30.0, 20.0])  # heuristic, then the incumbent: the incumbent is faster
@@ -475,9 +476,9 @@ def test_heuristic_over_best_compares_within_each_path():
         rec("prefill", DotPrefillConfig(block_m=32), None),
     ]
     # decode: 12 / 10; prefill: its only timed candidate is the heuristic (the other failed)
-    assert TU.heuristic_over_best(timings) == {"decode": 1.2, "prefill": 1.0}
+    assert TR.heuristic_over_best(timings) == {"decode": 1.2, "prefill": 1.0}
     # a heuristic that failed to run has no ratio (not a 1.0 it did not earn)
-    assert TU.heuristic_over_best(timings[2:]) == {}
+    assert TR.heuristic_over_best(timings[2:]) == {}
 
 
 def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):
@@ -486,9 +487,9 @@ def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):
     path = user_dir / "Test_GPU.json"
     dec, pre = TableEntry("decode", DotDecodeConfig()), TableEntry("prefill", DotPrefillConfig())
     log = {"versions": {}, "date": "d", "shapes": {SMALL.key(): {"preset": "p", "switch_point": 4}}}
-    TU.write_table(path, "Test GPU", {SMALL.key(): {1: dec, 4: pre, 8: pre}}, log)
+    TR.write_table(path, "Test GPU", {SMALL.key(): {1: dec, 4: pre, 8: pre}}, log)
     log["shapes"][SMALL.key()]["switch_point"] = None
-    TU.write_table(path, "Test GPU", {SMALL.key(): {1: dec, 2: dec}}, log)
+    TR.write_table(path, "Test GPU", {SMALL.key(): {1: dec, 2: dec}}, log)
     meta = json.loads(path.read_text())["meta"]
     assert meta["shapes"][SMALL.key()]["switch_point"] == 4
     assert sorted(C.read_table_file(path)[1][SMALL.key()]) == [1, 2, 4, 8]
