@@ -41,26 +41,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than ~30 s on the CI machine")
 
 
-#: The CPU tier's longest modules, longest first (CI's ``--durations``: SGLang servers, AOT
-#: compiles, SGLang child processes). With ``-n auto --dist loadfile --no-loadscope-reorder``
-#: a worker takes them first, so no long module starts last while the other workers idle.
-LONG_FIRST = (
-    "test_e2e_server.py",
-    "test_prefill_kernels.py",
-    "test_plugin.py",
-    "test_server_harness.py",
-    "test_patches.py",
-    "test_sglang_layer.py",
-    "test_capture_policy.py",
-    "test_gluon_aot.py",
-    "test_decode_kernels.py",
-    "test_cli.py",
-)
-
-
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as found
     skip_gpu = pytest.mark.skip(reason="no CUDA GPU on this machine (GPU tier)")
     skip_sgl = pytest.mark.skip(reason="SGLang is not importable here")
     has_sgl = None

@@ -237,7 +237,7 @@ def test_readme_headline_is_the_manifests_runs():
     block = text.split(rt.start_marker("headline"))[1].split(rt.end_marker("headline"))[0]
     assert block.strip() == rt.headline().strip()
     # CI runs the README's test command.
-    cmd = "python -m pytest tests -n auto --dist loadfile --no-loadscope-reorder"
+    cmd = "python -m pytest tests -n auto --dist loadfile"
     assert cmd in text and cmd in (ROOT / ".ci/run").read_text()
     for name in man["headline"]["gpus"]:
         fig = man["figures"][name]
