@@ -4,10 +4,10 @@ the config table the dispatcher reads (format and lookup order: ``moe/tables.py`
 For each model shape (a ``model_shapes.PRESETS`` name such as ``glm5-tp8`` / ``glm5-ep8``, or an
 explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
 
-1. random NVFP4 layer copies and inputs rotated beyond the L2 (``bench.layer.Layer``), uniform
-   routing as rank 0 of the layout sees it (EP: other ranks' ids are -1);
+1. random NVFP4 layer copies and inputs rotated beyond the L2 (``timed_layer.TimedLayer``),
+   uniform routing as rank 0 of the layout sees it (EP: other ranks' ids are -1);
 2. every candidate of :func:`search_space` timed as CUDA-graph replay
-   (``bench.timing.time_graph_replay``): each kernel path's candidates (``paths.KernelPath``)
+   (``graph_timing.time_graph_replay``): each kernel path's candidates (``paths.KernelPath``)
    while the bucket is in that path's range (``ranges``, else its ``tune_buckets``: decode up to
    ``tune_space.DECODE_MAX_BUCKET``, prefill from ``tune_space.PREFILL_MIN_BUCKET``); the first
    candidate of each path
@@ -77,7 +77,7 @@ MAX_REL, RMS_REL = 1e-2, 5e-3
 
 
 def _gpu_timer(replays: int, warmup_ms: float):
-    from sglang_fp4ext.bench.timing import time_graph_replay
+    from sglang_fp4ext.graph_timing import time_graph_replay
 
     def timer(step, n):
         return time_graph_replay(step, n, replays=replays, warmup_ms=warmup_ms).us_per_call
@@ -225,14 +225,14 @@ def tune(
     (a directory: ``<out>/<device>.json``; default the user table directory) after every
     bucket, and the log to ``log_path``. Returns the log (``ok`` false if a bucket failed).
 
-    ``timer(step, n) -> us`` defaults to graph replay (``bench.timing``); CPU tests pass a wall
+    ``timer(step, n) -> us`` defaults to graph replay (``graph_timing``); CPU tests pass a wall
     clock timer and ``device="cpu"`` (kernels under the interpreter). One progress bar per shape
     (its buckets, the current best) goes to ``bar_stream`` (default stderr) when that is a
     terminal; the per-bucket lines on ``stream`` (default stdout) are the same either way."""
     from sglang_fp4ext import __version__
-    from sglang_fp4ext.bench.layer import Layer
     from sglang_fp4ext.moe.shape import current_target
     from sglang_fp4ext.progress import Progress
+    from sglang_fp4ext.timed_layer import TimedLayer
 
     stream = stream or sys.stdout
     bad = [b for b in buckets if b < 1 or token_bucket(b) != b]
@@ -270,7 +270,7 @@ def tune(
             },
             "max_rel": MAX_REL,
             "rms_rel": RMS_REL,
-            "timing": "CUDA-graph replay, inputs rotated beyond L2 (bench.layer.Layer)"
+            "timing": "CUDA-graph replay, inputs rotated beyond L2 (timed_layer.TimedLayer)"
             if device.type == "cuda"
             else "wall clock (CPU test run)",
         },  # fmt: skip
@@ -287,7 +287,7 @@ def tune(
     total = len(shapes) * len(buckets)
     done = 0
     for si, ms in enumerate(shapes):
-        layer = Layer(ms, copies, seed=seed + si, device=device)
+        layer = TimedLayer(ms, copies, seed=seed + si, device=device)
         mshape = layer.prepared[0].shape(ms.top_k_local)
         slog = {"preset": ms.name, "key": mshape.key(), "buckets": {}}
         log["shapes"][mshape.key()] = slog
