@@ -323,7 +323,7 @@ def tune(
                       f"{blog['seconds']:.1f} s)", stream)  # fmt: skip
             bar.step(bar_postfix(b, n_t, n_t, blog["timings"]))
             doc = write_table(table_file, device_name, {mshape.key(): entries}, log)
-            slog["switch_point"] = doc["meta"]["shapes"][mshape.key()]["switch_point"]
+            slog["switch_point"] = doc["meta"]["shapes"].get(mshape.key(), {}).get("switch_point")
             if log_path:
                 write_json(Path(log_path), log)
         bar.close()

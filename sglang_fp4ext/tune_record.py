@@ -57,7 +57,8 @@ def write_json(path: Path, doc: dict) -> None:
 
 def write_table(path: Path, device_name: str, entries: dict, log: dict | None = None) -> dict:
     """Merge ``{shape key: {bucket: TableEntry}}`` into the table at ``path`` (other shapes and
-    buckets kept; an existing file that does not parse is an error, never overwritten)."""
+    buckets kept; a shape with no bucket yet is left out, as a table has no empty shapes; an
+    existing file that does not parse is an error, never overwritten)."""
     path = Path(path)
     merged: dict = {}
     meta: dict = {}
@@ -67,14 +68,16 @@ def write_table(path: Path, device_name: str, entries: dict, log: dict | None = 
             raise ValueError(f"{path} is the table of {dev!r}, not of {device_name!r}")
         meta = json.loads(path.read_text()).get("meta", {})
     for key, buckets in entries.items():
-        merged[key] = {**merged.get(key, {}), **buckets}
+        if buckets or key in merged:
+            merged[key] = {**merged.get(key, {}), **buckets}
     meta.setdefault("shapes", {})
     if log is not None:
         meta["tuned_by"] = "fp4ext tune"
         meta["versions"] = log["versions"]
         meta["date"] = log["date"]
         for key, slog in log["shapes"].items():
-            if key in entries:  # of the merged table: a decode-only run keeps prefill's buckets
+            if key in entries and key in merged:
+                # Of the merged table: a decode-only run keeps prefill's buckets.
                 paths = {int(b): e.path for b, e in merged[key].items()}
                 meta["shapes"][key] = {"preset": slog["preset"],
                                        "switch_point": switch_point(paths)}  # fmt: skip

@@ -89,7 +89,7 @@ def test_v1_table_migrates_to_decode(user_dir):
 
 
 def test_user_table_replaces_shipped_shape(user_dir):
-    shipped = C.load_entries.__wrapped__("NVIDIA H200")  # the shipped file alone (no user table)
+    shipped = C.read_table_file(C.table_path("NVIDIA H200"))[1]  # the shipped file alone
     assert TP8.key() in shipped and EP8.key() in shipped
     mine = TableEntry("prefill", DotPrefillConfig(block_m=32))
     (user_dir / "NVIDIA_H200.json").write_text(
@@ -493,6 +493,19 @@ def test_table_meta_switch_point_comes_from_the_merged_table(user_dir):
     meta = json.loads(path.read_text())["meta"]
     assert meta["shapes"][SMALL.key()]["switch_point"] == 4
     assert sorted(C.read_table_file(path)[1][SMALL.key()]) == [1, 2, 4, 8]
+
+
+def test_a_shape_with_no_passing_bucket_yet_is_left_out_of_the_table(user_dir):
+    """A run whose first bucket had no passing candidate writes the table without that shape
+    (a table has no empty shapes) and goes on, instead of failing on its own file."""
+    path = user_dir / "Test_GPU.json"
+    log = {"versions": {}, "date": "d", "shapes": {SMALL.key(): {"preset": "p"}}}
+    doc = TR.write_table(path, "Test GPU", {SMALL.key(): {}}, log)
+    assert doc["shapes"] == {} and SMALL.key() not in doc["meta"]["shapes"]
+    dec = TableEntry("decode", DotDecodeConfig())
+    TR.write_table(path, "Test GPU", {SMALL.key(): {2: dec}}, log)
+    TR.write_table(path, "Test GPU", {SMALL.key(): {}}, log)  # a later empty run keeps bucket 2
+    assert C.read_table_file(path)[1] == {SMALL.key(): {2: dec}}
 
 
 def test_tune_rejects_bad_buckets():
