@@ -51,6 +51,7 @@ __all__ = [
     "PREFILL_MIN_TOKENS",
     "PREFILL_TILE_TOKENS",
     "CapturePolicy",
+    "captured_token_buckets",
     "compact_sizes",
     "compute_policy",
     "decode_batch_sizes",
@@ -105,6 +106,12 @@ class CapturePolicy:
     masking: str = "fp4ext"
     notes: tuple[str, ...] = field(default=())
 
+    def token_buckets(self) -> tuple[int, ...]:
+        """The kernel token buckets the captured graphs run (:func:`captured_token_buckets`)."""
+        return captured_token_buckets(
+            self.decode_bs, self.prefill_tokens, tokens_per_req=self.inputs.tokens_per_req
+        )
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["per_rank_shape"] = asdict(self.inputs.per_rank_shape())
@@ -144,6 +151,16 @@ def kernel_bucket_boundaries(max_tokens: int) -> tuple[int, ...]:
             bounds.add(b)
         t = max(b, t) + 1
     return tuple(sorted(bounds))
+
+
+def captured_token_buckets(
+    decode_bs, prefill_tokens, *, tokens_per_req: int = 1
+) -> tuple[int, ...]:
+    """The kernel token buckets graphs of these sizes run: a decode graph of ``B`` requests runs
+    ``B * tokens_per_req`` MoE rows, a prefill graph its token count (what ``fp4ext info`` shows
+    per bucket and a first start tunes)."""
+    rows = [b * tokens_per_req for b in decode_bs] + list(prefill_tokens)
+    return tuple(sorted({token_bucket(r) for r in rows if r >= 1}))
 
 
 def decode_batch_sizes(max_bs: int, *, tokens_per_req: int = 1) -> tuple[int, ...]:

@@ -21,8 +21,10 @@ __all__ = [
     "FAULT_INJECT",
     "PREFILL_ACTIVATIONS",
     "DEBUG",
+    "TUNE_AT_START",
     "ALL",
     "problems",
+    "tune_budget_s",
 ]
 
 
@@ -82,6 +84,32 @@ def _is_version(v: str) -> bool:
 
 def _not_a_file(v: str) -> bool:
     return not os.path.exists(os.path.expanduser(v)) or os.path.isdir(os.path.expanduser(v))
+
+
+#: Seconds ``SGLANG_FP4EXT_TUNE_AT_START=on`` gives a start: GLM-5 TP8's 14 buckets took 103 s on
+#: the H200 at a 7.7 s share each (``benchmarks/results/tune_h200.json``); 300 s gives each ~21.
+TUNE_AT_START_DEFAULT_S = 300.0
+#: Shorter budgets than this would time little beyond each bucket's heuristic.
+TUNE_AT_START_MIN_S = 10.0
+
+
+def _is_tune_budget(v: str) -> bool:
+    if v.lower() in ("on", "off", "1", "0", "true", "false"):
+        return True
+    try:
+        return float(v) >= TUNE_AT_START_MIN_S
+    except ValueError:
+        return False
+
+
+def _tune_value(v: str) -> str:
+    """``on`` / ``off`` / the budget in seconds, spelled as a number (``900``)."""
+    low = v.lower()
+    if low in ("on", "1", "true"):
+        return "on"
+    if low in ("off", "0", "false"):
+        return "off"
+    return f"{float(v):g}"
 
 
 def _is_fault(v: str) -> bool:
@@ -152,6 +180,19 @@ DEBUG = EnvVar(
     aliases={"true": "1", "false": "0", "on": "1", "off": "0"},
 )
 
+TUNE_AT_START = EnvVar(
+    "SGLANG_FP4EXT_TUNE_AT_START",
+    "off",
+    "Tune at server start (start_tune.py): off (default); on: before CUDA-graph capture, each "
+    "served MoE shape with no config table for this GPU has the token buckets the capture policy "
+    f"captures tuned within a {TUNE_AT_START_DEFAULT_S:g} s budget, checked against the torch "
+    "twin and written to the config directory (keyed by GPU, Triton and fp4ext version), which "
+    "later starts reuse; or the budget in seconds, e.g. 900.",
+    allowed=f"on, off or a time budget in seconds (at least {TUNE_AT_START_MIN_S:g}), e.g. 900",
+    check=_is_tune_budget,
+    normalise=_tune_value,
+)
+
 ALL = (
     SGLANG_VERSION_OVERRIDE,
     LOG_LEVEL,
@@ -160,6 +201,7 @@ ALL = (
     FAULT_INJECT,
     PREFILL_ACTIVATIONS,
     DEBUG,
+    TUNE_AT_START,
 )
 
 
@@ -172,3 +214,11 @@ def problems() -> list[str]:
         except ValueError as exc:
             out.append(str(exc))
     return out
+
+
+def tune_budget_s() -> float | None:
+    """The start-tuning budget in seconds that ``SGLANG_FP4EXT_TUNE_AT_START`` sets; None: off."""
+    v = TUNE_AT_START.value()
+    if v == "off":
+        return None
+    return TUNE_AT_START_DEFAULT_S if v == "on" else float(v)

@@ -3,7 +3,9 @@ SGLang's loaded ModelOpt parameters (and checks the layer's MoE config is one fp
 :class:`Fp4ExtQuantInfo` is what the runner core reads per layer (:func:`quant_info_of`).
 
 Called by ``sglang_backend.py``'s ``process_weights_after_loading`` hook and by its runner core
-where SGLang delegates weight processing (patches/0001); imports SGLang at import time.
+where SGLang delegates weight processing (patches/0001); imports SGLang at import time. With
+``SGLANG_FP4EXT_TUNE_AT_START`` on, a layer's shape is tuned here, once its weights are ready and
+before any capture (``capture_tune.py``).
 
 Expert paths: ``triton`` on a CUDA GPU of SM80 or newer (the kernel layout; the checkpoint-layout
 copies are freed), ``reference`` elsewhere (the checkpoint layout, fp32 torch reference);
@@ -20,6 +22,7 @@ import torch
 from sglang.srt.layers.moe.moe_runner.base import MoeQuantInfo
 
 from sglang_fp4ext import target_info
+from sglang_fp4ext.capture_tune import tune_served_shape
 from sglang_fp4ext.moe.experts import expert_path, prepare_experts
 from sglang_fp4ext.moe.weights import MoEWeights
 
@@ -157,3 +160,8 @@ def process_weights(method, layer) -> None:
     layer.dispatcher.set_quant_config({"input_global_scale": None})
     layer._fp4ext_quant_info = info
     _announce(path, device)
+    if path == "triton":
+        # The ids per token the kernels see: SGLang's top-k appends a fused shared expert's column.
+        cfg = layer.moe_runner_config
+        top_k = cfg.top_k + (cfg.num_fused_shared_experts or 0)
+        tune_served_shape(info.weights.shape(top_k), device)

@@ -22,19 +22,33 @@ from sglang_fp4ext.tune import DEFAULT_BUCKETS, tune
 __all__ = ["add_tune_parser", "main", "model_shape", "run_cli"]
 
 
-def model_shape(preset: str | None = None, *, E=None, H=None, I=None, top_k=None):  # noqa: E741
-    """A ``model_shapes.ModelShape``: a preset by name, or one rank holding ``E`` experts of
-    hidden ``H`` and intermediate ``I`` with ``top_k`` (all four needed)."""
+def model_shape(
+    preset: str | None = None,
+    *,
+    E=None,
+    H=None,
+    I=None,  # noqa: E741
+    top_k=None,
+    ep=None,
+):
+    """A ``model_shapes.ModelShape``: a preset by name, or the layout whose rank holds ``E``
+    experts of hidden ``H`` and intermediate ``I`` with ``top_k`` ids per token (all four
+    needed) out of ``ep`` expert-parallel ranks (``untabled.rank_model_shape``: a preset of that
+    shape, or SGLang's fused shared expert where it fuses one), as a server's log names it."""
     from sglang_fp4ext import model_shapes
+    from sglang_fp4ext.moe.shape import MoEShape
+    from sglang_fp4ext.moe.untabled import rank_model_shape
 
     explicit = (E, H, I, top_k)
     if preset is not None:
-        if any(v is not None for v in explicit):
-            raise ValueError("give a preset or --E/--H/--I/--top-k, not both")
+        if any(v is not None for v in (*explicit, ep)):
+            raise ValueError("give a preset or --E/--H/--I/--top-k/--ep, not both")
         return model_shapes.preset(preset)
     if any(v is None for v in explicit):
         raise ValueError("an explicit shape needs all of --E, --H, --I and --top-k")
-    return model_shapes.ModelShape(f"E{E}-H{H}-I{I}-k{top_k}", E, top_k, H, I, 1)
+    if any(v < 1 for v in (*explicit, ep or 1)):
+        raise ValueError("--E, --H, --I, --top-k and --ep must be >= 1")
+    return rank_model_shape(MoEShape(E, H, I, top_k, ep or 1))
 
 
 def _buckets(text: str) -> list[int]:
@@ -65,7 +79,8 @@ def add_tune_parser(subparsers):
         ("--E", "local experts"),
         ("--H", "hidden size"),
         ("--I", "per-rank intermediate size"),
-        ("--top-k", "experts per token"),
+        ("--top-k", "expert ids per token (with a fused shared expert)"),
+        ("--ep", "expert-parallel ranks the experts are split over (default 1)"),
     ):
         p.add_argument(flag, type=int, default=None, help=f"explicit shape: {what}")
     p.add_argument(
@@ -114,7 +129,7 @@ def run_cli(args) -> int:
     from sglang_fp4ext import target_info
 
     try:
-        explicit = dict(E=args.E, H=args.H, I=args.I, top_k=args.top_k)
+        explicit = dict(E=args.E, H=args.H, I=args.I, top_k=args.top_k, ep=args.ep)
         if args.preset is not None:
             shapes = [model_shape(n.strip(), **explicit) for n in args.preset.split(",")]
         elif any(v is not None for v in explicit.values()):

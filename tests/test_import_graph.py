@@ -137,13 +137,14 @@ LAYERS = (
     ("facts", ("target_info", "compat", "hardware_table", "hardware", "roofline", "model_shapes")),
     ("nvfp4", ("nvfp4",)),
     ("moe", ("moe",)),
-    ("tuning", ("timed_layer", "tune", "tune_record")),
+    ("tuning", ("timed_layer", "tune", "tune_record", "start_tune")),
     (
         "serving",
         (
             "capture_inputs",
             "capture_policy",
             "capture_hooks",
+            "capture_tune",
             "sglang_weights",
             "sglang_backend",
             "plugin",

@@ -22,6 +22,7 @@ BAD = {
     "SGLANG_FP4EXT_FAULT_INJECT": ("decode", "<path>:<family>"),
     "SGLANG_FP4EXT_DEBUG": ("maybe", "0 or 1"),
     "SGLANG_FP4EXT_SGLANG_VERSION": ("not-a-version", "a version such as 0.5.23"),
+    "SGLANG_FP4EXT_TUNE_AT_START": ("soon", "on, off or a time budget in seconds"),
 }
 
 

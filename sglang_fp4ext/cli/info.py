@@ -1,7 +1,9 @@
 """``fp4ext info``: what is installed, every ``SGLANG_FP4EXT_*`` setting (bad ones flagged),
 whether SGLang will load the plugin, which GPU this is, which fp4ext kernel path it runs, that
-GPU's spec row (dense and 2:4-sparse peaks kept apart), the first-use self-check's verdicts, and
-the CUDA-graph capture policy for a model preset or ``config.json``.
+GPU's spec row (dense and 2:4-sparse peaks kept apart), the first-use self-check's verdicts, the
+CUDA-graph capture policy for a model preset or ``config.json``, and for each token bucket the
+policy captures, the kernel path it runs and the table it comes from (shipped, tuned here, or the
+heuristic) on this GPU or the one ``--gpu`` names.
 
 The model and layout are checked before anything slow is imported, so a mistake is one line.
 Works without SGLang and without a GPU (it says so).
@@ -10,6 +12,7 @@ Works without SGLang and without a GPU (it says so).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -23,7 +26,7 @@ from sglang_fp4ext import __version__, compat, envs, target_info
 from sglang_fp4ext.cli.usage import DEFAULT_PRESET, PRESET_HELP, UsageError
 from sglang_fp4ext.model_shapes import MODELS, PRESETS
 
-__all__ = ["add_parser", "collect_info", "run", "settings_rows"]
+__all__ = ["add_parser", "collect_info", "config_table_rows", "run", "settings_rows"]
 
 _GROUP = "sglang.srt.plugins"
 _EP_NAME = "fp4ext"
@@ -139,6 +142,68 @@ def settings_rows() -> list[tuple[str, str]]:
     return rows
 
 
+def _table_target(gpu: str | None):
+    """The ``Target`` whose tables to show: ``--gpu``'s (facts from the hardware table; the name
+    as a table spells it where one does), else this machine's GPU, else None."""
+    from sglang_fp4ext import hardware
+    from sglang_fp4ext.moe import tables
+    from sglang_fp4ext.moe.shape import Target, current_target
+
+    if gpu is None:
+        target = current_target()
+        return target if target.device_name else None
+    spec = hardware.spec_for_device_name(gpu)
+    if spec is None:
+        known = ", ".join(n for s in hardware.all_specs() for n in s.match_names)
+        raise UsageError(f"--gpu {gpu!r}: not a GPU of the hardware table (known: {known})")
+    want = hardware.normalize_device_name(gpu)
+    folders = [tables.table_path(gpu).parent]
+    with contextlib.suppress(ValueError):  # a bad SGLANG_FP4EXT_CONFIG_DIR is flagged above
+        folders.append(tables.user_config_dir())
+    for folder in folders:
+        for f in sorted(folder.glob("*.json")):
+            try:
+                name = json.loads(f.read_text()).get("device_name")
+            except (OSError, ValueError, AttributeError):  # not a table: skip it
+                continue
+            if isinstance(name, str) and hardware.normalize_device_name(name) == want:
+                gpu = name
+    return Target(f"sm_{spec.capability[0]}{spec.capability[1]}", gpu, spec.sms)
+
+
+def config_table_rows(shape, buckets, target) -> list[dict[str, Any]]:
+    """Per token bucket of ``shape`` on ``target``: the kernel path and family it runs and the
+    table it comes from (``moe.tables.table_source``: shipped, tuned here, heuristic)."""
+    from sglang_fp4ext.moe import tables
+
+    rows = []
+    for b in buckets:
+        entry = tables.select(b, shape, target, quiet=True)
+        source, file = tables.table_source(b, shape, target)
+        kernels = getattr(entry.config, "kernels", "") or entry.path
+        rows.append({"bucket": b, "path": entry.path, "kernels": kernels, "table": source,
+                     "file": None if file is None else str(file)})  # fmt: skip
+    return rows
+
+
+def _print_config_tables(shape, target, rows, error=None) -> None:
+    if target is None or error:
+        print("[config tables]")
+        print(f"  unreadable: {error}" if error else "  no CUDA GPU here: pass --gpu NAME (e.g. "
+              "'NVIDIA H200') for that GPU's tables")  # fmt: skip
+        return
+    print(f"[config tables: {target.device_name}, MoE shape {shape.key()}, captured buckets]")
+    for r in rows:
+        print(f"  T={r['bucket']:<6} {r['path'] + ' (' + r['kernels'] + ')':<20} {r['table']}")
+    for file in sorted({r["file"] for r in rows if r["file"]}):
+        print(f"  file: {file}")
+    if any(r["table"] == "heuristic" for r in rows):
+        from sglang_fp4ext.moe.untabled import tune_command
+
+        print(f"  heuristic buckets: tune them on this GPU with `{tune_command(shape)}`, or "
+              "set SGLANG_FP4EXT_TUNE_AT_START=on")  # fmt: skip
+
+
 def _yn(v: bool | None) -> str:
     return "n/a" if v is None else ("yes" if v else "NO")
 
@@ -229,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
     from sglang_fp4ext import capture_policy
 
     model, tp, ep = _policy_args(args)
+    target = _table_target(args.gpu)
     mrr = args.max_running_requests
     try:  # a given budget skips SGLang's bucket list: the layout is checked before any import
         capture_policy.policy_for(model, tp, ep, mrr, prefill_budget_mb=1.0)
@@ -241,8 +307,20 @@ def run(args: argparse.Namespace) -> int:
         policy = capture_policy.policy_for(model, tp, ep, mrr)
         text = capture_policy.describe_policy(model, tp, ep, mrr)
         info = collect_info()
+    shape = policy.inputs.per_rank_shape()
+    try:
+        rows = [] if target is None else config_table_rows(shape, policy.token_buckets(), target)
+        error = None
+    except ValueError as exc:  # a bad config directory setting or a broken table file
+        rows, error = [], str(exc)
     if args.json:
         info["capture_policy"] = policy.to_dict()
+        info["config_tables"] = {
+            "gpu": None if target is None else target.device_name,
+            "shape": shape.key(),
+            "buckets": rows,
+            "error": error,
+        }
         json.dump(info, sys.stdout, indent=2, default=str)
         print()
     else:
@@ -250,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[capture policy: {args.model or args.preset}, TP{tp} EP{ep}]")
         for line in text.splitlines():
             print(f"  {line}")
+        _print_config_tables(shape, target, rows, error)
     bad = envs.problems()
     if bad:  # the plugin refuses to start with these (plugin.register)
         print(f"fp4ext info: SGLang will not start: {'; '.join(bad)}", file=sys.stderr)
@@ -276,5 +355,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: preset's)")
     p.add_argument("--ep", type=int, default=None, help="expert-parallel size (default: preset's)")
     p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument(
+        "--gpu",
+        default=None,
+        help="show the config tables of this GPU, named as torch reports it (default: this one)",
+    )
     p.set_defaults(func=run)
     return p

@@ -34,11 +34,14 @@ bad shape or bucket key, or a value of the wrong type raises :class:`ConfigTable
 the file, shape, bucket and field.
 
 **Where tables are read.** The user directory first -- ``$SGLANG_FP4EXT_CONFIG_DIR`` when set,
-else ``~/.cache/sglang_fp4ext/configs`` (where ``fp4ext tune`` writes by default) -- then the
-tables shipped in ``moe/configs/``. A shape present in the user table replaces that shape of the
-shipped table as a whole (a tuned shape's buckets and switch point belong together); other
-shapes still come from the shipped table. Tables are read once per process (``load_entries`` is
-cached; :func:`clear_table_cache` after writing one).
+else ``~/.cache/sglang_fp4ext/configs`` (where ``fp4ext tune`` writes by default) -- then the table
+tuned at a server's first start (:func:`start_table_path`: under the user directory, keyed by
+Triton and fp4ext version, so an upgrade tunes again; ``start_tune.py``), then the tables shipped
+in ``moe/configs/``. A shape present in a table replaces that shape of the tables after it as a
+whole (a tuned shape's buckets and switch point belong together); other shapes still come from
+those. :func:`table_source` says which of them serves a bucket (``fp4ext info``); a bucket that
+none serves on a GPU logs one line per shape (``untabled.py``). Tables are read once per process
+(cached; :func:`clear_table_cache` after writing one).
 
 **Path heuristic** (no table entry): decode below :data:`PREFILL_MIN_TOKENS` tokens, prefill
 from there; on the wgmma prefill family from :data:`WGMMA_PREFILL_MIN_TOKENS`, and from
@@ -54,8 +57,8 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from sglang_fp4ext import envs, target_info
-from sglang_fp4ext.moe import paths
+from sglang_fp4ext import __version__, envs, target_info
+from sglang_fp4ext.moe import paths, untabled
 from sglang_fp4ext.moe.prefill.config import wgmma_supports_shape
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target, token_bucket
 
@@ -70,6 +73,9 @@ __all__ = [
     "parse_table",
     "read_table_file",
     "table_document",
+    "table_source",
+    "shape_table",
+    "start_table_path",
     "user_config_dir",
     "clear_table_cache",
     "config_for",
@@ -155,6 +161,15 @@ def user_config_dir() -> Path:
 
 def user_table_path(device_name: str) -> Path:
     return user_config_dir() / _file_name(device_name)
+
+
+def start_table_path(device_name: str) -> Path:
+    """The table tuned at a server's first start on ``device_name`` with this Triton and fp4ext:
+    ``<user dir>/tuned-at-start/triton-<version>_fp4ext-<version>/<device name>.json``."""
+    import triton
+
+    versions = f"triton-{triton.__version__}_fp4ext-{__version__}"
+    return user_config_dir() / "tuned-at-start" / versions / _file_name(device_name)
 
 
 def parse_shape_key(key) -> MoEShape:
@@ -277,11 +292,11 @@ def table_document(device_name: str, entries: dict, meta: dict | None = None) ->
 
 
 @functools.cache
-def load_entries(device_name: str) -> dict:
-    """{shape key: {bucket: TableEntry}}: the shipped table, with the user table's shapes on
-    top (see the module docstring); {} when neither exists."""
-    out = {}
-    for path in (table_path(device_name), user_table_path(device_name)):
+def _read_tables(device_name: str) -> tuple[dict, dict]:
+    """(entries, {shape key: the file its buckets come from}) of ``device_name``'s tables."""
+    out, files = {}, {}
+    order = (table_path(device_name), start_table_path(device_name), user_table_path(device_name))
+    for path in order:
         if path.exists():
             dev, entries = read_table_file(path)
             if dev != device_name:
@@ -289,7 +304,14 @@ def load_entries(device_name: str) -> dict:
                     f"{path}: device_name {dev!r} does not match the file's device {device_name!r}"
                 )
             out.update(entries)
-    return out
+            files.update(dict.fromkeys(entries, path))
+    return out, files
+
+
+def load_entries(device_name: str) -> dict:
+    """{shape key: {bucket: TableEntry}}: the shipped table, with the start-tuned and then the
+    user table's shapes on top (see the module docstring); {} when none exists."""
+    return _read_tables(device_name)[0]
 
 
 def load_table(device_name: str) -> dict:
@@ -302,7 +324,7 @@ def load_table(device_name: str) -> dict:
 
 def clear_table_cache() -> None:
     """Re-read the tables on the next call (after writing one, or changing the env var)."""
-    load_entries.cache_clear()
+    _read_tables.cache_clear()
 
 
 _OVERRIDE = None
@@ -374,8 +396,26 @@ def table_entry(T: int, shape: MoEShape, target: Target) -> TableEntry | None:
     return None
 
 
-def select(T: int, shape: MoEShape, target: Target | None = None) -> TableEntry:
-    """Kernel path and config for ``T`` tokens: override, else table entry, else heuristics.
+def shape_table(device_name: str, key: str) -> Path | None:
+    """The table file that holds shape ``key`` on ``device_name`` (None: no table has it)."""
+    return _read_tables(device_name)[1].get(key)
+
+
+def table_source(T: int, shape: MoEShape, target: Target) -> tuple[str, Path | None]:
+    """Which table serves ``T`` tokens of ``shape``: ``("shipped", file)``, ``("tuned here",
+    file)`` (``fp4ext tune`` or a server's first start) or ``("heuristic", None)``."""
+    if table_entry(T, shape, target) is None:
+        return "heuristic", None
+    path = shape_table(target.device_name, shape.key())
+    return ("shipped" if path == table_path(target.device_name) else "tuned here"), path
+
+
+def select(
+    T: int, shape: MoEShape, target: Target | None = None, *, quiet: bool = False
+) -> TableEntry:
+    """Kernel path and config for ``T`` tokens: override, else table entry, else heuristics
+    (on a GPU, logged once per shape: ``untabled.note_heuristic``; ``quiet``: not logged, for
+    ``fp4ext info``, which reports it instead).
 
     Depends only on (``token_bucket(T)``, shape, target), so a captured graph keeps its path."""
     if _OVERRIDE is not None:
@@ -384,6 +424,8 @@ def select(T: int, shape: MoEShape, target: Target | None = None) -> TableEntry:
     entry = table_entry(T, shape, target)
     if entry is not None:
         return entry
+    if target.device_name and not quiet:
+        untabled.note_heuristic(T, shape, target, shape_table(target.device_name, shape.key()))
     name = heuristic_path(T, shape, target)
     return TableEntry(name, paths.get(name).heuristic(T, shape, target))
 
