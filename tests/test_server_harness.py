@@ -278,7 +278,7 @@ def test_launch_args_carry_the_block(tmp_path):
     assert u.args.count("--nccl-port") == 1
     v = harness.SGLangServer("/m", ["--port=12345"], log_path=tmp_path / "c.log")
     assert v.max_attempts == 1 and v._explicit == 12345
-    assert harness._flag_value(["--port", "1", "--port=7"], "--port") == "7"
+    assert harness.flag_value(["--port", "1", "--port=7"], "--port") == "7"
 
 
 # ---- start-up watch, with a fake launcher ----

@@ -2,7 +2,8 @@
 its greedy tokens. With no arguments it builds a tiny NVFP4 MoE model (ModelOpt export) and
 judges every served token against ``transformers`` in float32 on the dequantised weights; with
 ``--model-path`` (a local checkpoint directory) and SGLang launch flags it compares fp4ext with
-SGLang's default NVFP4 MoE backend on the same prompts: the default-backend server scores
+SGLang's default NVFP4 MoE backend on the same prompts (or the one ``--moe-runner-backend`` in the
+flags names: on a CPU, where SGLang's own need a GPU, only fp4ext runs): that server scores
 fp4ext's tokens teacher-forced, and one further than ``--tolerance`` below its best fails the
 check (exit 1), as does an MoE layer fp4ext did not serve.
 
@@ -114,13 +115,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_model(args: argparse.Namespace, cfg: dict, launch: list[str], progress) -> int:
-    from sglang_fp4ext.testing import e2e
+    from sglang_fp4ext.testing import e2e, server
 
     tolerance = e2e.GAP_TOLERANCE if args.tolerance is None else args.tolerance
     prompts = e2e.prompts_for(cfg["vocab_size"], args.prompts, seed=args.seed)
+    named = server.flag_value(launch, "--moe-runner-backend")
+    against = f"the {named} MoE backend" if named else "SGLang's default NVFP4 MoE backend"
     print(
         f"fp4ext check: {args.model_path}, {args.prompts} prompts x {args.tokens} tokens, "
-        f"fp4ext vs SGLang's default NVFP4 MoE backend"
+        f"fp4ext vs {against}"
     )
     r = e2e.check_against_default_backend(
         args.model_path,

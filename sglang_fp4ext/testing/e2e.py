@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_fp4ext import envs
 from sglang_fp4ext.nvfp4.format import dequantize_nvfp4
 from sglang_fp4ext.testing.cpu_workarounds import CPU_WORKAROUND_LOG
 from sglang_fp4ext.testing.server import Progress, SGLangServer, serving
@@ -329,7 +330,10 @@ def check_against_default_backend(
         name="fp4ext server",
         progress=progress,
     )
-    default = SGLangServer(model_path, base, name="default-backend server")
+    # A fault injected for the check (SGLANG_FP4EXT_FAULT_INJECT) breaks the checked server only:
+    # the reference runs fp4ext too where the launch flags name it (a CPU has no other backend).
+    no_fault = {envs.FAULT_INJECT.name: ""}
+    default = SGLangServer(model_path, base, env=no_fault, name="default-backend server")
     with serving(default, progress=progress):
         say("phase", f"generating {len(prompts)} prompts on the default-backend server")
         outs_default = [default.generate(p, max_new_tokens) for p in prompts]

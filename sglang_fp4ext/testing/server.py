@@ -31,7 +31,7 @@ from sglang_fp4ext.testing.server_ports import (
     session_pids,
 )
 
-__all__ = ["SGLangServer", "ServerStartError", "serving", "start_all"]
+__all__ = ["SGLangServer", "ServerStartError", "flag_value", "serving", "start_all"]
 
 #: Seconds from the HTTP front end's start (uvicorn's "Application startup complete.") until its
 #: port must listen; the model-loading time before that is bounded by ``start_timeout`` only.
@@ -67,7 +67,7 @@ class ServerStartError(RuntimeError):
         )
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
+def flag_value(args: list[str], flag: str) -> str | None:
     """The last value of ``flag`` in argv-style ``args`` (``--flag v`` or ``--flag=v``)."""
     value = None
     for i, a in enumerate(args):
@@ -168,7 +168,7 @@ class SGLangServer:
         progress: Progress | None = None,
     ):
         self.model_path, self.extra_args = str(model_path), list(extra_args)
-        given = _flag_value(self.extra_args, "--port")
+        given = flag_value(self.extra_args, "--port")
         self._port_in_args = given is not None
         self._explicit = port if port is not None else (int(given) if given else None)
         self.max_attempts = 1 if self._explicit is not None else max(1, max_attempts)
@@ -212,7 +212,7 @@ class SGLangServer:
         self.args = [*self.launcher, "--model-path", self.model_path, "--host", "127.0.0.1"]
         if not self._port_in_args:
             self.args += ["--port", str(self.port)]
-        if self._block.nccl_port and _flag_value(self.extra_args, "--nccl-port") is None:
+        if self._block.nccl_port and flag_value(self.extra_args, "--nccl-port") is None:
             self.args += ["--nccl-port", str(self._block.nccl_port)]
         self.args += ["--skip-tokenizer-init", *self.extra_args]
         self._log = open(self.log_path, "w")
