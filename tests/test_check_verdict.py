@@ -1,10 +1,23 @@
-"""``fp4ext check --model-path``'s rule (CPU tier, fixed inputs): fp4ext's greedy tokens are
-scored teacher-forced on the default-backend server, and a token further than the tolerance below
-that server's best fails the check, however many prompts are identical. The servers behind it
-(``e2e.check_against_default_backend``) need a GPU: SGLang's default NVFP4 MoE does not run on
-the CPU."""
+"""``fp4ext check --model-path``'s rule: fp4ext's greedy tokens are scored teacher-forced on the
+reference server (SGLang's default NVFP4 MoE backend), and a token further than the tolerance
+below that server's best fails the check, however many prompts are identical.
+
+The rule on fixed inputs, then the command end to end on a tiny ModelOpt NVFP4 checkpoint through
+two real SGLang servers per run (CPU tier): it passes with fp4ext healthy, and fails, naming where
+each prompt diverges, with fp4ext's output broken on the checked server only
+(``SGLANG_FP4EXT_FAULT_INJECT=decode:reference``, which the reference server never inherits).
+SGLang's own NVFP4 MoE backends need a GPU (Blackwell, or Marlin on SM80+), so here the reference
+server runs fp4ext too (``-- --moe-runner-backend fp4ext``): these runs show that the servers,
+the scoring, the printed lines and the exit code can pass and can fail, not that fp4ext agrees
+with another backend.
+"""
 
 from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -46,3 +59,66 @@ def test_check_help_states_the_default_tolerance(capsys):
     with pytest.raises(SystemExit):
         main(["check", "--help"])
     assert f"(default {GAP_TOLERANCE}:" in " ".join(capsys.readouterr().out.split())
+
+
+# ---- end to end: `fp4ext check --model-path` through two real SGLang servers ----
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    pytest.importorskip("modelopt.torch.export", reason="nvidia-modelopt is not importable")
+    from sglang_fp4ext.testing.checkpoint import make_tiny_checkpoint
+
+    # As `fp4ext check` builds its tiny model on a CPU (routed_scaling_factor: see check.py).
+    out = tmp_path_factory.mktemp("check-model") / "model"
+    return make_tiny_checkpoint(
+        out, arch="glm4_moe", seed=0, quantize_shared_experts=False, routed_scaling_factor=1.0
+    )
+
+
+def _check_model(model, fault: str = "") -> subprocess.CompletedProcess:
+    from sglang_fp4ext.testing.cpu_workarounds import cpu_server_args
+
+    args, env = cpu_server_args()
+    env = {**os.environ, **env, "PYTHONWARNINGS": "ignore", "SGLANG_FP4EXT_FAULT_INJECT": fault}
+    cli = [sys.executable, "-m", "sglang_fp4ext", "check", "--model-path", str(model)]
+    launch = [*args, "--moe-runner-backend", "fp4ext"]
+    return subprocess.run(
+        [*cli, "--prompts", "2", "--tokens", "8", "--", *launch],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_check_model_passes_with_fp4ext_healthy(tiny_checkpoint):
+    proc = _check_model(tiny_checkpoint)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert ", fp4ext vs the fp4ext MoE backend" in proc.stdout
+    for i in range(2):
+        assert re.search(rf"^  prompt {i}: identical; ", proc.stdout, re.M), proc.stdout
+    assert re.search(
+        r"^verdict: PASS: 2/2 prompts identical; largest teacher-forced gap \d\.\d\d <= 0\.5; "
+        r"fp4ext served every MoE layer",
+        proc.stdout,
+        re.M,
+    ), proc.stdout
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_check_model_fails_with_fp4ext_broken_on_the_checked_server(tiny_checkpoint):
+    # Were the reference server broken the same way, the two would agree and the check pass.
+    proc = _check_model(tiny_checkpoint, fault="decode:reference")
+    print(proc.stdout)
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for i in range(2):
+        assert re.search(rf"^  prompt {i}: diverges at token \d+; ", proc.stdout, re.M), proc.stdout
+    verdict = re.search(r"^verdict: FAIL: .*$", proc.stdout, re.M)
+    assert verdict, proc.stdout
+    gap = float(re.search(r"largest teacher-forced gap (\d+\.\d+) > 0\.5", verdict[0])[1])
+    assert gap > 0.5 and "fp4ext served every MoE layer" in verdict[0], verdict[0]
