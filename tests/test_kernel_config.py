@@ -10,7 +10,12 @@ import json
 import pytest
 
 from sglang_fp4ext.moe import tables as C
-from sglang_fp4ext.moe.decode.config import DecodeConfig, DotDecodeConfig, GluonDecodeConfig
+from sglang_fp4ext.moe.decode.config import (
+    CoopDecodeConfig,
+    DecodeConfig,
+    DotDecodeConfig,
+    GluonDecodeConfig,
+)
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.shape import MoEShape, Target, token_bucket
 from sglang_fp4ext.moe.tables import config_for
@@ -23,10 +28,11 @@ TOKENS = [0, 1, 2, 3, 4, 8, 16, 31, 64, 128, 256, 1000]
 
 
 def test_frozen_hashable_repr_round_trip():
-    names = {"DotDecodeConfig": DotDecodeConfig, "GluonDecodeConfig": GluonDecodeConfig}
+    names = {c.__name__: c for c in DecodeConfig.families().values()}
     for cfg in (
         DotDecodeConfig(grid="experts", block_n1=128, split_k2=4, stages1=4),
         GluonDecodeConfig(grid="experts", block_n1=128, split_k2=4, combine="kernel", pdl=1),
+        CoopDecodeConfig(split_k1=4, warps1=2, warps2=1, block_n1=32, prefetch2=2),
     ):
         assert eval(repr(cfg), names) == cfg
         assert hash(cfg) == hash(dataclasses.replace(cfg))
@@ -38,6 +44,7 @@ def test_frozen_hashable_repr_round_trip():
     assert DotDecodeConfig() != GluonDecodeConfig() and DecodeConfig.families() == {
         "dot": DotDecodeConfig,
         "gluon": GluonDecodeConfig,
+        "coop": CoopDecodeConfig,
     }
 
 

@@ -19,6 +19,8 @@
 #   pab       prefill v1 (tl.dot), v2 as shipped and torch bf16 in one process, T = 512-8192
 #   ptk       triton_kernels next to fp4ext's prefill, same Ts (.peers carried)
 #   caps      GEMM1 under its register caps (maxnreg1), T = 64-256
+#   coop      the one-launch family: its GPU tier (tests/test_coop_gpu.py), then its candidates
+#             against the shipped config, GLM-5 TP8 and EP8, T = 1..16 (COOP_T)
 # AS_TABLE=path: that table (e.g. the H200's on an H100) serves as this card's, for the GPU tiers
 # of a table whose card is not lent (timings then belong to this card, not the table's).
 # Results: $OUT/run.log (summary) and $OUT/$PACK.tar.gz (every log and JSON).
@@ -134,6 +136,31 @@ for r in d["rows"]:
     print(r["shape"], r["T"], f"shipped {base:.1f} us;", " ".join(
         f"{c['config']['maxnreg1']}r/{c['config']['block_n1']}x{c['config']['warps1']}w "
         f"{c['us']:.1f}" if "us" in c else f"{c['config']['maxnreg1']}r err"
+        for c in r["configs"][1:]))
+PY
+}
+
+part_coop() {
+step coop_tier
+timeout $(cap 240) python -m pytest -p no:cacheprovider -q -m gpu -x tests/test_coop_gpu.py \
+  ${COOP_K:+-k "$COOP_K"} > $R/gpu_tier_coop.log 2>&1
+echo rc=$? >> $R/gpu_tier_coop.log; grep "passed\|failed\|FAILED\|Error\|rc=" $R/gpu_tier_coop.log | tail -8 >> $OUT/run.log
+pack
+step coop_ab
+timeout $(cap 200) python benchmarks/experiments/gluon_decode_ab.py --sweep coop \
+  --v1-table shipped --tokens ${COOP_T:-1,2,4,8,16} --shapes glm5_tp8,glm5_ep8 --repeat 3 \
+  --deadline-s $(( $(cap 200) - 40 )) --out $R > $R/coop.log 2>&1
+echo rc=$? >> $R/coop.log; pack
+python - "$R/coop_ab.json" >> $OUT/run.log 2>&1 <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["gpu"], "copy", round(d["copy_bw_TBps"], 2), "TB/s")
+for r in d["rows"]:
+    c0 = r["configs"][0]
+    print(r["shape"], r["T"], f"floor {r['floor_us']:.1f} shipped {c0.get('us', -1):.1f};", " | ".join(
+        f"{c['config'].get('split_k1')}x{c['config'].get('warps1')}/{c['config'].get('block_n2')}"
+        f"p{c['config'].get('prefetch2', '-')}{'' if 'prefetch2' in c['config'] else '(2L)'} "
+        + (f"{c['us']:.1f} {c['rms_rel']:.1e}" if "us" in c else c.get("error", "err")[:90])
         for c in r["configs"][1:]))
 PY
 }

@@ -13,6 +13,8 @@ spreads each expert's pair chunks over more programs.
 ``--sweep slots`` runs the token GEMM2 with the token's top-k slots side by side (``slots2``).
 ``--sweep kstack`` runs GEMM1 with its K splits on one program's warps (``kstack1``).
 ``--sweep maxnreg`` caps GEMM1's registers (``maxnreg1``) for more resident warps.
+``--sweep coop`` runs the one-launch family (``CoopDecodeConfig``) and, as a control, its tiles on
+two Gluon launches.
 ``--sweep table`` times the shipped config against ``--v2-table``'s (a table file) where they
 differ.
 ``--sweep pdl`` times the
@@ -53,7 +55,7 @@ from sglang_fp4ext.bench.timing import (
     time_graph_replay,
 )
 from sglang_fp4ext.model_shapes import ModelShape, preset
-from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.config import CoopDecodeConfig, DecodeConfig
 from sglang_fp4ext.moe.decode.heuristic import heuristic_config
 from sglang_fp4ext.moe.decode.launch import fused_moe_nvfp4
 from sglang_fp4ext.moe.prefill.launch import fused_moe_nvfp4_prefill
@@ -141,6 +143,19 @@ def kstack_candidates(base: DecodeConfig, kc1: int) -> list[DecodeConfig]:
         if kc1 % sk == 0:
             out += [b.reform(kstack1=1, split_k1=sk, warps1=w, block_n1=bn) for w, bn in shapes]
     return _unique(out, drop=base)
+
+
+def coop_candidates(kc1: int) -> list[DecodeConfig]:
+    """The one-launch family: 16 warps a program (8 K splits of 2 warps, 32-row tiles) at each
+    GEMM2 prefetch, 8 warps (4 K splits), then the first one's tiles on two Gluon launches (what
+    one launch saves)."""
+    out = []
+    if kc1 % 8 == 0:
+        a = CoopDecodeConfig(split_k1=8, warps1=2, block_n1=32, warps2=2, block_n2=32)
+        out += [a.reform(prefetch2=p) for p in (1, 0, 2)]
+    if kc1 % 4 == 0:
+        out += [CoopDecodeConfig(split_k1=4, warps1=2, block_n1=32, warps2=1, block_n2=32)]
+    return out + [out[0].two_launch()] if out else out
 
 
 #: GEMM1 register caps per warps a CTA: each buys one more resident CTA an SM (64K registers)
@@ -243,6 +258,7 @@ def main(argv=None) -> int:
             "slots",
             "kstack",
             "maxnreg",
+            "coop",
             "table",
             "none",
         ),
@@ -344,6 +360,8 @@ def main(argv=None) -> int:
                 cands = [v1] + kstack_candidates(v1, kc1)
             elif args.sweep == "maxnreg":
                 cands = [v1] + maxnreg_candidates(v1)
+            elif args.sweep == "coop":
+                cands = [v1] + coop_candidates(kc1)
             elif args.sweep == "table":
                 e2 = v2_table.get(shape.key(), {}).get(token_bucket(T))
                 if e2 is None or e2.path != "decode" or e2.config == v1:
@@ -357,7 +375,9 @@ def main(argv=None) -> int:
                 cands = [v1] + pdl_candidates(v1, heur, [int(p) for p in args.pdl.split(",")])
             else:
                 cands = [v1] + (candidates(v1, kc1)[:1] if args.quick else candidates(v1, kc1))
-            cands += [heur] if heur not in cands and args.sweep not in ("none", "table") else []
+            cands += (
+                [heur] if heur not in cands and args.sweep not in ("none", "table", "coop") else []
+            )
             row = dict(shape=sname, T=T, distinct=distinct, floor_us=floor_us, configs=[])
             for rep in range(args.repeat):  # interleaved: drifts hit every candidate alike
                 for ci, cfg in enumerate(cands):
@@ -442,6 +462,7 @@ def main(argv=None) -> int:
         "slots": "slots_ab.json",
         "kstack": "kstack_ab.json",
         "maxnreg": "maxnreg_ab.json",
+        "coop": "coop_ab.json",
         "table": "table_ab.json",
         "pdl": "pdl_ab_separate.json" if args.separate else "pdl_ab.json",
         "none": "decode_split.json",

@@ -130,19 +130,20 @@ def _w4a16_acc(
     ML: gl.constexpr,
     WQ=None,
     WS=None,
+    XCACHE: gl.constexpr = "",
 ):
     """acc [BN, BT] fp32 (MMA layout) over chunks kc0..kc1 (kc1 > kc0). While a chunk is decoded,
     the next chunk's codes, scales and activations are in flight (activations come from L2).
     Prefetches past kc1 re-read its last chunk (L1 hits). ``WQ`` / ``WS``: ``_load_w``'s row
-    masks."""
+    masks; ``XCACHE``: the activations' cache modifier (".cg": written by this grid)."""
     k0 = gl.minimum(kc0, kc1 - 1)  # an empty split (kc1 <= kc0) must not read past the weights
     b, slo, shi = _load_w(qe, se, qoff, soff, k0, s_chunk_stride, WQ, WS)
-    xlo, xhi = _load_x(xp, xmask, goff, k0, K, "")
+    xlo, xhi = _load_x(xp, xmask, goff, k0, K, XCACHE)
     acc = gl.zeros([BN, BT], gl.float32, ML)
     for kc in range(kc0, kc1):
         kn = gl.minimum(kc + 1, kc1 - 1)
         b_n, slo_n, shi_n = _load_w(qe, se, qoff, soff, kn, s_chunk_stride, WQ, WS)
-        xlo_n, xhi_n = _load_x(xp, xmask, goff, kn, K, "")
+        xlo_n, xhi_n = _load_x(xp, xmask, goff, kn, K, XCACHE)
         acc = _half_chunk_mma(acc, b, slo, shi, xlo, xhi, BN, BT, ML)
         b, slo, shi = b_n, slo_n, shi_n
         xlo, xhi = xlo_n, xhi_n
@@ -459,7 +460,7 @@ def _gemm1_tile(
         xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2) + koff
         xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
         acc = _w4a16_acc(
-            qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride, BN, BT, ML
+            qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, H, s_chunk_stride, BN, BT, ML, XCACHE=""
         )
         cslot = c * BT + cols
         cm = cslot < m
@@ -540,8 +541,6 @@ def _gemm1_kstack(
     across programs, without the workspace round trip and its arrival counter.
     ``ws_ptr`` / ``cnt_ptr`` / ``SPLIT_K`` are unused (one argument list for every GEMM1)."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    SB: gl.constexpr = KS * BN
-    TPC: gl.constexpr = BT // KS  # pairs per pass
     if PDL != 0:
         _gdc_wait()
     if PDL == 1:
@@ -551,7 +550,79 @@ def _gemm1_kstack(
     )
     if m == 0:
         return
-    nb = gl.program_id(1)
+    TPC: gl.constexpr = BT // KS
+    HB: gl.constexpr = KS * BN // 2
+    pg = gl.allocate_shared_memory(gl.float32, [TPC * HB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    pu = gl.allocate_shared_memory(gl.float32, [TPC * HB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    _gemm1_kstack_tile(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        a_ptr,
+        inter_ptr,
+        e,
+        m,
+        lbase,
+        gl.program_id(1),
+        pg,
+        pu,
+        I,
+        NP,
+        stride_x,
+        q_e_stride,
+        q_row_stride,
+        s_e_stride,
+        H,
+        s_chunk_stride,
+        CPS,
+        TOP_K,
+        BN,
+        BT,
+        WL,
+        XL,
+        ML,
+        KS,
+        PDL == 2,
+    )
+
+
+@gluon.jit
+def _gemm1_kstack_tile(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    inter_ptr,
+    e,
+    m,
+    lbase,
+    nb,
+    pg,
+    pu,
+    I,
+    NP,
+    stride_x,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    H,
+    s_chunk_stride,
+    CPS,
+    TOP_K,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+    KS: gl.constexpr,
+    LATE_TRIGGER: gl.constexpr = False,
+):
+    """Row tile ``nb`` of expert ``e`` (``m > 0`` pairs listed at ``lbase``) with its ``KS`` K
+    splits stacked on this program's warps (``_gemm1_kstack``); ``pg`` / ``pu``: shared fp32
+    buffers of a pass's gate / up partials, ``[BT / KS pairs][KS splits][BN / 2 columns]``. With
+    ``LATE_TRIGGER`` the next kernel may start once every program has left its K loops."""
+    SB: gl.constexpr = KS * BN
+    TPC: gl.constexpr = BT // KS  # pairs per pass
     e64 = e.to(gl.int64)
     qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
     se = s_ptr + e64 * s_e_stride
@@ -571,10 +642,7 @@ def _gemm1_kstack(
     xb = gl.expand_dims(gl.expand_dims((n1 // TPC) * CPS, 1), 2)
     goff = goff + xb * 256
     xw = x_ptr.to(gl.pointer_type(gl.int32)) + koff + xb * 128  # bf16 pairs
-    # Each pass's partials, gate and up rows apart: [TPC pairs][KS splits][BN / 2 columns] fp32.
     HB: gl.constexpr = SB // 2
-    pg = gl.allocate_shared_memory(gl.float32, [TPC * HB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    pu = gl.allocate_shared_memory(gl.float32, [TPC * HB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     OL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     jl = gl.arange(0, BN // 2, layout=OL)  # the tile's intermediate columns
     ag = gl.load(ae + nb * BN + 2 * jl) * _TWO_P26
@@ -587,8 +655,10 @@ def _gemm1_kstack(
         tok = (pairs // TOP_K).to(gl.int64)
         xp = xw + gl.expand_dims(gl.expand_dims(tok * (stride_x // 2), 1), 2)
         xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
-        acc = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, CPS, H, s_chunk_stride, SB, BT, ML)
-        if PDL == 2:
+        acc = _w4a16_acc(
+            qe, se, qoff, soff, xp, xmask, goff, 0, CPS, H, s_chunk_stride, SB, BT, ML, XCACHE=""
+        )
+        if LATE_TRIGGER:
             _gdc_launch_dependents()
         for p in gl.static_range(TPC):
             own = gl.expand_dims(cols, 0) == gl.expand_dims((rows // BN) * TPC + p, 1)
@@ -788,7 +858,9 @@ def _gemm2_tok_tile(
         xp = inter_ptr.to(gl.pointer_type(gl.int32)) + p.to(gl.int64) * (I // 2) + koff
         qe = q_ptr.to(gl.pointer_type(gl.int32)) + e64 * (q_e_stride // 4)
         se = s_ptr + e64 * s_e_stride
-        part = _w4a16_acc(qe, se, qoff, soff, xp, xmask, goff, 0, KC, I, s_chunk_stride, BN, BT, ML)
+        part = _w4a16_acc(
+            qe, se, qoff, soff, xp, xmask, goff, 0, KC, I, s_chunk_stride, BN, BT, ML, XCACHE=""
+        )
         coef = gl.load(a_ptr + e64 * NP + wrow) * (_TWO_P26 * gl.load(tw_ptr + p).to(gl.float32))
         o = gl.fma(part, gl.expand_dims(coef, 1), o)  # spelled out: _gemm2_tok_slots matches it
     res = gl.sum(gl.where(gl.expand_dims(cols == 0, 0), o, 0.0), 1)
@@ -833,10 +905,6 @@ def _gemm2_tok_slots(
     and coefficient go through shared memory and are summed in slot order with the same fused
     multiply-adds as ``_gemm2_tok_tile``: the same bits. A token's experts are then decoded in 1-2
     rounds of ``SP`` times the warps instead of a chain of ``top_k`` weight round trips."""
-    SP: gl.constexpr = K_POW2 if K_POW2 < BT else BT
-    SB: gl.constexpr = SP * BN
-    t = gl.program_id(0)
-    nb = gl.program_id(1)
     _tok_prologue(
         ids_ptr,
         q_ptr,
@@ -852,6 +920,82 @@ def _gemm2_tok_slots(
         BN,
         PDL,
     )
+    parts = gl.allocate_shared_memory(
+        gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0])
+    )
+    coefs = gl.allocate_shared_memory(
+        gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0])
+    )
+    _gemm2_slots_tile(
+        inter_ptr,
+        ids_ptr,
+        tw_ptr,
+        q_ptr,
+        s_ptr,
+        a_ptr,
+        out_ptr,
+        gl.program_id(0),
+        gl.program_id(1),
+        parts,
+        coefs,
+        E,
+        H,
+        I,
+        NP,
+        stride_out,
+        q_e_stride,
+        q_row_stride,
+        s_e_stride,
+        s_chunk_stride,
+        KC,
+        TOP_K,
+        K_POW2,
+        BN,
+        BT,
+        WL,
+        XL,
+        ML,
+        "",
+    )
+
+
+@gluon.jit
+def _gemm2_slots_tile(
+    inter_ptr,
+    ids_ptr,
+    tw_ptr,
+    q_ptr,
+    s_ptr,
+    a_ptr,
+    out_ptr,
+    t,
+    nb,
+    parts,
+    coefs,
+    E,
+    H,
+    I,
+    NP,
+    stride_out,
+    q_e_stride,
+    q_row_stride,
+    s_e_stride,
+    s_chunk_stride,
+    KC,
+    TOP_K,
+    K_POW2: gl.constexpr,
+    BN: gl.constexpr,
+    BT: gl.constexpr,
+    WL: gl.constexpr,
+    XL: gl.constexpr,
+    ML: gl.constexpr,
+    XCACHE: gl.constexpr,
+):
+    """``out[t, nb*BN..]`` with token ``t``'s slots side by side (``_gemm2_tok_slots``); ``parts``
+    / ``coefs``: shared fp32 buffers of ``K_POW2 * BN`` (each slot's product and coefficient).
+    ``XCACHE``: the intermediate's cache modifier (``_w4a16_acc``)."""
+    SP: gl.constexpr = K_POW2 if K_POW2 < BT else BT
+    SB: gl.constexpr = SP * BN
     SL: gl.constexpr = gl.SliceLayout(2, WL)
     r1 = gl.arange(0, SB, layout=gl.SliceLayout(1, SL))
     g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, SL))
@@ -860,12 +1004,6 @@ def _gemm2_tok_slots(
     _q, _s, koff, goff, n1, rows, cols, _w = _offsets(nb, q_row_stride, SB, BT, WL, XL, ML)
     wrow = nb * BN + _phys_row(rows % BN)
     own = gl.expand_dims(cols, 0) == gl.expand_dims(rows // BN, 1)
-    parts = gl.allocate_shared_memory(
-        gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0])
-    )
-    coefs = gl.allocate_shared_memory(
-        gl.float32, [K_POW2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [0])
-    )
     for rnd in gl.static_range(K_POW2 // SP):
         # Weight rows: MMA row r reads slot rnd*SP + r // BN, row tile row r % BN.
         s1 = rnd * SP + r1 // BN
@@ -902,6 +1040,7 @@ def _gemm2_tok_slots(
             ML,
             gl.expand_dims(ws, 2),
             ws,
+            XCACHE,
         )
         # Each row's own column and coefficient (routing weight x alpha, as _gemm2_tok_tile).
         sr = rnd * SP + rows // BN
@@ -920,6 +1059,7 @@ def _gemm2_tok_slots(
         term = gl.fma(parts.slice(s * BN, BN).load(OL), coefs.slice(s * BN, BN).load(OL), o)
         o = gl.where((es >= 0) & (es < E), term, o)
     gl.store(out_ptr + t.to(gl.int64) * stride_out + lr, o.to(gl.bfloat16), mask=lr < H)
+    barrier()  # the sums are read before the next tile writes them
 
 
 @gluon.jit
@@ -1048,7 +1188,21 @@ def _gemm2(
             xp = xw + gl.expand_dims(gl.expand_dims(pairs.to(gl.int64) * (I // 2), 1), 2) + koff
             xmask = gl.expand_dims(gl.expand_dims(pm, 1), 2)
             acc = _w4a16_acc(
-                qe, se, qoff, soff, xp, xmask, goff, kc0, kc1, I, s_chunk_stride, BN, BT, ML
+                qe,
+                se,
+                qoff,
+                soff,
+                xp,
+                xmask,
+                goff,
+                kc0,
+                kc1,
+                I,
+                s_chunk_stride,
+                BN,
+                BT,
+                ML,
+                XCACHE="",
             )
             cslot = c * BT + cols
             cm = cslot < m

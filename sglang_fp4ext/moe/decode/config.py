@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN
 from sglang_fp4ext.moe.shape import ConfigDict
 
-__all__ = ["DecodeConfig", "DotDecodeConfig", "GluonDecodeConfig", "check_hidden", "fallbacks"]
+__all__ = [
+    "CoopDecodeConfig",
+    "DecodeConfig",
+    "DotDecodeConfig",
+    "GluonDecodeConfig",
+    "check_hidden",
+    "fallbacks",
+]
 
 
 def _pow2(x: int) -> bool:
@@ -194,17 +201,77 @@ class GluonDecodeConfig(DecodeConfig, family="gluon"):
         return super().reform(kernels, **changes)
 
 
+@dataclass(frozen=True)
+class CoopDecodeConfig(DecodeConfig, family="coop"):
+    """The one-launch family of ``decode._coop_kernels`` (sm_80+; the interpreter runs its tiles
+    on the ``tl.dot`` family): GEMM1 and GEMM2 in one cooperative persistent launch with a
+    grid-wide wait between them. Its tiles are the Gluon family's ``kstack1`` GEMM1 (``split_k1``
+    of 2, 4 or 8 K splits on ``warps1`` warps each) and ``slots2`` token GEMM2 (``block_n2`` rows
+    a slot, up to 8 slots side by side), on the same ``split_k1 * warps1`` warps a program:
+    ``warps2`` is what a slot gets of them at top_k >= 8, so ``split_k1 * warps1 == 8 * warps2``.
+
+    One program an SM (fewer where there are fewer work items), its registers capped at what a
+    program of ``split_k1 * warps1`` warps may hold with the SM to itself (128 at 16 warps), so the
+    grid is resident. At 16 warps only 16-row warp tiles stay within it (ptxas, sm_90: 0-148
+    bytes spilled; 32-row tiles spill 300-1,200): ``block_n1 = 16 * warps1``, ``block_n2 = 32``.
+    ``prefetch2``: when GEMM2's weights are asked of L2: 0 never, 1 before GEMM1, 2 after it
+    (both before the grid-wide wait).
+    """
+
+    split_k1: int = 8
+    warps1: int = 2
+    warps2: int = 2
+    block_n2: int = 32
+    gemm2: str = "tokens"
+    prefetch2: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        name = "CoopDecodeConfig"
+        fixed = dict(grid="slots", gemm2="tokens", block_t=8, split_k2=1, tiles2=1)
+        for f, v in fixed.items():
+            if getattr(self, f) != v:
+                raise ValueError(
+                    f"{name}.{f} must be {v!r} (the one-launch tiles), got {getattr(self, f)!r}"
+                )
+        if self.split_k1 not in (2, 4, 8):
+            raise ValueError(
+                f"{name}.split_k1 must be 2, 4 or 8 (GEMM1's K splits stacked in a program's 8 "
+                f"MMA columns), got {self.split_k1}"
+            )
+        warps = self.split_k1 * self.warps1
+        if warps != 8 * self.warps2 or warps > 16:
+            raise ValueError(
+                f"{name}: a program runs split_k1 * warps1 = {warps} warps, which must be 8 * "
+                f"warps2 = {8 * self.warps2} (8 slots side by side in GEMM2) and at most 16"
+            )
+        if self.prefetch2 not in (0, 1, 2):
+            raise ValueError(f"{name}.prefetch2 must be 0, 1 or 2, got {self.prefetch2!r}")
+
+    @property
+    def warps(self) -> int:
+        """Warps per program."""
+        return self.split_k1 * self.warps1
+
+    def two_launch(self) -> GluonDecodeConfig:
+        """The same tiles on the two-launch Gluon family (the same bits)."""
+        return self.reform(kernels="gluon", kstack1=1, slots2=1)
+
+
 def fallbacks(config: DecodeConfig) -> tuple[DecodeConfig, ...]:
-    """The configs the self-check tries, in order, where ``config`` fails its check: a Gluon
-    config's tiles on the ``tl.dot`` family."""
+    """The configs the self-check tries, in order, where ``config`` fails its check: a one-launch
+    config's tiles on two Gluon launches, then a Gluon config's tiles on the ``tl.dot`` family."""
+    if config.kernels == "coop":
+        return (config.two_launch(), config.reform(kernels="dot"))
     return (config.reform(kernels="dot"),) if config.kernels != "dot" else ()
 
 
 def check_hidden(config: DecodeConfig, H: int) -> int:
     """The hidden size the self-check runs ``config`` at for a layer of hidden size ``H``: GEMM1's
-    K splits stacked on one program (``kstack1``) must be equal, so the smallest multiple of ``H``
-    whose K chunks (of 256) ``split_k1`` divides (8 splits: 24 chunks, H = 6144)."""
-    if config.kernels != "gluon" or not config.kstack1:
+    K splits stacked on one program (``kstack1``, the one-launch family) must be equal, so the
+    smallest multiple of ``H`` whose K chunks (of 256) ``split_k1`` divides (8 splits: 24
+    chunks, H = 6144)."""
+    if not (config.kernels == "coop" or (config.kernels == "gluon" and config.kstack1)):
         return H
     kc = H // K_CHUNK
     return K_CHUNK * kc * config.split_k1 // math.gcd(kc, config.split_k1)

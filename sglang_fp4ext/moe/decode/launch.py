@@ -1,4 +1,4 @@
-"""Public NVFP4 fused-MoE decode entry point: validate -> config -> plan (workspaces and 2 or 3
+"""Public NVFP4 fused-MoE decode entry point: validate -> config -> plan (workspaces and 1-3
 launches, as :class:`~sglang_fp4ext.moe.launch.Launch` records) -> run.
 
 ``fused_moe_nvfp4(hidden_states, weights, topk_ids, topk_weights)`` returns the routed (and fused
@@ -69,8 +69,8 @@ def fused_moe_nvfp4(
 
 def launch_family(config: DecodeConfig) -> str:
     """The kernel family that runs ``config``: the interpreter runs only the ``tl.dot`` family,
-    so a Gluon config runs its tiles there."""
-    return "gluon" if config.kernels == "gluon" and not target_info.is_interpreter() else "dot"
+    so a Gluon or one-launch config runs its tiles there."""
+    return config.kernels if not target_info.is_interpreter() else "dot"
 
 
 def _pdl(family: str, cfg: DecodeConfig, dev: torch.device) -> int:

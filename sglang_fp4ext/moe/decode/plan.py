@@ -1,6 +1,7 @@
 """The launch plan of one NVFP4 decode call: the workspaces (cached per device) and the 2-3
 :class:`~sglang_fp4ext.moe.launch.Launch` records of GEMM1, GEMM2 and, with ``combine="kernel"``,
-the combine (``decode.launch`` runs them; the AOT tests compile exactly what it plans).
+the combine, or the one cooperative launch of the one-launch family (``decode.launch`` runs
+them; the AOT tests compile exactly what it plans).
 
 Workspaces are cached per device and grow only outside graph capture: call once per token count
 before capturing (SGLang's warm-up does). The arrival counters are left at zero by every call.
@@ -12,13 +13,13 @@ from __future__ import annotations
 import torch
 
 from sglang_fp4ext import target_info
-from sglang_fp4ext.moe.decode.config import DecodeConfig
+from sglang_fp4ext.moe.decode.config import CoopDecodeConfig, DecodeConfig
 from sglang_fp4ext.moe.launch import Launch
 from sglang_fp4ext.moe.layout import K_CHUNK
 from sglang_fp4ext.moe.prepared import PreparedMoEWeights
-from sglang_fp4ext.moe.shape import MoEShape
+from sglang_fp4ext.moe.shape import MoEShape, Target
 
-__all__ = ["clear_workspaces", "launch_grids", "plan"]
+__all__ = ["clear_workspaces", "coop_grid", "launch_grids", "plan"]
 
 
 # ---- workspaces (cached per device, grown only outside graph capture) ----
@@ -75,12 +76,25 @@ def launch_grids(T: int, shape: MoEShape, cfg: DecodeConfig, w: PreparedMoEWeigh
 
 
 def plan(
-    x, w: PreparedMoEWeights, ids, tw, out, config: DecodeConfig, family: str, pdl: int = 0
+    x,
+    w: PreparedMoEWeights,
+    ids,
+    tw,
+    out,
+    config: DecodeConfig,
+    family: str,
+    pdl: int = 0,
+    target: Target | None = None,
+    programs: int | None = None,
 ) -> list[Launch]:
     """The 2-3 launches of one call (GEMM1; the token GEMM2, or the pairs GEMM2 and, with
-    ``combine="kernel"``, its combine) with the workspaces they share, as data. ``family``: the
-    one that runs (:func:`launch_family`; a Gluon config runs its tiles on the dot family there);
-    ``pdl``: the programmatic dependent launch the Gluon kernels run with (0 without)."""
+    ``combine="kernel"``, its combine) with the workspaces they share, as data, or the one launch
+    of the one-launch family. ``family``: the one that runs (:func:`launch_family`; a Gluon config
+    runs its tiles on the dot family there); ``pdl``: the programmatic dependent launch the Gluon
+    kernels run with (0 without); ``target``: the GPU a one-launch grid is sized for, and
+    ``programs`` a smaller grid than :func:`coop_grid`'s (tests)."""
+    if family == "coop":
+        return [_coop_launch(x, w, ids, tw, out, config, target, programs)]
     if family != config.kernels:
         config = config.reform(kernels=family)
     T, H = x.shape
@@ -142,6 +156,68 @@ def plan(
     return [gemm1, gemm2, combine]
 
 
+def coop_grid(
+    T: int, shape: MoEShape, cfg: CoopDecodeConfig, w: PreparedMoEWeights, target: Target
+) -> tuple[int, int]:
+    """(programs, register cap) of a one-launch call: one program an SM, fewer where there are
+    fewer work items (GEMM1's slots x row tiles, GEMM2's tokens x row tiles); the cap keeps a
+    program within an SM's 64 K registers, so that the driver can make the grid co-resident."""
+    items = max(T * shape.top_k * (w.w13.n_pad // cfg.block_n1), T * (w.w2.n_pad // cfg.block_n2))
+    return min(target.num_sms, items), min(255, 65536 // (cfg.warps * 32)) // 8 * 8
+
+
+def _coop_launch(x, w, ids, tw, out, cfg: CoopDecodeConfig, target, programs) -> Launch:
+    from sglang_fp4ext.moe.decode import _gluon_kernels as G  # the layouts are Gluon objects
+    from sglang_fp4ext.moe.shape import current_target
+
+    T, H = x.shape
+    top_k = ids.shape[1]
+    shape = w.shape(top_k)
+    P = T * top_k
+    kc1, k_pow2 = w.w13.k_pad // K_CHUNK, triton_next_pow2(top_k)
+    if kc1 % cfg.split_k1:
+        raise ValueError(
+            f"fused_moe_nvfp4: CoopDecodeConfig needs GEMM1's {kc1} K chunks of {K_CHUNK} "
+            f"(H={H}) to divide into split_k1={cfg.split_k1} equal splits"
+        )
+    sp = min(k_pow2, 8)
+    if sp * cfg.block_n2 < 16 * cfg.warps:
+        raise ValueError(
+            f"fused_moe_nvfp4: CoopDecodeConfig at top_k={top_k} decodes {sp} slots of "
+            f"block_n2={cfg.block_n2} rows on {cfg.warps} warps: fewer than 16 rows a warp"
+        )
+    grid, maxnreg = coop_grid(T, shape, cfg, w, target or current_target(x.device))
+    if programs is not None:
+        grid = min(grid, programs)
+    dev = x.device
+    l1, l2 = (
+        G.layouts(cfg.split_k1 * cfg.block_n1, 8, cfg.warps),
+        G.layouts(sp * cfg.block_n2, 8, cfg.warps),
+    )
+    m1, m2 = _matrix(w.w13, cfg.split_k1), _matrix(w.w2, 1)
+    args = dict(
+        x_ptr=x, ids_ptr=ids, tw_ptr=tw, out_ptr=out,
+        inter_ptr=_workspace(dev, "inter", P * shape.I, torch.bfloat16, zero=False),
+        plist_ptr=_workspace(dev, "plist", shape.E * P, torch.int32, zero=False),
+        pcnt_ptr=_workspace(dev, "pcnt", shape.E, torch.int32, zero=False),
+        bar_ptr=_workspace(dev, "grid_bar", 2, torch.int32, zero=True),
+        q1_ptr=m1["q_ptr"], s1_ptr=m1["s_ptr"], a1_ptr=m1["a_ptr"],
+        q2_ptr=m2["q_ptr"], s2_ptr=m2["s_ptr"], a2_ptr=m2["a_ptr"],
+        T=T, P=P, E=shape.E, H=H, I=shape.I, NP1=m1["NP"], NP2=m2["NP"],
+        NB1=w.w13.n_pad // cfg.block_n1, NB2=w.w2.n_pad // cfg.block_n2,
+        stride_x=x.stride(0), stride_out=out.stride(0),
+        q1_e_stride=m1["q_e_stride"], q1_row_stride=m1["q_row_stride"],
+        s1_e_stride=m1["s_e_stride"], s1_chunk_stride=m1["s_chunk_stride"],
+        q2_e_stride=m2["q_e_stride"], q2_row_stride=m2["q_row_stride"],
+        s2_e_stride=m2["s_e_stride"], s2_chunk_stride=m2["s_chunk_stride"],
+        KC2=m2["KC"], CPS1=m1["CPS"], TOP_K=top_k, K_POW2=k_pow2, BN1=cfg.block_n1,
+        BN2=cfg.block_n2, BLOCK_P=cfg.block_p, KS=cfg.split_k1, PF2=cfg.prefetch2,
+        WL1=l1["WL"], XL1=l1["XL"], ML1=l1["ML"], WL2=l2["WL"], XL2=l2["XL"], ML2=l2["ML"],
+    )  # fmt: skip
+    options = dict(num_warps=cfg.warps, maxnreg=maxnreg, launch_cooperative_grid=True)
+    return Launch(_COOP, "_coop", (grid,), kwargs=args, options=options)
+
+
 def _matrix(m, split_k: int) -> dict:
     """One weight matrix's kernel arguments (codes, scale codes, alphas, their strides, the K
     chunks and the chunks per split)."""
@@ -154,6 +230,7 @@ def _matrix(m, split_k: int) -> dict:
 _COMBINE_BLOCK = 1024
 _DOT = "decode._dot_kernels"
 _GLUON = "decode._gluon_kernels"
+_COOP = "decode._coop_kernels"
 #: Each family's kernel of each role.
 _KERNELS = {
     "dot": {"gemm1": "_moe_gemm1", "gemm2_tok": "_moe_gemm2_tok", "gemm2": "_moe_gemm2"},
