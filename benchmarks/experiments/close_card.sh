@@ -142,7 +142,7 @@ PY
 
 part_coop() {
 step coop_tier
-timeout $(cap 240) python -m pytest -p no:cacheprovider -q -m gpu -x tests/test_coop_gpu.py \
+timeout $(cap 240) python -m pytest -p no:cacheprovider -q -m gpu -n 4 tests/test_coop_gpu.py \
   ${COOP_K:+-k "$COOP_K"} > $R/gpu_tier_coop.log 2>&1
 echo rc=$? >> $R/gpu_tier_coop.log; grep "passed\|failed\|FAILED\|Error\|rc=" $R/gpu_tier_coop.log | tail -8 >> $OUT/run.log
 pack
