@@ -2,7 +2,8 @@
 
 :class:`MoEModel` (``model_shapes``: from a Hugging Face ``config.json``, or ``MODELS``) and the
 frozen :class:`PolicyInputs` that ``capture_policy.compute_policy`` reads (``eval(repr(x)) == x``),
-including the per-rank MoE shape the kernels see. Imports no SGLang.
+including the per-rank MoE shape the kernels see (the shared expert fused or not, as SGLang
+decides for the checkpoint: ``shared_fusion``). Imports no SGLang.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang_fp4ext.model_shapes import GLM5, MODELS, MoEModel
-from sglang_fp4ext.moe.shape import FUSED_SHARED_ROUTED_EXPERTS, MoEShape
+from sglang_fp4ext.moe.shape import MoEShape
+from sglang_fp4ext.shared_fusion import fusion_disable_reason
 
 __all__ = ["GLM5", "MODELS", "MoEModel", "PolicyInputs"]
 
@@ -26,6 +28,7 @@ class PolicyInputs:
     under speculative decoding). ``prefill_budget_mb``: graph memory allowed for prefill buckets
     (None: unbounded). ``dp_attention``: DP attention gathers every rank's padded slot into the
     MoE, where SGLang has no real-row prefix to mask (``moe_num_token_non_padded()`` is None).
+    ``fuse_shared``: a layout's own choice (a preset's); None: SGLang's rule for the checkpoint.
     """
 
     model: MoEModel
@@ -38,6 +41,7 @@ class PolicyInputs:
     tokens_per_req: int = 1
     prefill_budget_mb: float | None = None
     dp_attention: bool = False
+    fuse_shared: bool | None = None
 
     def __post_init__(self):
         for f in ("tp", "ep", "decode_max_bs", "prefill_max_tokens", "tokens_per_req"):
@@ -51,6 +55,8 @@ class PolicyInputs:
                 f"PolicyInputs: ep={self.ep} must divide the {self.model.n_routed_experts} "
                 "routed experts"
             )
+        if self.fuse_shared and (self.model.n_shared_experts < 1 or self.ep > 1):
+            raise ValueError("PolicyInputs: a fused shared expert needs a shared expert and ep=1")
         if self.prefill_budget_mb is not None and not self.prefill_budget_mb > 0:
             raise ValueError(
                 "PolicyInputs.prefill_budget_mb must be > 0 or None, got "
@@ -58,14 +64,22 @@ class PolicyInputs:
             )
 
     @property
+    def shared_fusion_reason(self) -> str | None:
+        """Why SGLang will not fuse the shared expert into the MoE (None: it will): the layout's
+        ``fuse_shared`` when given, else SGLang's rule for the checkpoint
+        (``shared_fusion.fusion_disable_reason``)."""
+        if self.fuse_shared:
+            return None
+        reason = fusion_disable_reason(self.model, self.ep)
+        if self.fuse_shared is None or reason:
+            return reason
+        return "this layout preset keeps it unfused"
+
+    @property
     def fused_shared_expert(self) -> bool:
-        """Whether SGLang is expected to fuse the shared expert into the MoE (one shared expert,
-        ``FUSED_SHARED_ROUTED_EXPERTS`` routed, EP 1)."""
-        return (
-            self.model.n_shared_experts == 1
-            and self.model.n_routed_experts in FUSED_SHARED_ROUTED_EXPERTS
-            and self.ep == 1
-        )
+        """Whether the shared expert runs inside the MoE, as local expert ``E`` (one more id a
+        token)."""
+        return self.shared_fusion_reason is None
 
     def per_rank_shape(self) -> MoEShape:
         """The MoE shape one rank's kernels see (local experts incl. a fused shared one)."""

@@ -115,6 +115,7 @@ class CapturePolicy:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["per_rank_shape"] = asdict(self.inputs.per_rank_shape())
+        d["shared_fusion_reason"] = self.inputs.shared_fusion_reason  # None: fused
         return d
 
     def masking_text(self) -> str:
@@ -293,7 +294,14 @@ def _resolve_model(model: str | MoEModel | Mapping[str, Any] | Path) -> MoEModel
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        return MoEModel.from_hf_config(json.loads(path.read_text()), name=str(model))
+        # ModelOpt checkpoints may keep their quantization (which decides shared-expert fusion)
+        # only in this file beside config.json.
+        quant = path.with_name("hf_quant_config.json")
+        return MoEModel.from_hf_config(
+            json.loads(path.read_text()),
+            name=str(model),
+            hf_quant_config=json.loads(quant.read_text()) if quant.is_file() else None,
+        )
     raise ValueError(
         f"unknown model {model!r}: give a model ({', '.join(MODELS)}), a layout preset "
         f"({', '.join(PRESETS)}), a config.json path or "
@@ -322,6 +330,7 @@ def policy_for(
     prefill_max_tokens: int | None = None,
     tokens_per_req: int = 1,
     prefill_budget_mb: float | None = None,
+    fuse_shared: bool | None = None,
 ) -> CapturePolicy:
     """The policy a server would get, from a model and a parallel layout (no server needed).
 
@@ -329,8 +338,12 @@ def policy_for(
     512 (TP >= 4; 256 below), clamped to ``max_running_requests``; prefill up to
     ``chunked_prefill_size`` (at most 8192 for MLA models); budget = SGLang's default prefill list
     at ``PREFILL_GRAPH_MB_PER_BUCKET`` each. Pass the server's values where they differ.
+    ``fuse_shared``: None lets SGLang's rule decide for the checkpoint, except that a layout
+    preset's own choice holds.
     """
     m = _resolve_model(model)
+    if fuse_shared is None and isinstance(model, str) and model.lower() in PRESETS:
+        fuse_shared = PRESETS[model.lower()].fuse_shared
     if decode_max_bs is None:
         decode_max_bs = 512 if tp >= 4 else 256
         if max_running_requests is not None:
@@ -351,6 +364,7 @@ def policy_for(
             chunked_prefill_size=chunked_prefill_size,
             tokens_per_req=tokens_per_req,
             prefill_budget_mb=prefill_budget_mb,
+            fuse_shared=fuse_shared,
         )
     )
 
@@ -374,9 +388,16 @@ def describe_policy(
         f"H={m.hidden_size}, I={m.moe_intermediate_size}"
     )
     layout_row = (
-        f"TP{i.tp} EP{i.ep}; per rank E={shape.E} I={shape.I} top_k={shape.top_k} "
+        f"TP{i.tp} EP{i.ep}; per rank E={shape.E} H={shape.H} I={shape.I} top_k={shape.top_k} "
         f"({mb_per_expert:.2f} MB per expert)"
     )
+    why = i.shared_fusion_reason
+    if not m.n_shared_experts:
+        shared_row = "none"
+    elif why is None:
+        shared_row = f"fused by SGLang 0.5.23: local expert {shape.E - 1}, one more id per token"
+    else:
+        shared_row = f"not fused by SGLang 0.5.23: {why}; a separate MLP beside the MoE"
     prefill_row = (
         f"{compact_sizes(p.prefill_tokens)} tokens ({len(p.prefill_tokens)}, "
         f"tile {PREFILL_TILE_TOKENS}, budget {budget})"
@@ -384,6 +405,7 @@ def describe_policy(
     rows = [
         ("model", model_row),
         ("layout", layout_row),
+        ("shared expert", shared_row),
         (
             "decode graphs",
             f"{compact_sizes(p.decode_bs)} ({len(p.decode_bs)}, max {i.decode_max_bs})",

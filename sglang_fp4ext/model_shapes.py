@@ -3,9 +3,9 @@
 :class:`MoEModel` holds a model's global MoE facts (from a Hugging Face ``config.json``, or the
 sourced :data:`MODELS`: GLM-5, DeepSeek-R1, Qwen3-Coder-480B). :class:`ModelShape` is one of them
 as one GPU sees it under a layout (TP, EP, shared-expert fusion); :data:`PRESETS` names the layouts
-that ``fp4ext bench``, ``fp4ext tune``, the capture policy and the benchmarks run (GLM-5 TP8, TP8
-with the fused shared expert, EP8; DeepSeek-R1 and Qwen3-Coder-480B NVFP4 TP8). The kernels' own
-per-rank key is ``moe.shape.MoEShape``.
+that ``fp4ext bench``, ``fp4ext tune``, the capture policy and the benchmarks run (GLM-5 TP8 as
+NVIDIA's NVFP4 checkpoints serve it, TP8 with the fused shared expert, EP8; DeepSeek-R1 and
+Qwen3-Coder-480B NVFP4 TP8). The kernels' own per-rank key is ``moe.shape.MoEShape``.
 
 Bytes, FLOPs and expected distinct experts of a shape come from ``roofline.py``.
 """
@@ -22,13 +22,17 @@ from sglang_fp4ext.roofline import (
     moe_flops,
     nvfp4_expert_bytes,
 )
+from sglang_fp4ext.shared_fusion import checkpoint_quant, shared_expert_excluded
 
 __all__ = ["GLM5", "MODELS", "PRESETS", "MoEModel", "ModelShape", "preset"]
 
 
 @dataclass(frozen=True)
 class MoEModel:
-    """The MoE facts of a model that the policy and its description need (global, unsharded)."""
+    """The MoE facts of a model that the policy and its description need (global, unsharded),
+    and those of its checkpoint that decide SGLang's shared-expert fusion (``shared_fusion``):
+    the Hugging Face architecture, SGLang's quantization name and whether that quantization
+    leaves the shared expert out (BF16 beside NVFP4 routed experts)."""
 
     name: str
     n_routed_experts: int
@@ -37,6 +41,9 @@ class MoEModel:
     hidden_size: int
     moe_intermediate_size: int
     use_mla: bool
+    architecture: str = ""
+    quantization: str | None = None
+    shared_expert_excluded: bool = False
 
     def __post_init__(self):
         for f in ("n_routed_experts", "top_k", "hidden_size", "moe_intermediate_size"):
@@ -48,8 +55,14 @@ class MoEModel:
             )
 
     @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any], name: str | None = None) -> MoEModel:
-        """From a Hugging Face ``config.json`` dict (DeepSeek/GLM/Qwen MoE key names)."""
+    def from_hf_config(
+        cls,
+        cfg: Mapping[str, Any],
+        name: str | None = None,
+        hf_quant_config: Mapping[str, Any] | None = None,
+    ) -> MoEModel:
+        """From a Hugging Face ``config.json`` dict (DeepSeek/GLM/Qwen MoE key names) and, for a
+        ModelOpt checkpoint that has one, its ``hf_quant_config.json`` dict."""
 
         def pick(*keys, default=None):
             for k in keys:
@@ -60,6 +73,7 @@ class MoEModel:
             raise ValueError(f"model config has none of {keys}: not an MoE config?")
 
         arch = (cfg.get("architectures") or [cfg.get("model_type", "model")])[0]
+        quantization, exclude = checkpoint_quant(cfg, hf_quant_config)
         return cls(
             name=name or arch,
             n_routed_experts=int(pick("n_routed_experts", "num_experts", "num_local_experts")),
@@ -68,14 +82,18 @@ class MoEModel:
             hidden_size=int(pick("hidden_size")),
             moe_intermediate_size=int(pick("moe_intermediate_size", "intermediate_size")),
             use_mla=cfg.get("kv_lora_rank") is not None,
+            architecture=str((cfg.get("architectures") or [""])[0]),
+            quantization=quantization,
+            shared_expert_excluded=shared_expert_excluded(quantization, exclude),
         )
 
 
 #: GLM-5 (zai-org/GLM-5-FP8 config.json): 256 routed experts, top-8, 1 shared, hidden 6144,
-#: expert FFN 2048, MLA attention, layers 3-77 MoE.
-GLM5 = MoEModel("glm-5", 256, 8, 1, 6144, 2048, True)
-DEEPSEEK_R1 = MoEModel("deepseek-r1", 256, 8, 1, 7168, 2048, True)
-QWEN3_CODER_480B = MoEModel("qwen3-coder-480b", 160, 8, 0, 6144, 2560, False)
+#: expert FFN 2048, MLA attention, layers 3-77 MoE; as NVIDIA's GLM-5.x-NVFP4 checkpoints ship
+#: it, with only the routed experts NVFP4 (the shared expert BF16, so SGLang does not fuse it).
+GLM5 = MoEModel("glm-5", 256, 8, 1, 6144, 2048, True, "GlmMoeDsaForCausalLM", "modelopt_fp4", True)
+DEEPSEEK_R1 = MoEModel("deepseek-r1", 256, 8, 1, 7168, 2048, True, "DeepseekV3ForCausalLM")
+QWEN3_CODER_480B = MoEModel("qwen3-coder-480b", 160, 8, 0, 6144, 2560, False, "Qwen3MoeForCausalLM")
 MODELS: dict[str, MoEModel] = {m.name: m for m in (GLM5, DEEPSEEK_R1, QWEN3_CODER_480B)}
 
 
@@ -86,8 +104,10 @@ class ModelShape:
     ``tp``: MoE tensor parallel, every rank holds all experts with ``I/tp``. ``ep``: expert
     parallel, every rank holds ``E/ep`` experts with full ``I`` (SGLang gives non-local slots
     id ``-1``). ``fuse_shared``: SGLang's shared-expert fusion under TP, which appends the shared
-    expert(s) as extra local experts chosen by every token (GLM-5 TP8: E=257, top_k=9); SGLang
-    turns fusion off under EP>1 on CUDA, where the shared expert is a separate MLP, not counted.
+    expert(s) as extra local experts chosen by every token (GLM-5 TP8: E=257, top_k=9), for a
+    checkpoint that quantizes the shared expert like the routed ones (NVIDIA's GLM-5 NVFP4 builds
+    do not: E=256, top_k=8); SGLang turns fusion off under EP>1 on CUDA, where the shared expert
+    is a separate MLP, not counted.
     """
 
     name: str

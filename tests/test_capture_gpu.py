@@ -69,7 +69,7 @@ class Captured:
 
 @pytest.fixture(scope="module")
 def policy():
-    p = cp.policy_for("glm-5", 8, 1)
+    p = cp.policy_for("glm5-tp8-fused-shared", 8, 1)  # a checkpoint that quantizes the shared
     s = p.inputs.per_rank_shape()
     assert (s.E, s.H, s.I, s.top_k) == (257, H, 256, 9)  # = glm5_cases "tp8_shared"
     assert p.decode_bs[-1] == 512 and p.masking == "fp4ext"

@@ -66,8 +66,16 @@ def test_glm5_tp8_policy_decisions():
     assert all(b % tile == 0 for b in p.prefill_tokens if b >= tile)
     assert p.prefill_tokens[0] == cp.PREFILL_MIN_TOKENS and p.prefill_tokens[-1] == 8192
     assert (p.moe_placement, p.mask_padded_rows, p.masking) == ("in_graph", True, "fp4ext")
-    shape = p.inputs.per_rank_shape()  # hardware-and-model.md section 6: TP8 with fused shared
-    assert (shape.E, shape.H, shape.I, shape.top_k) == (257, 6144, 256, 9)
+    # NVIDIA's NVFP4 GLM-5 keeps the shared expert BF16: SGLang does not fuse it.
+    shape = p.inputs.per_rank_shape()
+    assert (shape.E, shape.H, shape.I, shape.top_k) == (256, 6144, 256, 8)
+    assert "excluded from quantization" in p.inputs.shared_fusion_reason
+    # A checkpoint that quantizes it too (or the fused preset): the shared expert is expert 256.
+    fused = _inputs(model=dataclasses.replace(ci.GLM5, shared_expert_excluded=False))
+    assert (fused.per_rank_shape().E, fused.per_rank_shape().top_k) == (257, 9)
+    assert _inputs(fuse_shared=True).per_rank_shape() == fused.per_rank_shape()
+    with pytest.raises(ValueError, match="fused shared expert needs a shared expert and ep=1"):
+        _inputs(fuse_shared=True, ep=8)
     # EP8: SGLang masks padded rows itself; 32 local experts with the full intermediate size.
     ep = cp.compute_policy(_inputs(ep=8))
     assert ep.masking == "sglang" and ep.mask_padded_rows
@@ -132,7 +140,10 @@ def test_policy_is_frozen_hashable_and_round_trips():
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.decode_bs = (1,)
     assert {a: 1}[b] == 1
-    assert json.loads(json.dumps(a.to_dict()))["per_rank_shape"]["E"] == 257
+    assert json.loads(json.dumps(a.to_dict()))["per_rank_shape"]["E"] == 256
+    f = cp.policy_for("glm5-tp8-fused-shared", 8, 1, 256, prefill_budget_mb=400.0)
+    assert eval(repr(f), vars(cp)) == f and f.inputs.fuse_shared and f != a
+    assert f.to_dict()["per_rank_shape"]["E"] == 257
 
 
 @pytest.mark.parametrize(
@@ -165,7 +176,11 @@ def test_describe_policy_for_cli(tmp_path):
     p = cp.policy_for("glm-5", 8, 1, 64, prefill_budget_mb=464.0)
     assert p.decode_bs[-1] == 64  # clamped to max running requests
     assert cp.compact_sizes(p.decode_bs) in text and cp.compact_sizes(p.prefill_tokens) in text
-    assert "E=257 I=256 top_k=9" in text and "2.65 MB per expert" in text
+    assert "per rank E=256 H=6144 I=256 top_k=8" in text and "2.65 MB per expert" in text
+    assert "not fused by SGLang 0.5.23: shared experts excluded from quantization (BF16)" in text
+    fused = cp.describe_policy("glm5-tp8-fused-shared", 8, 1, 64, prefill_budget_mb=464.0)
+    assert "per rank E=257 H=6144 I=256 top_k=9" in fused
+    assert "fused by SGLang 0.5.23: local expert 256, one more id per token" in fused
     assert "enable_num_token_non_padded" in text
     cfg = dict(_TINY_GLM_LIKE, n_routed_experts=64)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
