@@ -46,6 +46,8 @@ def test_every_command_help_lists_the_same_presets(cmd, capsys):
         (["info", "--ep", "3"], "ep=3 must divide tp=8"),
         (["info", "--preset", "glm5-tp8", "--ep", "3"], "ep=3 must divide tp=8"),
         (["info", "--model", "nosuch"], "unknown model 'nosuch'"),
+        (["info", "--model-path", "nosuch"], "unknown model 'nosuch'"),
+        (["info", "--preset", "glm5-tp8-fused-shared", "--ep", "8"], "shared expert and ep=1"),
         (["check", "--model-path", "/nonexistent"], "/nonexistent is not a directory"),
         (["check", "--model-path", "zai-org/GLM-5"], "download it first"),
         (["check", "--model-path", "glm5-tp8"], "a preset names a shape, not a checkpoint"),

@@ -1,9 +1,10 @@
 """``fp4ext info``: what is installed, every ``SGLANG_FP4EXT_*`` setting (bad ones flagged),
 whether SGLang will load the plugin, which GPU this is, which fp4ext kernel path it runs, that
 GPU's spec row (dense and 2:4-sparse peaks kept apart), the first-use self-check's verdicts, the
-CUDA-graph capture policy for a model preset or ``config.json``, and for each token bucket the
-policy captures, the kernel path it runs and the table it comes from (shipped, tuned here, or the
-heuristic) on this GPU or the one ``--gpu`` names.
+CUDA-graph capture policy for a model preset or a checkpoint (``--model-path``: whether SGLang
+fuses its shared expert, and the per-rank MoE shape fp4ext then serves), and for each token bucket
+the policy captures, the kernel path it runs and the table it comes from (shipped, tuned here, or
+the heuristic) on this GPU or the one ``--gpu`` names.
 
 The model and layout are checked before anything slow is imported, so a mistake is one line.
 Works without SGLang and without a GPU (it says so).
@@ -24,7 +25,7 @@ from typing import Any
 
 from sglang_fp4ext import __version__, compat, envs, target_info
 from sglang_fp4ext.cli.usage import DEFAULT_PRESET, PRESET_HELP, UsageError
-from sglang_fp4ext.model_shapes import MODELS, PRESETS
+from sglang_fp4ext.model_shapes import PRESETS
 
 __all__ = ["add_parser", "collect_info", "config_table_rows", "run", "settings_rows"]
 
@@ -186,11 +187,30 @@ def config_table_rows(shape, buckets, target) -> list[dict[str, Any]]:
     return rows
 
 
+def _shipped_gpus(shape) -> list[str]:
+    """The GPUs whose shipped table holds ``shape``."""
+    from sglang_fp4ext.moe import tables
+
+    gpus = []
+    for f in sorted(tables.table_path("x").parent.glob("*.json")):
+        try:
+            name, entries = tables.read_table_file(f)
+        except ValueError:  # a broken shipped file is the tests' to catch, not info's
+            continue
+        if shape.key() in entries:
+            gpus.append(name)
+    return gpus
+
+
 def _print_config_tables(shape, target, rows, error=None) -> None:
     if target is None or error:
-        print("[config tables]")
-        print(f"  unreadable: {error}" if error else "  no CUDA GPU here: pass --gpu NAME (e.g. "
-              "'NVIDIA H200') for that GPU's tables")  # fmt: skip
+        print(f"[config tables: MoE shape {shape.key()}]")
+        if error:
+            print(f"  unreadable: {error}")
+            return
+        shipped = ", ".join(_shipped_gpus(shape)) or "none"
+        print(f"  shipped tables: {shipped}; other GPUs run the heuristic until tuned")
+        print("  no CUDA GPU here: pass --gpu NAME (e.g. 'NVIDIA H200') for that GPU's tables")
         return
     print(f"[config tables: {target.device_name}, MoE shape {shape.key()}, captured buckets]")
     for r in rows:
@@ -273,13 +293,15 @@ def _print_info(info: dict[str, Any]) -> None:
 
 
 def _policy_args(args: argparse.Namespace) -> tuple[Any, int, int]:
-    """(model, TP, EP) for the capture policy: a preset sets all three, ``--model`` a
-    ``config.json`` (TP8 EP1 unless given); ``--tp`` / ``--ep`` override."""
+    """(model, TP, EP) for the capture policy: a preset sets all three (and whether the shared
+    expert is fused), ``--model-path`` a checkpoint or its ``config.json`` (TP8 EP1 unless
+    given; SGLang's fusion rule reads its quantization); ``--tp`` / ``--ep`` override."""
     from pathlib import Path
 
     if args.model is None or args.model in PRESETS:
-        shape = PRESETS[args.model or args.preset]
-        model, tp, ep = MODELS[shape.model], shape.tp * shape.ep, shape.ep
+        model = args.model or args.preset
+        shape = PRESETS[model]
+        tp, ep = shape.tp * shape.ep, shape.ep
     elif Path(args.model).is_dir() or Path(args.model).is_file():
         model, tp, ep = Path(args.model), 8, 1
     else:
@@ -351,7 +373,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         choices=list(PRESETS),
         help=f"model and layout for the capture-policy table (default {DEFAULT_PRESET})",
     )
-    p.add_argument("--model", default=None, help="instead of a preset: a config.json or its dir")
+    p.add_argument(
+        "--model-path",
+        "--model",
+        dest="model",
+        default=None,
+        help="instead of a preset: a checkpoint directory (its config.json and, for ModelOpt, "
+        "hf_quant_config.json) or a config.json",
+    )
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: preset's)")
     p.add_argument("--ep", type=int, default=None, help="expert-parallel size (default: preset's)")
     p.add_argument("--max-running-requests", type=int, default=None)
