@@ -5,6 +5,12 @@ controller, detokenizer) through ``sglang.srt.plugins.load_plugins()``, then app
 ``register()`` is cheap and idempotent, imports SGLang only after the version check, and does
 nothing (with one warning) when the installed SGLang is outside the verified range.
 
+Its cost is SGLang's, paid once per process either way: in ``python -m sglang.launch_server``
+it takes ~9 s of CPU, nearly all importing SGLang's MoE and quantization modules, sgl_kernel
+and flashinfer, which the launcher's next step (``http_server``) imports anyway (launcher total
+24-26 s of CPU with or without fp4ext); the scheduler and detokenizer import them before
+loading plugins, and there it takes ~0.2 s. Deferring the imports would not shorten a start.
+
 It first checks every ``SGLANG_FP4EXT_*`` setting (``envs.py``). A bad one stops the process
 with one line naming the variable, its value and the allowed values, raised as ``SystemExit``:
 SGLang's loader catches ``Exception`` from plugins and carries on without them, so an ordinary
