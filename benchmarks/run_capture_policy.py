@@ -191,7 +191,7 @@ def measure(args) -> dict:
     from sglang_fp4ext.moe.shape import current_target
     from sglang_fp4ext.moe.tables import config_for
 
-    policy = cp.policy_for("glm-5", 8, 1)
+    policy = cp.policy_for("glm5-tp8-fused-shared", 8, 1)
     shape = policy.inputs.per_rank_shape()  # E=257 (256 + fused shared), I=256, top_k=9
     default_bs, policy_bs = SGLANG_DEFAULT_DECODE_BS, policy.decode_bs
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else range(1, 65)

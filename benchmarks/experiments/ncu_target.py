@@ -7,7 +7,8 @@ TP8, or EP8 with ``ep8``; the decode path, or the prefill path with ``prefill``.
 --import-source yes -o /tmp/g1 python benchmarks/experiments/ncu_target.py 4096 prefill``
 (``_wgmma_gemm2 --launch-skip 1 --launch-count 1`` for GEMM2; append ``ep8`` for EP8).
 ``NCU_KNOBS`` (a Python literal dict) replaces fields of the prefill call's config (the table's
-or the heuristic's).
+or the heuristic's); ``NCU_DECODE`` (a ``DecodeConfig`` family's repr, e.g.
+``CoopDecodeConfig(block_n1=32)``) is the decode call's config.
 """
 
 import ast
@@ -40,6 +41,11 @@ if os.environ.get("NCU_KNOBS") and call is fused_moe_nvfp4_prefill:
 
     base = prefill_config_for(T, prep.shape(ids.shape[1]), current_target())
     kw["config"] = dataclasses.replace(base, **ast.literal_eval(os.environ["NCU_KNOBS"]))
+    print("ncu_target config:", kw["config"], flush=True)
+if os.environ.get("NCU_DECODE") and call is fused_moe_nvfp4:
+    from sglang_fp4ext.moe.decode import config as decode_config
+
+    kw["config"] = eval(os.environ["NCU_DECODE"], vars(decode_config))
     print("ncu_target config:", kw["config"], flush=True)
 for _ in range(3):
     call(x, prep, ids, tw, **kw)

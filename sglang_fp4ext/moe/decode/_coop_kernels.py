@@ -135,10 +135,14 @@ def _coop(
     WL2: gl.constexpr,
     XL2: gl.constexpr,
     ML2: gl.constexpr,
+    times_ptr=None,
+    TIMES: gl.constexpr = False,
 ):
     """The layer in one launch (module docstring). GEMM1 items ``(slot p, row tile nb)`` =
     ``p * NB1 + nb``, GEMM2 items ``(token t, row tile nb)`` = ``t * NB2 + nb``; ``bar_ptr``:
     ``_grid_sync``'s two counters (zero before the first call, left so by every call)."""
+    if TIMES:
+        _stamp(times_ptr, 0)
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     TPC: gl.constexpr = 8 // KS
     HB: gl.constexpr = KS * BN1 // 2
@@ -160,15 +164,35 @@ def _coop(
                 NP1, stride_x, q1_e_stride, q1_row_stride, s1_e_stride, H, s1_chunk_stride, CPS1,
                 TOP_K, BN1, 8, WL1, XL1, ML1, KS, False,
             )  # fmt: skip
+    if TIMES:
+        _stamp(times_ptr, 1)
     if PF2 == 2:
         _prefetch_gemm2(
             ids_ptr, q2_ptr, s2_ptr, T, E, NB2, KC2, TOP_K, q2_e_stride, q2_row_stride,
             s2_e_stride, s2_chunk_stride, K_POW2, BN2,
         )  # fmt: skip
     _grid_sync(bar_ptr, gl.num_programs(0))
+    if TIMES:
+        _stamp(times_ptr, 2)
     for item in range(gl.program_id(0), T * NB2, gl.num_programs(0)):
         _gemm2_slots_tile(
             inter_ptr, ids_ptr, tw_ptr, q2_ptr, s2_ptr, a2_ptr, out_ptr, item // NB2, item % NB2,
             parts, coefs, E, H, I, NP2, stride_out, q2_e_stride, q2_row_stride, s2_e_stride,
             s2_chunk_stride, KC2, TOP_K, K_POW2, BN2, 8, WL2, XL2, ML2, ".cg",
         )  # fmt: skip
+        if TIMES:
+            if item == gl.program_id(0):
+                _stamp(times_ptr, 4)
+    if TIMES:
+        _stamp(times_ptr, 3)
+
+
+@gluon.jit
+def _stamp(times_ptr, i: gl.constexpr):
+    """Program ``pid``'s ``%globaltimer`` (ns) at point ``i`` into ``times_ptr[pid, i]`` (int64
+    [programs, 8]: start, GEMM1 done, wait done, end, first GEMM2 item done;
+    ``benchmarks/experiments/coop_phases.py``)."""
+    t = gl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
+    )
+    gl.store(times_ptr + gl.program_id(0) * 8 + i, t)
