@@ -62,8 +62,10 @@ def _prefetch_gemm2(
     K_POW2: gl.constexpr,
     BN: gl.constexpr,
 ):
-    """Ask L2 for the GEMM2 weights of this program's GEMM2 items (their tokens' experts)."""
-    PF: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, gl.num_warps()], [1, 0])
+    """Ask L2 for the GEMM2 weights of this program's GEMM2 items (their tokens' experts). The
+    warps split the slots, not the rows: a row tile of 32 rows is one warp wide, so spreading
+    warps along it would repeat each prefetch once per warp (16 times at 16 warps)."""
+    PF: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [gl.num_warps(), 1], [1, 0])
     kj = gl.arange(0, K_POW2, layout=gl.SliceLayout(1, PF))
     for item in range(gl.program_id(0), T * NB2, gl.num_programs(0)):
         t = item // NB2
