@@ -24,6 +24,7 @@ _SCRIPT = r"""
 import json, os, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental.gluon._runtime import GluonASTSource
 from sglang_fp4ext.moe.decode.config import CoopDecodeConfig
 from sglang_fp4ext.moe.decode.plan import plan
@@ -64,8 +65,7 @@ for (E, H, I, k), T, cfg in req:
     c = triton.compile(GluonASTSource(L.fn(), sig, consts, attrs),
                        target=GPUTarget("cuda", cc, 32), options=dict(L.options))
     ptx = c.asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin",
-                         "ptxas-blackwell" if cc >= 100 else "ptxas")  # as Triton picks it
+    ptxas = get_ptxas(cc).path  # the one Triton compiled with (its PTX version follows it)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
