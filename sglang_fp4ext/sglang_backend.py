@@ -47,7 +47,6 @@ from sglang.srt.layers.moe.utils import get_moe_runner_backend, resolve_moe_runn
 
 from sglang_fp4ext import patches
 from sglang_fp4ext.moe.experts import run_experts
-from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
 from sglang_fp4ext.sglang_hooks import BACKEND_NAME, chain_has_hook, is_fp4ext
 from sglang_fp4ext.sglang_weights import Fp4ExtQuantInfo, process_weights, quant_info_of
 
@@ -222,10 +221,6 @@ class Fp4ExtRunnerCore(_CoreBase):
             topk.topk_ids,
             topk.topk_weights,
         )
-        if quant_info.path == "reference":
-            # The twin serves prefill and decode alike; the fault switch names it decode:reference,
-            # so a CPU test can show `fp4ext check --model-path` failing on a broken fp4ext.
-            corrupt_if_asked("decode", "reference", out)
         if not getattr(self, "_served", False):
             # One line per MoE layer (one core per layer), the first time it runs: the end-to-end
             # check (testing/e2e.py served_moe_layers) reads these to prove fp4ext served every

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from sglang_fp4ext import target_info
+from sglang_fp4ext.moe.fault_inject import corrupt_if_asked
 from sglang_fp4ext.moe.shape import current_target
 from sglang_fp4ext.moe.weights import MoEWeights
 
@@ -59,4 +60,7 @@ def run_experts(path: str, weights, hidden_states, topk_ids, topk_weights) -> to
         from sglang_fp4ext.moe.reference import fused_moe_nvfp4_torch
 
         out = fused_moe_nvfp4_torch(hidden_states, weights, topk_ids, topk_weights)
+        # The twin serves prefill and decode alike; the fault switch names it decode:reference
+        # (the triton path's launchers call it themselves).
+        corrupt_if_asked("decode", "reference", out)
     return out.to(hidden_states.dtype)

@@ -1,6 +1,8 @@
 """Test-only fault injection (``SGLANG_FP4EXT_FAULT_INJECT=<path>:<family>``): a launcher calls
 :func:`corrupt_if_asked` after its kernels, so tests can show the first-use self-check
-(``selfcheck.py``) catching a broken kernel and falling back. Unset, it costs one lookup."""
+(``selfcheck.py``) catching a broken kernel and falling back; ``experts.run_experts`` calls it
+after the torch twin (``decode:reference``), so a CPU test can show ``fp4ext check`` failing.
+Unset, it costs one lookup."""
 
 from __future__ import annotations
 

@@ -103,12 +103,8 @@ def plan(
     P = T * top_k
     g1, g2 = launch_grids(T, shape, config, w, family)
     kstack1 = family == "gluon" and config.kstack1
-    kc1 = w.w13.k_pad // K_CHUNK
-    if kstack1 and kc1 % config.split_k1:
-        raise ValueError(
-            f"fused_moe_nvfp4: GluonDecodeConfig.kstack1=1 needs GEMM1's {kc1} K chunks of "
-            f"{K_CHUNK} (H={H}) to divide into split_k1={config.split_k1} equal splits"
-        )
+    if kstack1:
+        _check_stacked_splits(w, config, "GluonDecodeConfig.kstack1=1", H)
     dev = x.device
     pairs2 = config.gemm2 == "pairs"
     nb2 = w.w2.n_pad // config.block_n2
@@ -156,6 +152,17 @@ def plan(
     return [gemm1, gemm2, combine]
 
 
+def _check_stacked_splits(w: PreparedMoEWeights, cfg: DecodeConfig, form: str, H: int) -> None:
+    """GEMM1's K splits stacked on one program's warps must be equal (the self-check runs such a
+    config at ``config.check_hidden``)."""
+    kc1 = w.w13.k_pad // K_CHUNK
+    if kc1 % cfg.split_k1:
+        raise ValueError(
+            f"fused_moe_nvfp4: {form} needs GEMM1's {kc1} K chunks of {K_CHUNK} (H={H}) to "
+            f"divide into split_k1={cfg.split_k1} equal splits"
+        )
+
+
 def coop_grid(
     T: int, shape: MoEShape, cfg: CoopDecodeConfig, w: PreparedMoEWeights, target: Target
 ) -> tuple[int, int]:
@@ -174,12 +181,8 @@ def _coop_launch(x, w, ids, tw, out, cfg: CoopDecodeConfig, target, programs) ->
     top_k = ids.shape[1]
     shape = w.shape(top_k)
     P = T * top_k
-    kc1, k_pow2 = w.w13.k_pad // K_CHUNK, triton_next_pow2(top_k)
-    if kc1 % cfg.split_k1:
-        raise ValueError(
-            f"fused_moe_nvfp4: CoopDecodeConfig needs GEMM1's {kc1} K chunks of {K_CHUNK} "
-            f"(H={H}) to divide into split_k1={cfg.split_k1} equal splits"
-        )
+    k_pow2 = triton_next_pow2(top_k)
+    _check_stacked_splits(w, cfg, "CoopDecodeConfig", H)
     sp = min(k_pow2, 8)
     if sp * cfg.block_n2 < 16 * cfg.warps:
         raise ValueError(
