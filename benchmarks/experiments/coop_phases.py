@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         n = L.grid[0]
         times = torch.zeros(n, 8, dtype=torch.int64, device="cuda")
         kw = dict(L.kwargs, times_ptr=times, TIMES=True)
-        spans, starts, g1_med, g1_max, waits, g2, g2first = [], [], [], [], [], [], []
+        spans, starts, g1_med, g1_max, waits, g2, g2med, g2first = [], [], [], [], [], [], [], []
         for _ in range(args.calls):
             flush.add_(1)
             L.fn()[L.grid](**kw, **L.options)
@@ -61,6 +61,7 @@ def main(argv=None) -> int:
             g1_max.append(float(d1.max()))
             waits.append(float(t[:, 2].min() - t[:, 1].max()))
             g2.append(float((t[:, 3] - t[:, 2]).max()))
+            g2med.append(float((t[:, 3] - t[:, 2]).median()))
             g2first.append(float((t[:, 4] - t[:, 2]).median()))
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
 
@@ -85,6 +86,7 @@ def main(argv=None) -> int:
             gemm1_max_us=med(g1_max),
             wait_after_last_gemm1_us=med(waits),
             gemm2_max_us=med(g2),
+            gemm2_median_us=med(g2med),
             gemm2_first_item_median_us=med(g2first),
             events_one_launch_us=event_us(cfg),
             events_two_launches_us=event_us(cfg.two_launch()),
