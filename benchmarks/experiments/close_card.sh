@@ -19,6 +19,8 @@
 #   pab       prefill v1 (tl.dot), v2 as shipped and torch bf16 in one process, T = 512-8192
 #   ptk       triton_kernels next to fp4ext's prefill, same Ts (.peers carried)
 #   caps      GEMM1 under its register caps (maxnreg1), T = 64-256
+#   block     GLM-5's MoE block as SGLang runs it (router, routed experts, bf16 shared expert on
+#             the alternate stream): fp4ext vs SGLang's Marlin, TP8 and EP8 (.peers carried)
 #   coop      the one-launch family: its GPU tier (tests/test_coop_gpu.py), then its candidates
 #             against the shipped config, GLM-5 TP8 and EP8, T = 1..16 (COOP_T)
 # AS_TABLE=path: that table (e.g. the H200's on an H100) serves as this card's, for the GPU tiers
@@ -163,6 +165,16 @@ for r in d["rows"]:
         + (f"{c['us']:.1f} {c['rms_rel']:.1e}" if "us" in c else c.get("error", "err")[:90])
         for c in r["configs"][1:]))
 PY
+}
+
+part_block() {
+step block
+M=.peers/marlin; SITE=/tmp/marlin_peer_site
+python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE \
+  $M/whl/*.whl > $R/block.log 2>&1
+PYTHONPATH=$M/sgl_min:$SITE:. SGLANG_JIT_CACHE_DIR=/tmp/marlin_peer_jit timeout $(cap 420) \
+  python benchmarks/experiments/block_marlin.py --out $R ${BLOCK_T:+--tokens $BLOCK_T} >> $R/block.log 2>&1
+echo rc=$? >> $R/block.log; grep " T=\|rc=\|Error" $R/block.log | cut -c1-230 >> $OUT/run.log; pack
 }
 
 for p in ${PARTS:-dtier dpeers dab}; do

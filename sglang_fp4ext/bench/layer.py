@@ -74,6 +74,12 @@ class Layer(TimedLayer):
     def sglang_peer(self, T: int, name: str) -> Callable[[int], object]:
         """Step over the inputs for SGLang's peer ``name`` (``bench/peers.py``), one adapter per
         layer copy (built on first use; raises with the reason where it cannot run)."""
+        adapters = self.sglang_adapters(name)
+        xs, routes, _ = self.inputs(T)
+        return lambda i: adapters[i % self.copies](xs[i], routes[i][0], routes[i][1])
+
+    def sglang_adapters(self, name: str) -> list:
+        """SGLang's peer ``name`` on each layer copy, ``adapter(x, ids, weights) -> out``."""
         from sglang_fp4ext.bench.peers import make_sglang_peer
 
         adapters = self._sglang.get(name)
@@ -86,8 +92,7 @@ class Layer(TimedLayer):
                 make_sglang_peer(name, p, x_calib=calib, ep_size=self.shape.ep) for p in self.packs
             ]
             self._sglang[name] = adapters
-        xs, routes, _ = self.inputs(T)
-        return lambda i: adapters[i % self.copies](xs[i], routes[i][0], routes[i][1])
+        return adapters
 
     def check_sglang_peer(self, T: int, name: str) -> dict:
         """SGLang peer ``name`` on input 0 vs the fp32 twin of the pack it computes (W4A4 twin
