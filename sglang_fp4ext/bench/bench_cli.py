@@ -2,6 +2,7 @@
 
     fp4ext bench                                   # GLM-5 TP8, T = 1..256, 4 layer copies
     fp4ext bench --preset glm5-ep8 --tokens 1,8,64 --project rtx-pro-6000-ws --out results/
+    fp4ext bench --block --preset glm5-tp8          # the MoE block with SGLang's shared expert
 
 Prints a table (us, TB/s, % of the copy bandwidth measured in the same run, speed-up over the
 torch bf16 grouped-GEMM peer and over SGLang's marlin / flashinfer_cutlass NVFP4 MoE where they
@@ -62,7 +63,13 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--copies", type=_positive, default=4, help="layer copies rotated (beyond L2)")
     p.add_argument("--replays", type=_positive, default=20, help="graph replays per measurement")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
-    p.add_argument("--no-peer", action="store_true", help="skip the torch bf16 peer")
+    p.add_argument("--no-peer", action="store_true", help="skip the peers")
+    p.add_argument(
+        "--block",
+        action="store_true",
+        help="time the MoE block as SGLang runs it for checkpoints with a bf16 shared expert "
+        "(router, routed experts, shared expert on the alternate stream; GPU only)",
+    )
     p.add_argument(
         "--project",
         metavar="GPU",
@@ -106,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"fp4ext bench: {exc}", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    if args.block:
+        return _run_block(args, shape, seed)
     if target_info.has_cuda_gpu():
         from sglang_fp4ext.bench.gpu_run import run_gpu
 
@@ -147,6 +156,46 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     print(f"wrote {js}" + ("" if png is None else f" and {png}"))
     return 0 if ok else 1
+
+
+def _run_block(args, shape, seed) -> int:
+    import json
+
+    from sglang_fp4ext import target_info
+    from sglang_fp4ext.bench.table import format_block_table
+    from sglang_fp4ext.progress import Progress
+
+    if shape.fuse_shared or shape.n_shared == 0:
+        print(
+            f"fp4ext bench --block: {shape.name} has no separate bf16 shared expert (use a preset "
+            "whose shared expert SGLang does not fuse, e.g. glm5-tp8 or glm5-ep8)",
+            file=sys.stderr,
+        )
+        return 2
+    if not target_info.has_cuda_gpu():
+        print("fp4ext bench --block: times CUDA-graph replay and needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from sglang_fp4ext.bench.gpu_run import run_block_gpu
+
+    result = run_block_gpu(
+        shape,
+        args.tokens,
+        copies=args.copies,
+        replays=args.replays,
+        seed=seed,
+        peer=not args.no_peer,
+        progress=Progress(len(args.tokens), f"{shape.name} block"),
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = result["env"]["gpu"].replace(" ", "_")
+    js = out / f"{args.name or f'block_{shape.name}_{gpu}'}.json"
+    js.write_text(json.dumps(result, indent=1, default=str))
+    print(format_block_table(result))
+    for note in result["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {js}")
+    return 0 if all(r["check"]["ok"] for r in result["rows"]) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.model_shapes import ModelShape
 from sglang_fp4ext.progress import Progress
 
-__all__ = ["run_gpu", "slowed_config", "step_text"]
+__all__ = ["run_block_gpu", "run_gpu", "slowed_config", "step_text"]
 
 
 def slowed_config():
@@ -119,6 +119,60 @@ def run_gpu(
         result["notes"].append("some rows FAILED the correctness check against the torch twin")
     if project is not None:
         result["projection"] = project_rows(result["rows"], shape, bw, project, here, mm)
+    return result
+
+
+def run_block_gpu(
+    shape: ModelShape,
+    tokens: Sequence[int],
+    *,
+    copies: int = 4,
+    replays: int = 20,
+    seed: int = 2026,
+    peer: bool = True,
+    progress: Progress | None = None,
+) -> dict:
+    """``fp4ext bench --block``: the MoE block as SGLang runs it (``bench/block.py``) with
+    fp4ext's routed experts and, where it runs here, SGLang's Marlin; each checked against the
+    twin before it is timed (one that fails is named in ``notes`` and not timed)."""
+    from sglang_fp4ext.bench.block import MoEBlock, block_rows
+    from sglang_fp4ext.bench.peers import sglang_peer_unavailable
+    from sglang_fp4ext.bench.timing import copy_bandwidth_Bps
+
+    result = base_result("gpu-block", shape, tokens, copies, replays, seed)
+    bw = copy_bandwidth_Bps()
+    result["rates"] = {
+        "copy_bandwidth_Bps": bw,
+        "copy_bandwidth_basis": "device-to-device copy, bytes read + written, this run",
+    }
+    marlin = "sglang-marlin"
+    why = sglang_peer_unavailable(marlin) if peer else "peers disabled (--no-peer)"
+    if why is not None:
+        result["notes"].append(f"{marlin} not run: {why}")
+    layer = Layer(shape, copies, seed=seed)
+    block = MoEBlock(layer)
+    for T in tokens:
+        impls = {"fp4ext": block.fp4ext(T)}
+        checks = {"fp4ext": block.check(T, impls["fp4ext"])}
+        if why is None:
+            ad = layer.sglang_adapters(marlin)
+            impls[marlin] = lambda x, c, ids, tw, i, ad=ad: ad[c](x, ids, tw)
+            # SGLang's Marlin epilogue is bf16 (rms 7e-3 - 1.2e-2 vs the twin, bench/peers.py).
+            checks[marlin] = block.check(
+                T, impls[marlin], pack=ad[0].weights, rms=2e-2, max_rel=float("inf")
+            )
+        for k, c in checks.items():
+            if not c["ok"]:
+                result["notes"].append(f"{k} T={T} does not match the twin {c}: not timed")
+        ok = {k: f for k, f in impls.items() if checks[k]["ok"]}
+        row = block_rows(block, T, ok, copy_bw_Bps=bw, replays=replays)
+        row.update(checks=checks, check={"ok": checks["fp4ext"]["ok"]})
+        result["rows"].append(row)
+        if progress is not None:
+            f = row["impls"].get("fp4ext")
+            progress.step(f"T={T} block {f['block_us']:.1f} us" if f else f"T={T} FAILED")
+    del block, layer
+    torch.cuda.empty_cache()
     return result
 
 

@@ -4,7 +4,7 @@ printed that was not measured). The progress bar while it runs is ``sglang_fp4ex
 
 from __future__ import annotations
 
-__all__ = ["format_table"]
+__all__ = ["format_block_table", "format_table"]
 
 
 def _f(v, fmt: str) -> str:
@@ -68,4 +68,40 @@ def format_table(result: dict) -> str:
             lines.append("  assumptions: " + "; ".join(proj["assumptions"]))
         if proj.get("note"):
             lines.append(f"projection for {proj['target']}: {proj['note']}")
+    return "\n".join(lines)
+
+
+def format_block_table(result: dict) -> str:
+    """``fp4ext bench --block``'s rows: the block per implementation (us, % of the copy
+    bandwidth for the block's bytes), the routed experts' share of it, the shared expert and the
+    router alone, and the ratio of each peer's block to fp4ext's."""
+    bw = result["rates"]["copy_bandwidth_Bps"]
+    lines = [
+        f"{result['env']['gpu']} | {result['preset']['name']} MoE block (router, routed experts, "
+        f"bf16 shared expert on the alternate stream) | copy bandwidth {bw / 1e12:.2f} TB/s "
+        "(measured in this run)"
+    ]
+    peers = sorted({k for r in result["rows"] for k in r["impls"]} - {"fp4ext"})
+    lines.append(
+        f"{'T':>5} {'verify':>9} {'block us':>9} {'% BW':>6} {'routed us':>9} {'share':>6} "
+        f"{'shared us':>9} {'router us':>9}" + "".join(f" {p + ' us':>18} {'x':>6}" for p in peers)
+    )
+    for r in result["rows"]:
+        f = r["impls"].get("fp4ext")
+        if f is None:
+            lines.append(f"{r['T']:>5} fp4ext FAILED its check")
+            continue
+        line = (
+            f"{r['T']:>5} {','.join(r['verify_of']) or '-':>9} {f['block_us']:>9.1f} "
+            f"{f['block_pct_copy_bw']:>5.1f}% {f['routed_us']:>9.1f} "
+            f"{100 * f['routed_share']:>5.0f}% {r['shared_us']:>9.1f} {r['router_us']:>9.1f}"
+        )
+        for p in peers:
+            q = r["impls"].get(p)
+            line += " " + (
+                f"{q['block_us']:>18.1f} {q['block_us'] / f['block_us']:>5.2f}x"
+                if q
+                else f"{'-':>18} {'-':>6}"
+            )
+        lines.append(line)
     return "\n".join(lines)
