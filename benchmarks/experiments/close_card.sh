@@ -175,6 +175,9 @@ python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgr
 PYTHONPATH=$M/sgl_min:$SITE:. SGLANG_JIT_CACHE_DIR=/tmp/marlin_peer_jit timeout $(cap 420) \
   python benchmarks/experiments/block_marlin.py --out $R ${BLOCK_T:+--tokens $BLOCK_T} >> $R/block.log 2>&1
 echo rc=$? >> $R/block.log; grep " T=\|rc=\|Error" $R/block.log | cut -c1-230 >> $OUT/run.log; pack
+timeout $(cap 90) python -m sglang_fp4ext bench --block --preset glm5-ep8 --tokens 1,8 --replays 10 \
+  --out $R > $R/bench_block_cli.log 2>&1
+echo rc=$? >> $R/bench_block_cli.log; tail -6 $R/bench_block_cli.log | cut -c1-200 >> $OUT/run.log; pack
 }
 
 for p in ${PARTS:-dtier dpeers dab}; do
