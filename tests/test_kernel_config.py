@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from sglang_fp4ext.moe import table_files
 from sglang_fp4ext.moe import tables as C
 from sglang_fp4ext.moe.decode.config import (
     CoopDecodeConfig,
@@ -208,7 +209,7 @@ def test_tables_parse_and_are_used(tmp_path, monkeypatch):
             if buckets[big].path == "prefill":
                 assert C.select(4 * big, shape, tgt) == buckets[big]
     # A table written to a temporary config dir is picked up by device name.
-    monkeypatch.setattr(C, "_CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(table_files, "_CONFIG_DIR", tmp_path)
     C.clear_table_cache()
     try:
         cfg = DotDecodeConfig(grid="experts", block_n1=128, split_k1=2)
