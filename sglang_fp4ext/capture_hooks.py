@@ -34,12 +34,11 @@ from __future__ import annotations
 import logging
 
 from sglang_fp4ext.capture_inputs import MoEModel, PolicyInputs
-from sglang_fp4ext.capture_policy import (
+from sglang_fp4ext.capture_policy import CapturePolicy, compute_policy
+from sglang_fp4ext.capture_sizes import (
     PREFILL_GRAPH_MB_PER_BUCKET,
     PREFILL_TILE_TOKENS,
-    CapturePolicy,
     compact_sizes,
-    compute_policy,
 )
 from sglang_fp4ext.sglang_hooks import chain_has_hook, is_fp4ext
 

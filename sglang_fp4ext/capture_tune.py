@@ -5,7 +5,7 @@ runs, and the call that tunes a served shape for them.
 fp4ext weights for the Triton path: inside SGLang's model load, so before the KV cache takes the
 free memory and before warm-up and capture; never in a forward. The buckets are those of the
 graph sizes SGLang resolved (the capture policy's unless the user set them;
-``capture_policy.captured_token_buckets``), decode sizes counted in MoE rows (times the draft
+``capture_sizes.captured_token_buckets``), decode sizes counted in MoE rows (times the draft
 tokens a request verifies under speculative decoding). A phase whose graphs are off runs the same
 sizes eagerly (SGLang 0.5.23 resolves prefill graphs off by default), so its sizes count too. With
 no sizes published, the tuner's default buckets stand in for them. Imports SGLang inside its
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from sglang_fp4ext import envs
-from sglang_fp4ext.capture_policy import captured_token_buckets
+from sglang_fp4ext.capture_sizes import captured_token_buckets
 
 __all__ = ["served_buckets", "tune_served_shape"]
 

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 from sglang_fp4ext import capture_inputs as ci
 from sglang_fp4ext import capture_policy as cp
+from sglang_fp4ext import capture_sizes as cs
 from sglang_fp4ext.moe.shape import token_bucket
 from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, run_children, tiny_model_dir
 
@@ -45,9 +46,9 @@ def _next_captured(sizes, n):
 
 
 def _grid_step(b):
-    if b <= cp.DECODE_DENSE_MAX:
+    if b <= cs.DECODE_DENSE_MAX:
         return 1
-    return next(step for last, step in cp.DECODE_STEPS if last is None or b <= last)
+    return next(step for last, step in cs.DECODE_STEPS if last is None or b <= last)
 
 
 def _inputs(**kw):
@@ -57,14 +58,14 @@ def _inputs(**kw):
 
 
 def test_glm5_tp8_policy_decisions():
-    p = cp.compute_policy(_inputs(prefill_budget_mb=58 * cp.PREFILL_GRAPH_MB_PER_BUCKET))
-    assert p.decode_bs[: cp.DECODE_DENSE_MAX] == tuple(range(1, cp.DECODE_DENSE_MAX + 1))
+    p = cp.compute_policy(_inputs(prefill_budget_mb=58 * cs.PREFILL_GRAPH_MB_PER_BUCKET))
+    assert p.decode_bs[: cs.DECODE_DENSE_MAX] == tuple(range(1, cs.DECODE_DENSE_MAX + 1))
     assert p.decode_bs[-1] == 512 and list(p.decode_bs) == sorted(set(p.decode_bs))
     assert set(p.kernel_buckets) <= set(p.decode_bs)
     assert p.kernel_buckets == tuple(sorted({token_bucket(t) for t in range(1, 513)}))
-    tile = cp.PREFILL_TILE_TOKENS
+    tile = cs.PREFILL_TILE_TOKENS
     assert all(b % tile == 0 for b in p.prefill_tokens if b >= tile)
-    assert p.prefill_tokens[0] == cp.PREFILL_MIN_TOKENS and p.prefill_tokens[-1] == 8192
+    assert p.prefill_tokens[0] == cs.PREFILL_MIN_TOKENS and p.prefill_tokens[-1] == 8192
     assert (p.moe_placement, p.mask_padded_rows, p.masking) == ("in_graph", True, "fp4ext")
     # NVIDIA's NVFP4 GLM-5 keeps the shared expert BF16: SGLang does not fuse it.
     shape = p.inputs.per_rank_shape()
@@ -90,10 +91,10 @@ def test_glm5_tp8_policy_decisions():
 @settings(max_examples=150, deadline=None)
 @given(max_bs=st.integers(1, 1100), tpr=st.integers(1, 8))
 def test_decode_padding_stays_in_the_kernel_bucket(max_bs, tpr):
-    sizes = cp.decode_batch_sizes(max_bs, tokens_per_req=tpr)
+    sizes = cs.decode_batch_sizes(max_bs, tokens_per_req=tpr)
     assert sizes[-1] == max_bs and all(1 <= s <= max_bs for s in sizes)
     assert list(sizes) == sorted(set(sizes))
-    assert set(range(1, min(cp.DECODE_DENSE_MAX, max_bs) + 1)) <= set(sizes)
+    assert set(range(1, min(cs.DECODE_DENSE_MAX, max_bs) + 1)) <= set(sizes)
     for b in range(1, max_bs + 1):
         padded = _next_captured(sizes, b)
         # The graph for `padded` runs the kernel config of the real batch's bucket.
@@ -105,29 +106,29 @@ def test_decode_padding_stays_in_the_kernel_bucket(max_bs, tpr):
 @settings(max_examples=150, deadline=None)
 @given(max_tokens=st.integers(1, 40000), budget_buckets=st.none() | st.integers(1, 80))
 def test_prefill_buckets_tile_aligned_within_2x_and_budget(max_tokens, budget_buckets):
-    budget = None if budget_buckets is None else budget_buckets * cp.PREFILL_GRAPH_MB_PER_BUCKET
-    buckets, notes = cp.prefill_token_buckets(max_tokens, budget_mb=budget)
-    tile = cp.PREFILL_TILE_TOKENS
+    budget = None if budget_buckets is None else budget_buckets * cs.PREFILL_GRAPH_MB_PER_BUCKET
+    buckets, notes = cs.prefill_token_buckets(max_tokens, budget_mb=budget)
+    tile = cs.PREFILL_TILE_TOKENS
     assert list(buckets) == sorted(set(buckets)) and buckets[-1] <= max_tokens
     assert all(b % tile == 0 for b in buckets[:-1] if b >= tile)  # the top one may be max itself
     if budget is not None:
-        assert len(buckets) * cp.PREFILL_GRAPH_MB_PER_BUCKET <= budget
+        assert len(buckets) * cs.PREFILL_GRAPH_MB_PER_BUCKET <= budget
     truncated = any("dropped" in n for n in notes)
     if not truncated:
         assert buckets[-1] == max_tokens
     # SGLang replays a bucket only when it pads by <= 2x (prefill_cuda_graph_runner.py): the worst
     # prefill in each gap is one token above the lower bucket.
-    assert buckets[0] <= 2 * min(cp.PREFILL_MIN_TOKENS, max_tokens)
+    assert buckets[0] <= 2 * min(cs.PREFILL_MIN_TOKENS, max_tokens)
     for lo, hi in itertools.pairwise(buckets):
         assert hi <= 2 * (lo + 1), (lo, hi, buckets)
 
 
 def test_budget_widens_then_truncates():
-    full, notes = cp.prefill_token_buckets(8192)
+    full, notes = cs.prefill_token_buckets(8192)
     assert notes == ()
-    wide, wnotes = cp.prefill_token_buckets(8192, budget_mb=20 * cp.PREFILL_GRAPH_MB_PER_BUCKET)
+    wide, wnotes = cs.prefill_token_buckets(8192, budget_mb=20 * cs.PREFILL_GRAPH_MB_PER_BUCKET)
     assert len(wide) <= 20 < len(full) and wide[-1] == 8192 and "widened" in wnotes[0]
-    tiny, tnotes = cp.prefill_token_buckets(8192, budget_mb=3 * cp.PREFILL_GRAPH_MB_PER_BUCKET)
+    tiny, tnotes = cs.prefill_token_buckets(8192, budget_mb=3 * cs.PREFILL_GRAPH_MB_PER_BUCKET)
     assert len(tiny) == 3 and tiny == full[:3] and any("dropped" in n for n in tnotes)
 
 
@@ -175,7 +176,7 @@ def test_describe_policy_for_cli(tmp_path):
     text = cp.describe_policy("glm-5", 8, 1, 64, prefill_budget_mb=464.0)
     p = cp.policy_for("glm-5", 8, 1, 64, prefill_budget_mb=464.0)
     assert p.decode_bs[-1] == 64  # clamped to max running requests
-    assert cp.compact_sizes(p.decode_bs) in text and cp.compact_sizes(p.prefill_tokens) in text
+    assert cs.compact_sizes(p.decode_bs) in text and cs.compact_sizes(p.prefill_tokens) in text
     assert "per rank E=256 H=6144 I=256 top_k=8" in text and "2.65 MB per expert" in text
     assert "not fused by SGLang 0.5.23: shared experts excluded from quantization (BF16)" in text
     fused = cp.describe_policy("glm5-tp8-fused-shared", 8, 1, 64, prefill_budget_mb=464.0)
@@ -189,8 +190,8 @@ def test_describe_policy_for_cli(tmp_path):
 
 
 def test_compact_sizes():
-    assert cp.compact_sizes([1, 2, 3, 4, 8, 16, 24, 32, 33]) == "1-4, 8-32/8, 33"
-    assert cp.compact_sizes([]) == "none"
+    assert cs.compact_sizes([1, 2, 3, 4, 8, 16, 24, 32, 33]) == "1-4, 8-32/8, 33"
+    assert cs.compact_sizes([]) == "none"
 
 
 # ---- SGLang argument resolution ----------------------------------------------------------------
@@ -359,7 +360,7 @@ def _expected(r, name, **overrides) -> cp.CapturePolicy:
         ep=1,
         decode_max_bs=sgl["decode"]["max_bs"],
         prefill_max_tokens=sgl["prefill"]["max_bs"],
-        prefill_budget_mb=len(sgl["prefill"]["bs"]) * cp.PREFILL_GRAPH_MB_PER_BUCKET,
+        prefill_budget_mb=len(sgl["prefill"]["bs"]) * cs.PREFILL_GRAPH_MB_PER_BUCKET,
     )
     kw.update(overrides)
     return cp.compute_policy(ci.PolicyInputs(**kw))
@@ -404,7 +405,7 @@ def test_fp4ext_gets_the_policy_buckets(resolved):
         if "fp4ext capture policy (TP8 EP1" in ln
     ]
     assert len(lines) == len(_SCENARIOS) - 1, lines
-    assert any(cp.compact_sizes(want.decode_bs) in ln for ln in lines)
+    assert any(cs.compact_sizes(want.decode_bs) in ln for ln in lines)
     assert "MoE inside graph segments" in lines[0]
     assert "padded rows -> -1 ids (fp4ext hook on enable_num_token_non_padded, TP)" in lines[0]
 

@@ -153,6 +153,7 @@ LAYERS = (
         "serving",
         (
             "capture_inputs",
+            "capture_sizes",
             "capture_policy",
             "capture_hooks",
             "capture_tune",

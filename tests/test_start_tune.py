@@ -28,7 +28,8 @@ import pytest
 import triton
 
 from sglang_fp4ext import __version__, envs, start_tune, tune_cli
-from sglang_fp4ext.capture_policy import captured_token_buckets, policy_for
+from sglang_fp4ext.capture_policy import policy_for
+from sglang_fp4ext.capture_sizes import captured_token_buckets
 from sglang_fp4ext.cli import info
 from sglang_fp4ext.model_shapes import PRESETS
 from sglang_fp4ext.moe import tables as C
