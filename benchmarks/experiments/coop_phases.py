@@ -34,7 +34,10 @@ def main(argv=None) -> int:
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for name, T, pf in (("tp8", 1, 0), ("tp8", 1, 1), ("tp8", 4, 0), ("ep8", 1, 0)):
+    cases = [("tp8", 1, 0, {}), ("tp8", 1, 0, {"PROBE_SKIP1": True}),
+             ("tp8", 1, 0, {"PROBE_XC2": ""}), ("tp8", 1, 2, {}), ("tp8", 4, 0, {}),
+             ("ep8", 1, 0, {}), ("ep8", 1, 0, {"PROBE_SKIP1": True})]  # fmt: skip
+    for name, T, pf, probe in cases:
         base = "tp8_shared" if name == "tp8" else name
         _, pw = glm5_cases.weights(base)
         x, ids, tw = glm5_cases.inputs(base, T, g)
@@ -47,7 +50,7 @@ def main(argv=None) -> int:
         [L] = plan(x, pw, ids, tw, out, cfg, "coop")
         n = L.grid[0]
         times = torch.zeros(n, 8, dtype=torch.int64, device="cuda")
-        kw = dict(L.kwargs, times_ptr=times, TIMES=True)
+        kw = dict(L.kwargs, times_ptr=times, TIMES=True, **probe)
         spans, starts, g1_med, g1_max, waits, g2, g2med, g2first = [], [], [], [], [], [], [], []
         for _ in range(args.calls):
             flush.add_(1)
@@ -78,7 +81,7 @@ def main(argv=None) -> int:
 
         med = statistics.median
         row = dict(
-            case=f"{name} T={T} prefetch2={pf}",
+            case=f"{name} T={T} prefetch2={pf} {probe or ''}",
             programs=n,
             span_us=med(spans),
             starts_spread_us=med(starts),

@@ -139,10 +139,15 @@ def _coop(
     ML2: gl.constexpr,
     times_ptr=None,
     TIMES: gl.constexpr = False,
+    PROBE_SKIP1: gl.constexpr = False,
+    PROBE_XC2: gl.constexpr = ".cg",
 ):
     """The layer in one launch (module docstring). GEMM1 items ``(slot p, row tile nb)`` =
     ``p * NB1 + nb``, GEMM2 items ``(token t, row tile nb)`` = ``t * NB2 + nb``; ``bar_ptr``:
-    ``_grid_sync``'s two counters (zero before the first call, left so by every call)."""
+    ``_grid_sync``'s two counters (zero before the first call, left so by every call). The timing
+    probe (``TIMES``; ``benchmarks/experiments/coop_phases.py``) can also skip GEMM1
+    (``PROBE_SKIP1``: GEMM2 alone, on a stale intermediate) and read the intermediate with
+    another cache modifier (``PROBE_XC2``; only ".cg" is correct)."""
     if TIMES:
         _stamp(times_ptr, 0)
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -158,14 +163,15 @@ def _coop(
             ids_ptr, q2_ptr, s2_ptr, T, E, NB2, KC2, TOP_K, q2_e_stride, q2_row_stride,
             s2_e_stride, s2_chunk_stride, K_POW2, BN2,
         )  # fmt: skip
-    for item in range(gl.program_id(0), P * NB1, gl.num_programs(0)):
-        e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, item // NB1, P, E, True, BLOCK_P, PL)
-        if m > 0:
-            _gemm1_kstack_tile(
-                x_ptr, q1_ptr, s1_ptr, a1_ptr, inter_ptr, e, m, lbase, item % NB1, pg, pu, I,
-                NP1, stride_x, q1_e_stride, q1_row_stride, s1_e_stride, H, s1_chunk_stride, CPS1,
-                TOP_K, BN1, 8, WL1, XL1, ML1, KS, False,
-            )  # fmt: skip
+    if not PROBE_SKIP1:
+        for item in range(gl.program_id(0), P * NB1, gl.num_programs(0)):
+            e, m, lbase = _route(ids_ptr, plist_ptr, pcnt_ptr, item // NB1, P, E, True, BLOCK_P, PL)
+            if m > 0:
+                _gemm1_kstack_tile(
+                    x_ptr, q1_ptr, s1_ptr, a1_ptr, inter_ptr, e, m, lbase, item % NB1, pg, pu,
+                    I, NP1, stride_x, q1_e_stride, q1_row_stride, s1_e_stride, H,
+                    s1_chunk_stride, CPS1, TOP_K, BN1, 8, WL1, XL1, ML1, KS, False,
+                )  # fmt: skip
     if TIMES:
         _stamp(times_ptr, 1)
     if PF2 == 2:
@@ -180,7 +186,7 @@ def _coop(
         _gemm2_slots_tile(
             inter_ptr, ids_ptr, tw_ptr, q2_ptr, s2_ptr, a2_ptr, out_ptr, item // NB2, item % NB2,
             parts, coefs, E, H, I, NP2, stride_out, q2_e_stride, q2_row_stride, s2_e_stride,
-            s2_chunk_stride, KC2, TOP_K, K_POW2, BN2, 8, WL2, XL2, ML2, ".cg",
+            s2_chunk_stride, KC2, TOP_K, K_POW2, BN2, 8, WL2, XL2, ML2, PROBE_XC2,
         )  # fmt: skip
         if TIMES:
             if item == gl.program_id(0):
