@@ -1,8 +1,9 @@
 """The MoE block benchmark (``bench/block.py``): GLM-5's block as SGLang runs it for NVIDIA's
 checkpoints (router, routed NVFP4 experts, bf16 shared expert on the alternate stream).
 
-CPU tier: the router chooses and weighs exactly as SGLang 0.5.23's own torch top-k
-(``biased_grouped_topk_impl``, one group, renormalised, scaled on the output); the block's
+CPU tier: the router's Triton top-k (under the interpreter) chooses and weighs exactly as its
+torch twin and as SGLang 0.5.23's own torch top-k (``biased_grouped_topk_impl``, one group,
+renormalised, scaled on the output); the block's
 output matches the fp32 twin of the routed experts plus the shared expert with fp4ext's kernels
 under the interpreter, on poisoned outputs, at TP and EP, and its check fails on a wrong routed
 output; the shared expert's width is SGLang's (TP-sharded over the server's ``tp``); bytes and
@@ -46,6 +47,19 @@ def test_router_is_sglangs_biased_top_k():
         assert ours.keys() == ref.keys()
         for e in ours:
             assert ours[e] == pytest.approx(ref[e], rel=1e-5)
+
+
+@pytest.mark.parametrize("shape", [TINY_TP2, TINY_EP2], ids=lambda s: s.name)
+def test_router_kernel_matches_its_torch_twin(shape):
+    block = _block(shape, 21)
+    x = torch.randn(33, shape.hidden, generator=torch.Generator().manual_seed(22))
+    x = x.to(torch.bfloat16)
+    ids, tw = block.route(x, 0)
+    ids_t, tw_t = block.route_torch(x, 0)
+    assert torch.equal(ids, ids_t)  # both lowest-score-last: the same order
+    torch.testing.assert_close(tw, tw_t, rtol=1e-5, atol=1e-6)
+    ids0, tw0 = block.route(x[:0], 0)
+    assert ids0.shape == (0, shape.top_k) and tw0.shape == (0, shape.top_k)
 
 
 def test_ep_router_gives_other_ranks_experts_minus_one():

@@ -4,17 +4,19 @@ a user gets, and the share of it the routed experts own.
 NVIDIA's checkpoints keep the shared expert in bf16, so SGLang does not fuse it
 (``shared_fusion.py``) and ``DeepseekV2MoE.forward_normal_dual_stream`` runs, in this order:
 
-* main stream: the router's bf16 gate (``F.linear``, fp32 logits) and its top-k (sigmoid
-  scores, the correction bias for the choice, the unbiased scores renormalised and scaled by
-  ``routed_scaling_factor``), then the routed experts (the NVFP4 MoE under test);
+* main stream: the router's bf16 gate (``F.linear``) and its top-k (sigmoid scores, the
+  correction bias for the choice, the unbiased scores renormalised and scaled by
+  ``routed_scaling_factor``; one Triton launch, as SGLang's fused gate kernel is one), then the
+  routed experts (the NVFP4 MoE under test);
 * alternate stream, issued after the routed experts: the shared expert as SGLang's
   ``DeepseekV2MLP`` computes it (gate_up ``F.linear``, SiLU·mul, down ``F.linear``; TP-sharded
   over the server's ``tp`` like every dense layer, ``I / 8`` at TP8 and at EP8);
 * the main stream waits for the alternate one, then adds.
 
-Here the router and the SiLU·mul are torch ops (SGLang fuses them into ``sgl_kernel`` /
-JIT kernels that this package does not depend on), so the non-MoE share is if anything
-overstated. The tensor-parallel all-reduce after the block (one GPU here) is not timed.
+SGLang's own kernels for the top-k and the SiLU·mul (``sgl_kernel``) are not a dependency of
+this package: the top-k is this module's one Triton launch and the SiLU·mul two torch ops, so
+the non-MoE share is if anything overstated. The tensor-parallel all-reduce after the block
+(one GPU here) is not timed.
 
 :class:`MoEBlock` adds a router and a shared expert to each layer copy of a
 :class:`~sglang_fp4ext.bench.layer.Layer` (inputs rotated beyond the L2, as for the layer alone);
@@ -29,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from sglang_fp4ext import roofline
 from sglang_fp4ext.bench.layer import Layer
@@ -76,9 +79,26 @@ class MoEBlock:
 
     def route(self, x: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy ``c``'s router: ``(ids int32 (T, k), weights fp32)`` as rank 0 sees them (EP:
-        other ranks' experts are -1)."""
-        logits = F.linear(x, self.gate[c]).float()
-        scores = logits.sigmoid()
+        other ranks' experts are -1). The gate is one bf16 ``F.linear``, the top-k one Triton
+        launch (``_router_kernels``), as SGLang runs them (a GEMM, then its fused gate kernel)."""
+        from sglang_fp4ext.bench._router_kernels import _biased_topk
+
+        s = self.shape
+        logits = F.linear(x, self.gate[c])
+        T, k = x.shape[0], s.top_k
+        ids = torch.empty(T, k, dtype=torch.int32, device=x.device)
+        tw = torch.empty(T, k, dtype=torch.float32, device=x.device)
+        if T:
+            _biased_topk[(T,)](
+                logits, self.bias[c], ids, tw, s.n_experts, s.n_experts // s.ep,
+                ROUTED_SCALING_FACTOR, TOP_K=k, BLOCK_E=triton.next_power_of_2(s.n_experts),
+            )  # fmt: skip
+        return ids, tw
+
+    def route_torch(self, x: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`route` in torch ops (its twin): sigmoid scores, the top-k of score + bias, the
+        unbiased scores renormalised and scaled by ``ROUTED_SCALING_FACTOR``."""
+        scores = F.linear(x, self.gate[c]).float().sigmoid()
         ids = (scores + self.bias[c]).topk(self.shape.top_k, dim=1).indices
         tw = scores.gather(1, ids)
         tw = tw * (ROUTED_SCALING_FACTOR / tw.sum(dim=1, keepdim=True))
