@@ -262,3 +262,67 @@ def test_sglang_parses_quant_config(glm5_ckpt):
         ("model.layers.3.mlp.shared_experts.down_proj", False),
     ]:
         assert q.is_layer_excluded(prefix) == excluded, prefix
+
+
+@pytest.fixture(scope="module")
+def nvidia_ckpt(tmp_path_factory, ckpt_seed):
+    return ck.make_tiny_checkpoint(tmp_path_factory.mktemp("nvidia"), "glm_moe_dsa", ckpt_seed,
+                                   n_routed_experts=8, num_hidden_layers=2,
+                                   **ck.NVIDIA_LAYOUT)  # fmt: skip
+
+
+def test_nvidia_layout_mtp_layer(nvidia_ckpt, tmp_path):
+    """``NVIDIA_LAYOUT``: the MTP layer (index ``num_hidden_layers``) in bf16, shaped like the
+    last MoE layer, in one more shard of the index, and excluded in both quantization configs,
+    whose lists are then NVIDIA's (``tests/test_shared_fusion.nvidia_exclusions``)."""
+    from tests.test_shared_fusion import nvidia_exclusions
+
+    d = nvidia_ckpt
+    cfg = json.loads((d / "config.json").read_text())
+    want = nvidia_exclusions(cfg, quantize_shared=False)
+    assert sorted(cfg["quantization_config"]["ignore"]) == sorted(want)
+    hq = json.loads((d / "hf_quant_config.json").read_text())["quantization"]
+    assert sorted(hq["exclude_modules"]) == sorted(want)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    shards = sorted(n for n in os.listdir(d) if n.endswith(".safetensors"))
+    assert sorted(set(index["weight_map"].values())) == shards
+    assert all(s.endswith(f"-of-{len(shards):05d}.safetensors") for s in shards), shards
+    t = ck.read_checkpoint(d)
+    assert set(index["weight_map"]) == set(t)
+    assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in t.values())
+    layer = {i: {k.removeprefix(f"model.layers.{i}."): v for k, v in t.items()
+                 if k.startswith(f"model.layers.{i}.")} for i in (1, 2)}  # fmt: skip
+    mtp, last = layer[2], layer[1]
+    # The decoder part: every tensor of the last layer, NVFP4 ones as bf16 [N, K], scales dropped.
+    decoder = {k: v for k, v in last.items() if not k.endswith(("_scale", "_scale_2"))}
+    assert set(mtp) == set(decoder) | {"enorm.weight", "hnorm.weight", "eh_proj.weight",
+                                       "shared_head.norm.weight"}  # fmt: skip
+    for k, v in decoder.items():
+        shape = (v.shape[0], 2 * v.shape[1]) if v.dtype == torch.uint8 else tuple(v.shape)
+        assert tuple(mtp[k].shape) == shape, k
+        assert mtp[k].dtype == (torch.float32 if "correction_bias" in k else torch.bfloat16), k
+    assert tuple(mtp["eh_proj.weight"].shape) == (256, 512)
+    assert 0.5 < float(mtp["mlp.experts.7.down_proj.weight"].float().std() * 128**0.5) < 1.5
+    # The target's tensors are still ModelOpt's: routed experts NVFP4, shared expert bf16.
+    assert last["mlp.experts.7.up_proj.weight"].dtype == torch.uint8
+    assert last["mlp.shared_experts.up_proj.weight"].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="num_nextn_predict_layers=1"):
+        ck.make_tiny_checkpoint(tmp_path, "glm4_moe", 0, mtp=True, num_nextn_predict_layers=2)
+
+
+@pytest.mark.sglang
+def test_sglang_keeps_the_mtp_layer_and_the_shared_expert_unquantized(nvidia_ckpt):
+    from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
+
+    cfg = json.loads((nvidia_ckpt / "config.json").read_text())
+    q = ModelOptFp4Config.from_config(cfg["quantization_config"])
+    assert not q.can_fuse_shared_expert()  # the shared expert is bf16
+    for prefix, excluded in [
+        ("model.layers.2.mlp.experts", True),  # MTP layer
+        ("model.layers.2.self_attn.fused_qkv_a_proj_with_mqa", True),
+        ("model.layers.2.eh_proj", True),
+        ("model.layers.1.mlp.shared_experts.gate_up_proj", True),
+        ("model.layers.1.self_attn.indexer.wk", True),
+        ("model.layers.1.mlp.experts", False),
+    ]:
+        assert q.is_layer_excluded(prefix) == excluded, prefix

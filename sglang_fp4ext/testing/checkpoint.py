@@ -31,6 +31,16 @@ What is NVFP4 and what stays bf16 (the choice, documented here):
 * bf16: embeddings, attention (MLA, and the DSA indexer of ``glm_moe_dsa``), the dense MLPs of the
   first ``first_k_dense_replace`` layers, the router ``mlp.gate.weight`` (its
   ``e_score_correction_bias`` is fp32, as in DeepSeek/GLM checkpoints), norms, ``lm_head``.
+* ``mtp=True``: the MTP (NextN) layer, ``model.layers.{num_hidden_layers}``, all bf16 and named in
+  the exclusion lists (``model.layers.{n}*``), as NVIDIA ships it. transformers builds no MTP
+  layer, so it is written after the export from its own seeded generator: ``enorm``, ``hnorm``,
+  ``eh_proj`` ``[H, 2H]``, ``shared_head.norm`` and a decoder layer with the tensors of the last
+  MoE layer, every expert projection a bf16 ``[N, K]`` weight. ``embed_tokens`` and
+  ``shared_head.head`` are left out: SGLang's NextN loaders take the target's. It goes into one
+  more shard; the others are renamed ``-of-{n+1}``.
+
+``make_tiny_checkpoint(out, arch, **NVIDIA_LAYOUT)`` is NVIDIA's GLM-5.x-NVFP4 layout: only the
+routed experts NVFP4; the shared expert, attention, dense layers and the MTP layer unquantized.
 
 Weights are drawn from a seeded generator with realistic magnitudes (every matrix N(0, 1/fan_in),
 embeddings N(0, 1)), so hidden states stay O(1) through the layers; calibration uses random token
@@ -52,6 +62,7 @@ from ..moe.weights import MoEWeights
 
 __all__ = [
     "ARCHITECTURES",
+    "NVIDIA_LAYOUT",
     "tiny_config",
     "build_tiny_model",
     "make_tiny_checkpoint",
@@ -86,7 +97,7 @@ _COMMON = dict(
     tie_word_embeddings=False,
     bos_token_id=0,
     eos_token_id=1,
-    # Read by SGLang's DeepSeek/GLM loaders; GLM-5 carries one MTP layer (not written here).
+    # Read by SGLang's DeepSeek/GLM loaders; GLM-5 carries one MTP layer (written with mtp=True).
     num_nextn_predict_layers=1,
 )
 _MLA = dict(
@@ -143,6 +154,9 @@ _DEFAULTS = {
         },
     },
 }
+
+#: NVIDIA's GLM-5.x-NVFP4 layout as ``make_tiny_checkpoint`` keywords (module docstring).
+NVIDIA_LAYOUT = {"quantize_shared_experts": False, "mtp": True}
 
 _MAX_SHARD_SIZE = "500KB"  # a few shards for the default dims, so the index is exercised
 
@@ -209,6 +223,7 @@ def make_tiny_checkpoint(
     seed: int = 0,
     *,
     quantize_shared_experts: bool = True,
+    mtp: bool = False,
     calib_batches: int = 2,
     calib_seq_len: int = 32,
     **dim_overrides,
@@ -216,7 +231,8 @@ def make_tiny_checkpoint(
     """Write a tiny ModelOpt-NVFP4 checkpoint of ``arch`` into ``out_dir`` (created) and return it.
 
     ``dim_overrides`` replace config fields (e.g. ``hidden_size=512, n_routed_experts=8``);
-    expert ``hidden_size`` and ``moe_intermediate_size`` must be multiples of 16.
+    expert ``hidden_size`` and ``moe_intermediate_size`` must be multiples of 16. ``mtp`` adds
+    the MTP layer, bf16 and excluded from quantization (module docstring).
     """
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
@@ -225,6 +241,11 @@ def make_tiny_checkpoint(
     for name in ("hidden_size", "moe_intermediate_size"):
         if getattr(cfg, name) % 16:
             raise ValueError(f"{name}={getattr(cfg, name)} must be a multiple of 16 (NVFP4 blocks)")
+    if mtp and cfg.num_nextn_predict_layers != 1:
+        raise ValueError(
+            f"mtp=True needs num_nextn_predict_layers=1 (SGLang 0.5.23 loads one MTP layer), got "
+            f"{cfg.num_nextn_predict_layers}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = build_tiny_model(arch, seed, **dim_overrides)
@@ -254,7 +275,84 @@ def make_tiny_checkpoint(
         export_hf_checkpoint(model, export_dir=out, max_shard_size=_MAX_SHARD_SIZE)
     finally:
         torch.set_num_threads(threads)
+    if mtp:
+        _append_mtp_layer(out, cfg, seed)
     return out
+
+
+def _mtp_tensors(template: dict[str, torch.Tensor], cfg, seed: int) -> dict[str, torch.Tensor]:
+    """The bf16 MTP layer ``model.layers.{n}``: the MTP-only tensors and a decoder layer shaped
+    like ``template`` (the last layer's tensors, names relative to the layer), its NVFP4 weights
+    as bf16 ``[N, 2 * K/2]``; seeded like ``build_tiny_model`` (N(0, 1/fan_in), norms 1)."""
+    n, h = cfg.num_hidden_layers, cfg.hidden_size
+    g = torch.Generator().manual_seed(seed + 2)
+    shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {
+        "enorm.weight": (torch.bfloat16, (h,)),
+        "hnorm.weight": (torch.bfloat16, (h,)),
+        "eh_proj.weight": (torch.bfloat16, (h, 2 * h)),
+        "shared_head.norm.weight": (torch.bfloat16, (h,)),
+    }
+    for name, t in sorted(template.items()):
+        if name.endswith((".weight_scale", ".weight_scale_2", ".input_scale")):
+            continue
+        if t.dtype == torch.uint8:  # NVFP4: two values a byte
+            shapes[name] = (torch.bfloat16, (t.shape[0], 2 * t.shape[1]))
+        else:
+            shapes[name] = (t.dtype, tuple(t.shape))
+    out = {}
+    for name, (dtype, shape) in shapes.items():
+        if len(shape) >= 2:
+            v = torch.randn(shape, generator=g) * shape[-1] ** -0.5
+        elif name.endswith("e_score_correction_bias"):
+            v = torch.randn(shape, generator=g) * 0.05
+        elif name.endswith(".bias") and "norm" not in name:
+            v = torch.randn(shape, generator=g) * 0.02
+        else:
+            v = torch.zeros(shape) if name.endswith(".bias") else torch.ones(shape)
+        out[f"model.layers.{n}.{name}"] = v.to(dtype)
+    return out
+
+
+def _append_mtp_layer(out: Path, cfg, seed: int) -> None:
+    """Add the MTP layer to an exported checkpoint: one more shard, the index and both exclusion
+    lists (``config.json`` ``quantization_config.ignore``, ``hf_quant_config.json``)."""
+    from safetensors.torch import load_file, save_file
+
+    n = cfg.num_hidden_layers
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    wmap: dict[str, str] = index["weight_map"]
+    last = f"model.layers.{n - 1}."
+    if f"{last}mlp.experts.0.gate_proj.weight" not in wmap:
+        raise ValueError(f"layer {n - 1} is not an MoE layer: no template for the MTP layer")
+    template: dict[str, torch.Tensor] = {}
+    for shard in sorted({s for k, s in wmap.items() if k.startswith(last)}):
+        for k, t in load_file(str(out / shard)).items():
+            if k.startswith(last):
+                template[k.removeprefix(last)] = t
+    mtp = _mtp_tensors(template, cfg, seed)
+    shards = sorted(set(wmap.values()))
+    total = len(shards) + 1
+    renamed = {s: f"model-{i + 1:05d}-of-{total:05d}.safetensors" for i, s in enumerate(shards)}
+    for old, new in renamed.items():
+        (out / old).rename(out / new)
+    mtp_shard = f"model-{total:05d}-of-{total:05d}.safetensors"
+    save_file(mtp, str(out / mtp_shard), metadata={"format": "pt"})
+    index["weight_map"] = {k: renamed[s] for k, s in wmap.items()} | dict.fromkeys(mtp, mtp_shard)
+    meta = index.setdefault("metadata", {})
+    meta["total_size"] = meta.get("total_size", 0) + sum(
+        t.numel() * t.element_size() for t in mtp.values()
+    )
+    if "total_parameters" in meta:
+        meta["total_parameters"] += sum(t.numel() for t in mtp.values())
+    index_path.write_text(json.dumps(index, indent=2))
+    glob = f"model.layers.{n}*"
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["ignore"].append(glob)
+    (out / "config.json").write_text(json.dumps(config, indent=4))
+    hf_quant = json.loads((out / "hf_quant_config.json").read_text())
+    hf_quant["quantization"]["exclude_modules"].append(glob)
+    (out / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4))
 
 
 # ---- reading checkpoints back ----
