@@ -22,14 +22,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sglang_fp4ext import patch_check, patches
 from tests import test_sglang_layer
-from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, tiny_model_dir
+from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, run_python, tiny_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "patches" / "README.md"
@@ -326,12 +325,10 @@ def test_fused_moe_layer_on_patched_sglang(sglang_copies, tmp_path, seed, monkey
 
 
 def _cli_check(sglang_dir: Path | None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "sglang_fp4ext.cli", "patches", "check"]
+    argv = ["-m", "sglang_fp4ext.cli", "patches", "check"]
     if sglang_dir is not None:
-        cmd += ["--sglang-dir", str(sglang_dir)]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    env.pop("SGLANG_PLUGINS", None)
-    return subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=300)
+        argv += ["--sglang-dir", str(sglang_dir)]
+    return run_python(argv)
 
 
 @pytest.mark.sglang

@@ -7,12 +7,10 @@ loading and hook patching are process-global and irreversible.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 
 import pytest
 
-from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, tiny_model_dir
+from tests.sglang_cpu import free_port, prelude_cpu_layer, run_child, run_python, tiny_model_dir
 
 pytestmark = pytest.mark.sglang
 
@@ -157,12 +155,7 @@ def test_hook_targets_resolve_on_installed_sglang():
 
 
 def test_launch_server_help_lists_fp4ext():
-    proc = subprocess.run(
-        [sys.executable, "-m", "sglang.launch_server", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_python(["-m", "sglang.launch_server", "--help"])
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if "[--moe-runner-backend {" in ln)
     assert "fp4ext" in line
