@@ -3,13 +3,28 @@ reference server (SGLang's default NVFP4 MoE backend), and a token further than 
 below that server's best fails the check, however many prompts are identical.
 
 The rule on fixed inputs, then the command end to end on a tiny ModelOpt NVFP4 checkpoint through
-two real SGLang servers per run (CPU tier): it passes with fp4ext healthy, and fails, naming where
-each prompt diverges, with fp4ext's output broken on the checked server only
+real SGLang servers (CPU tier): it passes with fp4ext healthy, and fails, naming where each prompt
+diverges, with fp4ext's output broken on the checked server only
 (``SGLANG_FP4EXT_FAULT_INJECT=decode:reference``, which the reference server never inherits).
 SGLang's own NVFP4 MoE backends need a GPU (Blackwell, or Marlin on SM80+), so here the reference
 server runs fp4ext too (``-- --moe-runner-backend fp4ext``): these runs show that the servers,
 the scoring, the printed lines and the exit code can pass and can fail, not that fp4ext agrees
-with another backend.
+with another backend. In the passing run that reference would be the checked server again (same
+flags, no fault), so the check serves both parts from one server; the failing run starts two.
+
+The checkpoint is NVIDIA's GLM-5.x-NVFP4 layout (``checkpoint.NVIDIA_LAYOUT``): only the routed
+experts NVFP4; the shared expert, attention, the dense layer and the MTP layer bf16 and in the
+exclusion lists. SGLang then does not fuse the shared expert, so fp4ext serves E = 16 routed
+experts, top-k 4 (``16 local experts`` in the output), and the target's loader skips the MTP
+layer. Its architecture is GLM-4.5 (``Glm4MoeForCausalLM``: the same MoE block, sigmoid router
+with correction bias, bf16 shared expert beside it), not GLM-5's ``GlmMoeDsaForCausalLM``, which
+SGLang 0.5.23 cannot serve on a CPU: argument resolution calls
+``torch.cuda.get_device_capability()`` for DSA models (``arg_groups/model_hook.py:341``,
+RuntimeError without a GPU). Past that (capability faked, measured) SGLang picks CUDA-only DSA
+attention (``flashmla_sparse`` prefill, ``fa3`` decode), the model build stops in the DSA
+indexer's CPU rope (``layers/rotary_embedding/factory.py:478`` asserts a rope scaling), and the
+indexer has no CPU forward at all (``layers/attention/dsa/dsa_indexer.py:1888-1891``:
+``forward_native`` raises NotImplementedError).
 """
 
 from __future__ import annotations
@@ -67,12 +82,12 @@ def test_check_help_states_the_default_tolerance(capsys):
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     pytest.importorskip("modelopt.torch.export", reason="nvidia-modelopt is not importable")
-    from sglang_fp4ext.testing.checkpoint import make_tiny_checkpoint
+    from sglang_fp4ext.testing.checkpoint import NVIDIA_LAYOUT, make_tiny_checkpoint
 
-    # As `fp4ext check` builds its tiny model on a CPU (routed_scaling_factor: see check.py).
+    # routed_scaling_factor 1.0 as `fp4ext check` builds its tiny model on a CPU (see check.py).
     out = tmp_path_factory.mktemp("check-model") / "model"
     return make_tiny_checkpoint(
-        out, arch="glm4_moe", seed=0, quantize_shared_experts=False, routed_scaling_factor=1.0
+        out, arch="glm4_moe", seed=0, routed_scaling_factor=1.0, **NVIDIA_LAYOUT
     )
 
 
@@ -99,6 +114,12 @@ def test_check_model_passes_with_fp4ext_healthy(tiny_checkpoint):
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert ", fp4ext vs the fp4ext MoE backend" in proc.stdout
+    assert "  reference: the fp4ext server itself" in proc.stdout
+    assert re.findall(r"starting (.*) on 127", proc.stdout) == ["fp4ext server"], proc.stdout
+    # NVIDIA's layout: the bf16 shared expert stays out of the MoE (E = 16 routed, not 17).
+    for layer in (1, 2, 3):
+        line = f"  fp4ext served MoE layer {layer}: reference path, 16 local experts\n"
+        assert line in proc.stdout, proc.stdout
     for i in range(2):
         assert re.search(rf"^  prompt {i}: identical; ", proc.stdout, re.M), proc.stdout
     assert re.search(
@@ -117,6 +138,9 @@ def test_check_model_fails_with_fp4ext_broken_on_the_checked_server(tiny_checkpo
     proc = _check_model(tiny_checkpoint, fault="decode:reference")
     print(proc.stdout)
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "reference: the fp4ext server itself" not in proc.stdout
+    starts = re.findall(r"starting (.*) on 127", proc.stdout)
+    assert starts == ["fp4ext server", "default-backend server"], proc.stdout
     for i in range(2):
         assert re.search(rf"^  prompt {i}: diverges at token \d+; ", proc.stdout, re.M), proc.stdout
     verdict = re.search(r"^verdict: FAIL: .*$", proc.stdout, re.M)

@@ -5,7 +5,9 @@ judges every served token against ``transformers`` in float32 on the dequantised
 SGLang's default NVFP4 MoE backend on the same prompts (or the one ``--moe-runner-backend`` in the
 flags names: on a CPU, where SGLang's own need a GPU, only fp4ext runs): that server scores
 fp4ext's tokens teacher-forced, and one further than ``--tolerance`` below its best fails the
-check (exit 1), as does an MoE layer fp4ext did not serve.
+check (exit 1), as does an MoE layer fp4ext did not serve. ``--against no-speculation`` checks
+speculative decoding instead: flags that turn it on (``--speculative-algorithm NEXTN``, fp4ext
+the draft's MoE backend too) against the same flags without it.
 
 The arguments are checked before anything heavy is imported. Known third-party noise is kept
 off the terminal (``quiet``): torch's FutureWarnings and ModelOpt's untested-transformers
@@ -103,6 +105,14 @@ def run(args: argparse.Namespace) -> int:
     launch = list(args.sglang_args)
     if launch[:1] == ["--"]:
         launch = launch[1:]
+    if args.against == "no-speculation":
+        if not args.model_path:
+            raise UsageError("--against no-speculation checks a checkpoint: pass --model-path DIR")
+        if server.flag_value(launch, "--speculative-algorithm") is None:
+            raise UsageError(
+                "--against no-speculation compares a speculative server with the same flags "
+                "without speculation: pass e.g. -- --speculative-algorithm NEXTN"
+            )
     progress = _CheckProgress()
     try:
         if args.model_path:
@@ -120,17 +130,27 @@ def _check_model(args: argparse.Namespace, cfg: dict, launch: list[str], progres
     tolerance = e2e.GAP_TOLERANCE if args.tolerance is None else args.tolerance
     prompts = e2e.prompts_for(cfg["vocab_size"], args.prompts, seed=args.seed)
     named = server.flag_value(launch, "--moe-runner-backend")
+    no_spec = args.against == "no-speculation"
     against = f"the {named} MoE backend" if named else "SGLang's default NVFP4 MoE backend"
+    if no_spec:
+        against = "the same server without speculation"
+    checked = "fp4ext with speculation" if no_spec else "fp4ext"
     print(
         f"fp4ext check: {args.model_path}, {args.prompts} prompts x {args.tokens} tokens, "
-        f"fp4ext vs {against}"
+        f"{checked} vs {against}"
     )
+    if not no_spec and e2e.reference_is_checked_server(launch):
+        print(
+            "  reference: the fp4ext server itself (the flags name fp4ext and no fault is "
+            "injected: a second server would run the same command)"
+        )
     r = e2e.check_against_default_backend(
         args.model_path,
         launch,
         prompts=prompts,
         max_new_tokens=args.tokens,
         tolerance=tolerance,
+        against_no_speculation=no_spec,
         progress=progress,
     )
     for i, d in enumerate(r["first_divergence"]):
@@ -140,6 +160,9 @@ def _check_model(args: argparse.Namespace, cfg: dict, launch: list[str], progres
             + ("identical" if d is None else f"diverges at token {d}")
             + f"; largest gap of an fp4ext token below the default backend's best {worst:.2f}"
         )
+    for layer, runs in r["moe_layers_served"].items():
+        how = ", ".join(f"{path} path, {n} local experts" for path, n in runs)
+        print(f"  fp4ext served MoE layer {layer}: {how}")
     print(f"verdict: {r['line']} ({time.monotonic() - progress.t0:.0f} s)")
     return 0 if r["ok"] else 1
 
@@ -231,6 +254,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default=None,
         help="with --model-path: how far (in logits) an fp4ext token may sit below the default "
         "backend's best, scored teacher-forced (default 0.5: near-ties flip under bf16)",
+    )
+    p.add_argument(
+        "--against",
+        choices=["default-backend", "no-speculation"],
+        default="default-backend",
+        help="with --model-path: the reference server. default-backend (default): the same "
+        "flags with SGLang's default MoE backend; no-speculation: fp4ext on the same flags "
+        "without their --speculative-* ones, which must turn speculation on (e.g. -- "
+        "--speculative-algorithm NEXTN): the draft and the verify batches against plain decode",
     )
     p.add_argument(
         "sglang_args",

@@ -16,6 +16,7 @@ Used by ``fp4ext check`` and the end-to-end tests. The servers are ``server.SGLa
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -26,7 +27,7 @@ import torch
 from sglang_fp4ext import envs
 from sglang_fp4ext.nvfp4.format import dequantize_nvfp4
 from sglang_fp4ext.testing.cpu_workarounds import CPU_WORKAROUND_LOG
-from sglang_fp4ext.testing.server import Progress, SGLangServer, serving
+from sglang_fp4ext.testing.server import Progress, SGLangServer, flag_value, serving
 
 __all__ = [
     "dequantized_copy",
@@ -37,6 +38,9 @@ __all__ = [
     "served_moe_layers",
     "check_against_default_backend",
     "judge_against_default",
+    "checked_server_args",
+    "reference_is_checked_server",
+    "without_speculation",
 ]
 
 
@@ -177,30 +181,6 @@ def served_moe_layers(log: str) -> dict[int, set[tuple[str, int]]]:
     return served
 
 
-def serve_greedy(
-    model_path,
-    extra_args,
-    env,
-    prompts,
-    max_new_tokens,
-    log_path=None,
-    *,
-    name="SGLang server",
-    progress: Progress | None = None,
-):
-    """Start SGLang, greedy-generate every prompt, stop it; returns (outputs, full server log)."""
-    server = SGLangServer(model_path, extra_args, env=env, log_path=log_path, name=name)
-    with serving(server, progress=progress):
-        if progress:
-            progress(
-                "phase",
-                f"generating {len(prompts)} prompts x {max_new_tokens} tokens on the {name}",
-            )
-        outs = [server.generate(p, max_new_tokens) for p in prompts]
-        log = server.log(tail=10**8)
-    return outs, log
-
-
 def check_checkpoint_against_oracle(
     ckpt_dir,
     *,
@@ -305,6 +285,44 @@ def check_checkpoint_against_oracle(
     return result
 
 
+def checked_server_args(launch_args) -> list[str]:
+    """The checked server's flags: ``launch_args`` with fp4ext as the MoE backend and, when they
+    turn speculative decoding on and name no draft backend, as the draft's too
+    (``--speculative-moe-runner-backend fp4ext``; SGLang 0.5.23 would copy the target's anyway,
+    ``arg_groups/overrides.py`` ``_speculative_moe_runner_default``)."""
+    args = [*launch_args, "--moe-runner-backend", "fp4ext"]
+    speculative = flag_value(args, "--speculative-algorithm") is not None
+    if speculative and flag_value(args, "--speculative-moe-runner-backend") is None:
+        args += ["--speculative-moe-runner-backend", "fp4ext"]
+    return args
+
+
+def without_speculation(launch_args) -> list[str]:
+    """``launch_args`` without their ``--speculative-*`` flags (each with its value, unless the
+    next item is a flag: the boolean ones take none)."""
+    args, out, i = list(launch_args), [], 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--speculative-"):
+            takes_value = "=" not in a and i + 1 < len(args) and not args[i + 1].startswith("--")
+            i += 2 if takes_value else 1
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def reference_is_checked_server(launch_args, env=None) -> bool:
+    """Whether ``check_against_default_backend``'s reference server would be its checked server
+    again: the launch flags already name fp4ext (``--moe-runner-backend fp4ext``, as on a CPU,
+    where SGLang's own NVFP4 MoE backends need a GPU) and no fault is injected (the checked server
+    inherits ``SGLANG_FP4EXT_FAULT_INJECT`` from ``env``, default ``os.environ``; the reference
+    never does). Then both would run the same command in the same environment."""
+    env = os.environ if env is None else env
+    named = flag_value(list(launch_args), "--moe-runner-backend")
+    return named == "fp4ext" and not env.get(envs.FAULT_INJECT.name)
+
+
 def check_against_default_backend(
     model_path,
     launch_args,
@@ -312,33 +330,63 @@ def check_against_default_backend(
     prompts: list[list[int]],
     max_new_tokens: int = 16,
     tolerance: float = GAP_TOLERANCE,
+    against_no_speculation: bool = False,
     progress: Progress | None = None,
 ) -> dict:
     """fp4ext vs SGLang's default NVFP4 MoE backend on the same model and flags, one server
     after the other (a real model fills the GPUs): fp4ext generates greedily first; the
     default-backend server then generates its own greedy tokens and scores fp4ext's teacher-forced
     (``choice_gaps``), since greedy tokens legitimately drift apart between W4A16 and W4A4
-    numerics. The verdict is :func:`judge_against_default`'s."""
+    numerics. The verdict is :func:`judge_against_default`'s.
+
+    When the reference would be the checked server again (:func:`reference_is_checked_server`),
+    the checked server plays both parts and no second server starts (``reference`` in the result
+    says which): it generates the reference's tokens again and scores its own, as an identical
+    second server would.
+
+    ``against_no_speculation``: the launch flags turn speculative decoding on (NextN / MTP), and
+    the reference is fp4ext on the same flags without their ``--speculative-*`` ones
+    (:func:`without_speculation`), so only speculation differs: the draft and the target's verify
+    batches (``B x draft tokens`` rows) against plain decode."""
     say = progress or (lambda kind, text: None)
     base = list(launch_args)
-    outs_fp4ext, log = serve_greedy(
-        model_path,
-        [*base, "--moe-runner-backend", "fp4ext"],
-        None,
-        prompts,
-        max_new_tokens,
-        name="fp4ext server",
-        progress=progress,
-    )
+    if against_no_speculation and flag_value(base, "--speculative-algorithm") is None:
+        raise ValueError("against_no_speculation needs --speculative-algorithm in launch_args")
+    one_server = not against_no_speculation and reference_is_checked_server(base)
+    checked = SGLangServer(model_path, checked_server_args(base), name="fp4ext server")
     # A fault injected for the check (SGLANG_FP4EXT_FAULT_INJECT) breaks the checked server only:
     # the reference runs fp4ext too where the launch flags name it (a CPU has no other backend).
     no_fault = {envs.FAULT_INJECT.name: ""}
-    default = SGLangServer(model_path, base, env=no_fault, name="default-backend server")
-    with serving(default, progress=progress):
-        say("phase", f"generating {len(prompts)} prompts on the default-backend server")
+    if against_no_speculation:
+        ref_args, ref_name = checked_server_args(without_speculation(base)), "no-speculation"
+    else:
+        ref_args, ref_name = base, "default-backend"
+    default = (
+        checked
+        if one_server
+        else SGLangServer(model_path, ref_args, env=no_fault, name=f"{ref_name} server")
+    )
+
+    def reference_pass(outs_fp4ext):
+        who = "the same server" if one_server else f"the {ref_name} server"
+        say("phase", f"generating {len(prompts)} prompts on {who} (reference)")
         outs_default = [default.generate(p, max_new_tokens) for p in prompts]
-        say("phase", "scoring fp4ext's tokens on the default-backend server (teacher-forced)")
+        say("phase", f"scoring fp4ext's tokens on {who} (teacher-forced)")
         gaps = [default.choice_gaps(p, o) for p, o in zip(prompts, outs_fp4ext)]
+        return outs_default, gaps
+
+    with serving(checked, progress=progress):
+        say(
+            "phase",
+            f"generating {len(prompts)} prompts x {max_new_tokens} tokens on the fp4ext server",
+        )
+        outs_fp4ext = [checked.generate(p, max_new_tokens) for p in prompts]
+        if one_server:
+            outs_default, gaps = reference_pass(outs_fp4ext)
+        log = checked.log(tail=10**8)
+    if not one_server:
+        with serving(default, progress=progress):
+            outs_default, gaps = reference_pass(outs_fp4ext)
     first_diff = []
     for a, b in zip(outs_default, outs_fp4ext):
         d = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
@@ -349,6 +397,7 @@ def check_against_default_backend(
     return {
         "default": outs_default,
         "fp4ext": outs_fp4ext,
+        "reference": "checked server" if one_server else "second server",
         "identical_prompts": sum(d is None for d in first_diff),
         "first_divergence": first_diff,
         "gaps": gaps,
