@@ -25,14 +25,13 @@ absorbed-MLA path decode uses).
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
+
+from tests.sglang_cpu import run_python
 
 # The README's main command on its bundled tiny GLM-4.5 (glm4_moe, BF16 shared expert), with the
 # seed of this module's checkpoint. It serves the glm45 case of the assertions below as well:
@@ -51,13 +50,7 @@ def glm45_cli(tmp_path_factory):
     from sglang_fp4ext.testing import e2e
 
     root = tmp_path_factory.mktemp("glm45")
-    proc = subprocess.run(
-        [sys.executable, "-m", "sglang_fp4ext", *CLI_GLM45, "--work-dir", str(root)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+    proc = run_python(["-m", "sglang_fp4ext", *CLI_GLM45, "--work-dir", str(root)], timeout=1200)
     result = root / "result.json"  # written whether the check passes or not
     assert result.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
     r = json.loads(result.read_text())
@@ -162,26 +155,9 @@ def test_fp4ext_check_cli_port_taken_fails_at_once(tmp_path):
         taken.listen(1)
         port = taken.getsockname()[1]
         t0 = time.monotonic()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sglang_fp4ext",
-                "check",
-                "--work-dir",
-                str(tmp_path),
-                "--prompts",
-                "1",
-                "--tokens",
-                "1",
-                "--",
-                "--port",
-                str(port),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        proc = run_python(
+            ["-m", "sglang_fp4ext", "check", "--work-dir", str(tmp_path), "--prompts", "1"]
+            + ["--tokens", "1", "--", "--port", str(port)]
         )
         elapsed = time.monotonic() - t0
     print(f"fp4ext check on a taken port: exit {proc.returncode} after {elapsed:.1f} s")

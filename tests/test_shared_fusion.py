@@ -13,8 +13,6 @@ export layout: ``config.json``'s ``quantization_config.ignore`` and ``hf_quant_c
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ from sglang_fp4ext.shared_fusion import (
     fusion_disable_reason,
     shared_expert_excluded,
 )
-from tests.sglang_cpu import run_children
+from tests.sglang_cpu import run_children, start_python
 
 #: zai-org/GLM-5-FP8 config.json, the keys SGLang's argument resolution and model config read.
 GLM5_CONFIG = {
@@ -118,21 +116,9 @@ def test_info_states_fusion_and_the_per_rank_shape(ckpts):
     """NVIDIA's layout: no fusion, E=256 top_k=8 at TP8; shared expert quantized: fused, E=257
     top_k=9. Each with the tables that hold the shape (both run as ``fp4ext info`` does)."""
     procs = {
-        name: subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sglang_fp4ext.cli",
-                "info",
-                "--model-path",
-                str(ckpts[name]),
-                "--tp",
-                "8",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
+        name: start_python(
+            ["-m", "sglang_fp4ext.cli", "info", "--model-path", str(ckpts[name]), "--tp", "8"]
+        )
         for name in ("nvidia", "shared-quantized")
     }
     out = {}

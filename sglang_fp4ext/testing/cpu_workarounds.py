@@ -129,7 +129,18 @@ def cpu_server_args() -> tuple[list[str], dict[str, str]]:
         env["SGLANG_PLUGINS"] = f"{os.environ['SGLANG_PLUGINS']},{CPU_WORKAROUND_PLUGIN}"
     # SGLang's CPU memory profile fails a server whose free memory drops by more than 1 - this
     # fraction while it loads; a second server starting beside it took 10.3% (CI, two at once).
+    # A KV pool of 8,192 tokens holds every test request many times over; sized from the memory
+    # fraction instead, its allocation cost each start 2-6 s of the 2-core machine's CPU.
     return (
-        ["--device", "cpu", "--attention-backend", "torch_native", "--mem-fraction-static", "0.2"],
+        [
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--mem-fraction-static",
+            "0.2",
+            "--max-total-tokens",
+            "8192",
+        ],
         env,
     )
