@@ -6,6 +6,9 @@
 * GPU tier: tests marked ``gpu`` run only where ``torch.cuda.is_available()``; elsewhere they skip.
 * Tests marked ``sglang`` need SGLang importable; they skip where it is not (e.g. the H200 box).
 
+Under ``-n auto --dist loadfile`` (the README's command) the slowest modules start first
+(``SLOW_MODULES``), so that no long module starts last while the other worker runs out of work.
+
 Random data is fresh every run: the ``seed`` fixture draws a new seed and prints it, so a failure
 can be replayed with ``FP4EXT_TEST_SEED=<seed>``.
 """
@@ -53,6 +56,41 @@ def pytest_collection_modifyitems(config, items):
                 has_sgl = _has_sglang()
             if not has_sgl:
                 item.add_marker(skip_sgl)
+
+
+#: Seconds per module (``--durations`` summed over its tests and fixtures, two workers on the
+#: shared 2-core machine under load; ``test_check_verdict``: the last full CI run), for modules
+#: over ~100 s. xdist's loadfile scheduler hands out modules by test count, most first, which
+#: started the longest (SGLang servers) among the last. Here they go first, longest first, and the
+#: many short modules fill in behind. A missing or stale entry changes only the order, never what
+#: runs.
+SLOW_MODULES = {
+    "test_e2e_server.py": 525,
+    "test_prefill_kernels.py": 518,
+    "test_check_verdict.py": 443,
+    "test_plugin.py": 260,
+    "test_server_harness.py": 249,
+    "test_patches.py": 160,
+    "test_aot_compile.py": 149,
+    "test_sglang_layer.py": 146,
+    "test_capture_policy.py": 132,
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlowModulesFirst(LoadFileScheduling):
+        # xdist 3.x pops the next module from the front of ``workqueue`` here.
+        def _assign_work_unit(self, node):
+            slowest = max(self.workqueue, key=lambda m: SLOW_MODULES.get(m.rsplit("/", 1)[-1], 0))
+            self.workqueue.move_to_end(slowest, last=False)  # max() keeps the first of ties
+            super()._assign_work_unit(node)
+
+    return SlowModulesFirst(config, log)
 
 
 @pytest.fixture
