@@ -147,7 +147,7 @@ def _coop(
     ``_grid_sync``'s two counters (zero before the first call, left so by every call). The timing
     probe (``TIMES``; ``benchmarks/experiments/coop_phases.py``) can also skip GEMM1
     (``PROBE_SKIP1``: GEMM2 alone, on a stale intermediate) and read the intermediate with
-    another cache modifier (``PROBE_XC2``; only ".cg" is correct)."""
+    another cache modifier (``PROBE_XC2``: "" reads through L1; only ".cg" is tested)."""
     if TIMES:
         _stamp(times_ptr, 0)
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
