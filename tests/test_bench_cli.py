@@ -278,8 +278,11 @@ def test_benchmark_suite_collects_and_skips_without_gpu():
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
-    # presets x T x (torch peer, fp4ext, 2 SGLang peers, the triton_kernels peer)
-    n = len(model_shapes.PRESETS) * 2 * 5
+    # layer: presets x T x (torch peer, fp4ext, 2 SGLang peers, the triton_kernels peer);
+    # block: presets with a separate bf16 shared expert x T x (fp4ext, SGLang's Marlin)
+    from benchmarks.test_moe_block import BLOCK_PRESETS
+
+    n = len(model_shapes.PRESETS) * 2 * 5 + len(BLOCK_PRESETS) * 2 * 2
     assert f"{n} skipped" in r.stdout, r.stdout
     assert "passed" not in r.stdout and "error" not in r.stdout.lower()
     assert "no CUDA GPU: this suite times CUDA-graph replay" in r.stdout
