@@ -56,7 +56,7 @@ def _variants():
     tl.dot fallback: the tiles the self-check falls back to)."""
     shapes = {MoEShape(257, 6144, 256, 9), MoEShape(256, 6144, 256, 8), MoEShape(32, 6144, 2048, 8)}
     cfgs = set()
-    for path in sorted(C._CONFIG_DIR.glob("*.json")):
+    for path in sorted(C.SHIPPED_CONFIG_DIR.glob("*.json")):
         for key, buckets in C.load_table(json.loads(path.read_text())["device_name"]).items():
             E, H, I, k = (int(kv.split("=")[1]) for kv in key.split(","))
             cfgs |= {(k, c) for c in buckets.values()}

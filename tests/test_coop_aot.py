@@ -106,7 +106,7 @@ def _requests():
     """``((E, H, I, top_k), T, repr(config))``: the fixed configs at every shape (T = 1), and every
     one-launch config the shipped tables name, at its shape and bucket."""
     req = [(s, 1, c) for s in _SHAPES for c in _FIXED]
-    for path in sorted(C._CONFIG_DIR.glob("*.json")):
+    for path in sorted(C.SHIPPED_CONFIG_DIR.glob("*.json")):
         for key, buckets in C.load_table(json.loads(path.read_text())["device_name"]).items():
             dims = dict(kv.split("=") for kv in key.split(","))
             s = tuple(int(dims[d]) for d in ("E", "H", "I", "top_k"))

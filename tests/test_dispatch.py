@@ -47,7 +47,7 @@ def tables(tmp_path, monkeypatch):
 
     def put(shape: MoEShape, entries: dict):
         doc = C.table_document(name, {shape.key(): entries})
-        (tmp_path / C._file_name(name)).write_text(json.dumps(doc))
+        (tmp_path / C.table_file_name(name)).write_text(json.dumps(doc))
         C.clear_table_cache()
 
     yield put, target

@@ -92,7 +92,7 @@ def _served_heuristic(shape):
 def _gluon_configs():
     """(top_k, DecodeConfig) of every Gluon config: tables + the heuristic's tiles as Gluon."""
     cfgs = set()
-    for path in sorted(C._CONFIG_DIR.glob("*.json")):
+    for path in sorted(C.SHIPPED_CONFIG_DIR.glob("*.json")):
         for key, buckets in C.load_table(json.loads(path.read_text())["device_name"]).items():
             k = int(key.split("top_k=")[1])
             cfgs |= {(k, c) for c in buckets.values() if getattr(c, "kernels", "") == "gluon"}

@@ -181,7 +181,7 @@ def test_override_and_reset():
 
 
 def _tables():
-    return sorted(C._CONFIG_DIR.glob("*.json"))
+    return sorted(C.SHIPPED_CONFIG_DIR.glob("*.json"))
 
 
 def test_tables_parse_and_are_used(tmp_path, monkeypatch):
@@ -209,7 +209,7 @@ def test_tables_parse_and_are_used(tmp_path, monkeypatch):
             if buckets[big].path == "prefill":
                 assert C.select(4 * big, shape, tgt) == buckets[big]
     # A table written to a temporary config dir is picked up by device name.
-    monkeypatch.setattr(table_files, "_CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(table_files, "SHIPPED_CONFIG_DIR", tmp_path)
     C.clear_table_cache()
     try:
         cfg = DotDecodeConfig(grid="experts", block_n1=128, split_k1=2)

@@ -164,7 +164,7 @@ def test_malformed_table_fails_loudly_at_lookup(user_dir):
 
 
 def test_shipped_tables_are_v2_and_complete():
-    for path in sorted(C._CONFIG_DIR.glob("*.json")):
+    for path in sorted(C.SHIPPED_CONFIG_DIR.glob("*.json")):
         raw = json.loads(path.read_text())
         assert raw.get("version") == C.TABLE_VERSION, f"{path.name} is not a v2 table"
         dev, entries = C.read_table_file(path)

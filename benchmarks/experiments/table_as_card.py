@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from sglang_fp4ext.moe.tables import _file_name, table_path
+from sglang_fp4ext.moe.tables import table_file_name, table_path
 
 ap = argparse.ArgumentParser()
 ap.add_argument("dir")
@@ -23,5 +23,5 @@ if not (a.unless_h200 and name == "NVIDIA H200"):
     t = json.load(open(a.src))
     t["device_name"] = name
     os.makedirs(a.dir, exist_ok=True)
-    json.dump(t, open(os.path.join(a.dir, _file_name(name)), "w"))
+    json.dump(t, open(os.path.join(a.dir, table_file_name(name)), "w"))
     print(a.src, "as the table of", name, "in", a.dir)

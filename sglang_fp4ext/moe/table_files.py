@@ -21,6 +21,8 @@ from sglang_fp4ext.moe.table_format import ConfigTableError, read_table_file
 
 __all__ = [
     "CONFIG_DIR_ENV",
+    "SHIPPED_CONFIG_DIR",
+    "table_file_name",
     "clear_table_cache",
     "load_entries",
     "load_table",
@@ -31,18 +33,20 @@ __all__ = [
     "user_table_path",
 ]
 
-_CONFIG_DIR = Path(__file__).parent / "configs"
+#: The tables that ship with the package, one ``table_file_name(device)`` each.
+SHIPPED_CONFIG_DIR = Path(__file__).parent / "configs"
 #: Environment variable naming the user table directory (checked before the shipped tables).
 CONFIG_DIR_ENV = envs.CONFIG_DIR.name
 
 
-def _file_name(device_name: str) -> str:
+def table_file_name(device_name: str) -> str:
+    """A device's table file name (spaces and slashes become underscores)."""
     return device_name.replace(" ", "_").replace("/", "_") + ".json"
 
 
 def table_path(device_name: str) -> Path:
     """The shipped table of ``device_name`` (``moe/configs/<name>.json``)."""
-    return _CONFIG_DIR / _file_name(device_name)
+    return SHIPPED_CONFIG_DIR / table_file_name(device_name)
 
 
 def user_config_dir() -> Path:
@@ -51,7 +55,7 @@ def user_config_dir() -> Path:
 
 
 def user_table_path(device_name: str) -> Path:
-    return user_config_dir() / _file_name(device_name)
+    return user_config_dir() / table_file_name(device_name)
 
 
 def start_table_path(device_name: str) -> Path:
@@ -60,7 +64,7 @@ def start_table_path(device_name: str) -> Path:
     import triton
 
     versions = f"triton-{triton.__version__}_fp4ext-{__version__}"
-    return user_config_dir() / "tuned-at-start" / versions / _file_name(device_name)
+    return user_config_dir() / "tuned-at-start" / versions / table_file_name(device_name)
 
 
 @functools.cache

@@ -37,14 +37,14 @@ from sglang_fp4ext.moe import paths, untabled
 from sglang_fp4ext.moe.prefill.config import wgmma_supports_shape
 from sglang_fp4ext.moe.shape import MoEShape, Target, current_target, token_bucket
 from sglang_fp4ext.moe.table_files import (  # noqa: F401  (re-exported, see the docstring)
-    _CONFIG_DIR,
     CONFIG_DIR_ENV,
-    _file_name,
+    SHIPPED_CONFIG_DIR,
     clear_table_cache,
     load_entries,
     load_table,
     shape_table,
     start_table_path,
+    table_file_name,
     table_path,
     user_config_dir,
     user_table_path,
