@@ -140,13 +140,7 @@ class MoEBlock:
 
     def fp4ext(self, T: int) -> Routed:
         """fp4ext's routed experts on the path and config the dispatcher serves for ``T``."""
-        from sglang_fp4ext.moe import paths
-
-        layer = self.layer
-        path = layer.served_path(T)
-        run, cfg = paths.get(path).launcher(), layer.config(T, path)
-        outs = layer.inputs(T)[2]
-        return lambda x, c, ids, tw, i: run(x, layer.prepared[c], ids, tw, out=outs[i], config=cfg)
+        return self.layer.routed(T)
 
     def check(
         self, T: int, routed: Routed, *, pack=None, rms: float = 5e-3, max_rel: float = 1e-2

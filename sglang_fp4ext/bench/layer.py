@@ -50,18 +50,20 @@ class Layer(TimedLayer):
     def ours(self, T: int, path: str | None = None) -> Callable[[int], object]:
         """Step over the inputs for fp4ext on ``path`` (default: the one served for ``T``) with
         the config :meth:`config` gives."""
+        run = self.routed(T, path)
+        xs, routes, _ = self.inputs(T)
+        return lambda i: run(xs[i], i % self.copies, routes[i][0], routes[i][1], i)
+
+    def routed(self, T: int, path: str | None = None):
+        """fp4ext on ``path`` (default: the one served for ``T``) as ``run(x, copy, ids, weights,
+        i)``, writing input ``i``'s output buffer: the step :meth:`ours` replays, and the routed
+        experts of ``bench.block``."""
         from sglang_fp4ext.moe import paths
 
         path = path or self.served_path(T)
-        run = paths.get(path).launcher()
-        cfg = self.config(T, path)
-        xs, routes, outs = self.inputs(T)
-
-        def step(i):
-            ids, tw, _ = routes[i]
-            return run(xs[i], self.prepared[i % self.copies], ids, tw, out=outs[i], config=cfg)
-
-        return step
+        run, cfg = paths.get(path).launcher(), self.config(T, path)
+        outs = self.inputs(T)[2]
+        return lambda x, c, ids, tw, i: run(x, self.prepared[c], ids, tw, out=outs[i], config=cfg)
 
     def peer(self, T: int) -> Callable[[int], object]:
         from sglang_fp4ext.bench.peers import TorchGroupedMMMoE
