@@ -15,8 +15,8 @@ explicit E/H/I/top-k) and each token bucket (default 1, 2, 4, ..., 8192):
    this bucket on this GPU (shipped or user table, when its path is in range): a re-tune never
    writes a config slower than the one it replaces (the tables hold configs from hand sweeps that
    the search space may not reach), and keeps it unless a candidate is :data:`KEEP_MARGIN` (1%)
-   faster; the others run in a fixed priority order until the bucket's
-   share of ``--budget-s`` is spent;
+   faster; the others run in a fixed priority order while a candidate's median time (compile
+   included) still fits in the bucket's share of ``--budget-s``;
 3. the fastest candidate is checked against the fp32 torch twin (``fused_moe_nvfp4_torch``,
    output NaN-poisoned first): ``rms_rel <= 5e-3`` and ``max_rel <= 1e-2`` (normalised by
    ``max|ref|``), the bounds the GPU tests hold both paths to (three bf16 roundings, fp32
@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import logging
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -133,10 +134,14 @@ def _incumbent(device_name: str, key: str, bucket: int) -> TableEntry | None:
         return None
 
 
-def _tune_bucket(layer, T, space, deadline, timer, log, progress=None, incumbent=None):
+def _tune_bucket(layer, T, space, deadline, timer, log, progress=None, incumbent=None, spent=None):
     """Time ``space``'s candidates for ``T`` until ``deadline``; check the fastest.
     ``progress``: a :class:`~sglang_fp4ext.progress.Progress` whose postfix follows the timing.
-    ``incumbent``: the tables' entry for this bucket, timed right after the heuristics, always."""
+    ``incumbent``: the tables' entry for this bucket, timed right after the heuristics, always.
+    ``spent``: seconds each earlier candidate took (compile included; appended to): one is
+    started only when the median of those still fits before ``deadline``, so a budget is not
+    overrun by a candidate begun just before its end."""
+    spent = [] if spent is None else spent
     xs, routes, outs = layer.inputs(T)
     copies = layer.copies
 
@@ -166,7 +171,8 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None, incumbent
         heuristic = cfg is space[path][0]
         always = heuristic or cfg is inc
         is_inc = inc is not None and path == incumbent.path and cfg == inc
-        if not always and time.monotonic() > deadline:
+        t0 = time.monotonic()
+        if not always and t0 + (statistics.median(spent) if spent else 0.0) > deadline:
             log["skipped_for_budget"] = len(order) - n
             break
         rec = {"path": path, "config": cfg.to_dict(), "heuristic": heuristic}
@@ -176,6 +182,7 @@ def _tune_bucket(layer, T, space, deadline, timer, log, progress=None, incumbent
             rec["us"] = timer(step_for(path, cfg), len(xs))
         except Exception as exc:  # a config that fails to compile or launch is recorded, skipped
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        spent.append(time.monotonic() - t0)
         timings.append(rec)
         if progress is not None:
             progress.postfix(bar_postfix(T, n + 1, len(order), timings))
@@ -284,6 +291,7 @@ def tune(
     )
     log["table"] = str(table_file)
     t_end = time.monotonic() + budget_s
+    spent: list[float] = []  # seconds per timed candidate, compile included
     total = len(shapes) * len(buckets)
     done = 0
     for si, ms in enumerate(shapes):
@@ -301,7 +309,7 @@ def tune(
             blog = {"candidates": {p: len(c) for p, c in space.items()}}
             slog["buckets"][str(b)] = blog
             incumbent = _incumbent(device_name, mshape.key(), b)
-            entry = _tune_bucket(layer, b, space, deadline, timer, blog, bar, incumbent)
+            entry = _tune_bucket(layer, b, space, deadline, timer, blog, bar, incumbent, spent)
             blog["seconds"] = round(time.monotonic() - t0, 2)
             done += 1
             if entry is None:

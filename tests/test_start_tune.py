@@ -370,7 +370,8 @@ def test_first_start_on_the_gpu_matches_the_shipped_table(tmp_path, monkeypatch)
     """GLM-5 TP8 on this GPU with its shipped table hidden (the target is renamed, so no table
     has the shape): the first start's wall time, a second start tuning nothing, and each captured
     bucket's start-tuned config against the shipped one, timed in one process (graph replay,
-    best of 3 interleaved rounds): within 5%. ``FP4EXT_START_BUDGET_S`` sets the budget (300 s);
+    best of 3 interleaved rounds): within 5%, and the start within 10% of its budget.
+    ``FP4EXT_START_BUDGET_S`` sets the budget (300 s, the ``on`` default);
     ``FP4EXT_RESULTS_DIR`` receives ``first_start_<GPU>.json``."""
     from sglang_fp4ext.bench.layer import Layer
     from sglang_fp4ext.graph_timing import time_graph_replay
@@ -425,3 +426,5 @@ def test_first_start_on_the_gpu_matches_the_shipped_table(tmp_path, monkeypatch)
     print(json.dumps(record, indent=1))
     slow = [r for r in rows if r["start"] > 1.05 * r["shipped"]]
     assert not slow, f"start-tuned slower than shipped by > 5%: {slow}"
+    # Each bucket's heuristics run whatever is left, so a start may pass its budget by those.
+    assert wall <= 1.1 * budget, f"the start took {wall:.0f} s of a {budget:.0f} s budget"

@@ -281,7 +281,8 @@ def test_decode_search_space_times_gluon_gemm1s_register_cap_not_its_missing_sta
     """The Gluon decode kernels have no pipeline stages (their K loops prefetch in registers), so
     their config has none and no candidate is another timed twice. From 32 tokens
     that slot times GEMM1 under its register cap instead (``gemm1_reg_cap``), and the 4-warp
-    GEMM1 is timed capped too (the H200's fastest at 64-128 tokens in the closing run)."""
+    GEMM1 is timed capped too (the H200's fastest at 64-128 tokens in the closing run), within the
+    first four candidates, where a start's short budget reaches it."""
     from sglang_fp4ext import target_info
 
     monkeypatch.setattr(target_info, "is_interpreter", lambda: False)
@@ -294,6 +295,13 @@ def test_decode_search_space_times_gluon_gemm1s_register_cap_not_its_missing_sta
             capped = [c for c in cands if getattr(c, "maxnreg1", 0)]
             if b < 32:
                 assert not capped, (shape, b, capped)
+            elif cands[0].kernels == "gluon":  # the tables' frequent winner right after the
+                wide = [
+                    getattr(c, "maxnreg1", 0)
+                    for c in cands[:4]
+                    if c.warps1 == 4 and c.block_n1 == 128
+                ]
+                assert 168 in wide, (shape, b, cands[:4])  # heuristic
             for c in capped:
                 plain = dataclasses.replace(c, maxnreg1=0)
                 assert plain in cands and c.maxnreg1 == TS.gemm1_reg_cap(plain), (shape, b)
@@ -458,6 +466,32 @@ def test_retune_times_the_tables_entry_and_keeps_it_when_it_is_fastest(user_dir,
         )
         assert log["shapes"][shape.key()]["buckets"]["1"]["incumbent_us"] == 20.0
         assert C.load_entries("Test GPU")[shape.key()][1] == TableEntry("decode", want), heur_us
+
+
+def test_a_candidate_starts_only_when_its_median_time_fits_the_buckets_share(
+    user_dir, seed, monkeypatch
+):
+    """Each candidate (compile included) takes 2 s of a 5 s budget on a clock the test moves: the
+    heuristic and one more run (2 + 2 <= 5); a third would end at 6 s, so it is not started and the
+    tune ends within its budget (a deadline-only rule started it at 4 s and overran by 1 s)."""
+    import types
+
+    tiny = model_shapes.ModelShape("tiny", 8, 2, 256, 128, 1)
+    tgt = Target("sm_90", "Test GPU", 132)
+    clock = [0.0]
+    monkeypatch.setattr(TU, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def timer(step, n):
+        clock[0] += 2.0
+        return 10.0 + clock[0]  # the heuristic is the fastest
+
+    log = TU.tune(
+        [tiny], [1], budget_s=5.0, quick=True, copies=1, seed=seed, device="cpu", timer=timer,
+        target=tgt, ranges=_D1_P2, stream=io.StringIO(),
+    )  # fmt: skip
+    blog = log["shapes"]["E=8,H=256,I=128,top_k=2"]["buckets"]["1"]
+    assert len(blog["timings"]) == 2 and blog["skipped_for_budget"] >= 1, blog
+    assert clock[0] <= 5.0 and blog["winner"] == "decode"
 
 
 def test_heuristic_over_best_compares_within_each_path():

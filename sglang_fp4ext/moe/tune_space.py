@@ -143,9 +143,14 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         return r(c, maxnreg1=cap) if cap and b >= 32 else None
 
     other = "dot" if base.kernels == "gluon" else "gluon"
+    # From 32 tokens the shipped tables' most frequent winner (H100 and H200, TP8 and EP8, at
+    # 32-128 tokens): GEMM1 on 4 warps and 128 rows under its register cap. A start's short
+    # budget times a bucket's first few candidates only, so it comes right after the heuristic.
+    first = [lambda: capped(wide1()), lambda: capped(base)] if b >= 32 else []
     make = [
         lambda: base,
         lambda: plain,  # the heuristic without its small-T / hot-expert forms
+        *first,
         lambda: r(plain, kernels=other),  # both families are timed
         flip,
         # the pairs GEMM2's other top-k combine; its pair chunks over 4 programs (hot experts)
