@@ -23,6 +23,9 @@
 #             the alternate stream): fp4ext vs SGLang's Marlin, TP8 and EP8 (.peers carried)
 #   coop      the one-launch family: its GPU tier (tests/test_coop_gpu.py), then its candidates
 #             against the shipped config, GLM-5 TP8 and EP8, T = 1..16 (COOP_T)
+#   phases    where the one-launch decode's time goes (coop_phases.py: per-program timestamps)
+#   start     first start on this card with its shipped table hidden: tuning at start within
+#             START_BUDGET (default 300 s, the `on` budget), its table against the shipped one
 # AS_TABLE=path: that table (e.g. the H200's on an H100) serves as this card's, for the GPU tiers
 # of a table whose card is not lent (timings then belong to this card, not the table's).
 # Results: $OUT/run.log (summary) and $OUT/$PACK.tar.gz (every log and JSON).
@@ -178,6 +181,34 @@ echo rc=$? >> $R/block.log; grep " T=\|rc=\|Error" $R/block.log | cut -c1-230 >>
 timeout $(cap 90) python -m sglang_fp4ext bench --block --preset glm5-ep8 --tokens 1,8 --replays 10 \
   --out $R > $R/bench_block_cli.log 2>&1
 echo rc=$? >> $R/bench_block_cli.log; tail -6 $R/bench_block_cli.log | cut -c1-200 >> $OUT/run.log; pack
+}
+
+part_phases() {
+step coop_phases
+timeout $(cap 200) python benchmarks/experiments/coop_phases.py --out $R > $R/coop_phases.log 2>&1
+echo rc=$? >> $R/coop_phases.log; pack
+python - "$R/coop_phases.json" >> $OUT/run.log 2>&1 <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(f"{r['case']:<40} 1L {r['events_one_launch_us']:.1f} 2L {r['events_two_launches_us']:.1f}"
+          f" span {r['span_us']:.1f} g1 {r['gemm1_max_us']:.1f} g2 {r['gemm2_max_us']:.1f}"
+          f" g2first {r['gemm2_first_item_median_us']:.1f} diff {r['max_abs_vs_two_launches']:.1e}")
+PY
+}
+
+part_start() {
+step first_start
+FP4EXT_RESULTS_DIR=$R/first_start FP4EXT_START_BUDGET_S=${START_BUDGET:-300} timeout $(cap 480) \
+  python -m pytest -p no:cacheprovider -q -s -m gpu tests/test_start_tune.py \
+  -k first_start_on_the_gpu > $R/first_start.log 2>&1
+echo rc=$? >> $R/first_start.log; pack
+grep "passed\|failed\|rc=\|Error" $R/first_start.log | tail -4 | cut -c1-300 >> $OUT/run.log
+python - $R/first_start/*.json >> $OUT/run.log 2>&1 <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("budget", d["budget_s"], "wall", d["wall_s"], " ".join(
+    f"{r['bucket']}:{r['start'] / r['shipped']:.3f}" for r in d["buckets"]))
+PY
 }
 
 for p in ${PARTS:-dtier dpeers dab}; do

@@ -34,9 +34,11 @@ def main(argv=None) -> int:
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    cases = [("tp8", 1, 0, {}), ("tp8", 1, 0, {"PROBE_XC2": ""}),
-             ("tp8", 1, 0, {"PROBE_SKIP1": True}), ("ep8", 1, 0, {}),
-             ("ep8", 1, 0, {"PROBE_XC2": ""})]  # fmt: skip
+    # The intermediate read through L2 only (".cg", the default) or through L1 (""), at the
+    # shapes' small T; GEMM2 alone (stale intermediate) once.
+    cases = [(n, T, 0, probe) for n in ("tp8", "ep8") for T in (1, 4, 16)
+             for probe in ({}, {"PROBE_XC2": ""})]  # fmt: skip
+    cases.insert(2, ("tp8", 1, 0, {"PROBE_SKIP1": True}))
     for name, T, pf, probe in cases:
         base = "tp8_shared" if name == "tp8" else name
         _, pw = glm5_cases.weights(base)
@@ -66,6 +68,8 @@ def main(argv=None) -> int:
             g2.append(float((t[:, 3] - t[:, 2]).max()))
             g2med.append(float((t[:, 3] - t[:, 2]).median()))
             g2first.append(float((t[:, 4] - t[:, 2]).median()))
+        probe_out = out.clone()
+        two = fused_moe_nvfp4(x, pw, ids, tw, config=cfg.two_launch())
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
 
         def event_us(c):
@@ -83,6 +87,8 @@ def main(argv=None) -> int:
         row = dict(
             case=f"{name} T={T} prefetch2={pf} {probe or ''}",
             programs=n,
+            max_abs_vs_two_launches=float((probe_out.float() - two.float()).abs().max()),
+            two_launches_max_abs=float(two.float().abs().max()),
             span_us=med(spans),
             starts_spread_us=med(starts),
             gemm1_median_us=med(g1_med),
