@@ -293,6 +293,7 @@ def projection(
     *,
     source_spec: GPUSpec | None = None,
     fixed_us: float = 0.0,
+    measured_on: str | None = None,
 ) -> Projection:
     """Project a time measured here onto ``target_spec`` by scaling its bandwidth-bound part.
 
@@ -303,12 +304,14 @@ def projection(
     ``source spec / target spec``); without it, the target's spec bandwidth (optimistic, said
     so). ``fixed_us`` (e.g. launch latency measured with no work) is carried over unscaled.
     Compute, clocks, L2 size and SM count are not modelled: decode MoE is bandwidth/latency bound.
+    ``measured_on``: the GPU the time was measured on, where that is not this one (a results file).
     """
     if measured_us <= 0 or measured_bw_Bps <= 0 or nbytes < 0:
         raise ValueError("need measured_us > 0, measured_bw_Bps > 0, nbytes >= 0")
     if not 0 <= fixed_us < measured_us:
         raise ValueError(f"need 0 <= fixed_us < measured_us, got {fixed_us} and {measured_us}")
-    assumptions = ["same fraction of streaming bandwidth as measured here"]
+    where = "here" if measured_on is None else f"on {measured_on}"
+    assumptions = [f"same fraction of streaming bandwidth as measured {where}"]
     if source_spec is not None:
         eff = measured_bw_Bps / source_spec.mem_bandwidth_Bps
         target_bw = target_spec.mem_bandwidth_Bps * eff

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 __all__ = [
     "Capability",
@@ -26,6 +27,9 @@ __all__ = [
     "arch_capability",
     "kernel_path",
     "SM120_SMEM_PER_BLOCK",
+    "SM_LIMITS_SOURCE",
+    "SMLimits",
+    "sm_limits",
 ]
 
 Capability = tuple[int, int]
@@ -34,6 +38,62 @@ Capability = tuple[int, int]
 #: run there must fit (https://github.com/Dao-AILab/quack/pull/118 reports
 #: shared_memory_per_block_optin=101376 on an RTX 5060).
 SM120_SMEM_PER_BLOCK = 101_376
+
+
+@dataclass(frozen=True)
+class SMLimits:
+    """What one SM of a compute capability holds at once: the inputs of an occupancy estimate
+    (``bench.target_resources``). Shared memory in bytes, registers 32-bit."""
+
+    max_warps: int
+    max_threads: int
+    max_blocks: int
+    regs: int
+    max_regs_per_thread: int
+    #: Registers are allocated per warp in units of this many (the occupancy calculator's
+    #: ``regAllocUnit``), from 4 sub-partitions holding a quarter of the file each.
+    reg_alloc_unit: int
+    reg_sub_partitions: int
+    smem_per_sm: int
+    smem_per_block_optin: int
+    #: Shared memory the driver reserves per block (from cc 8.0) and the allocation unit.
+    smem_reserved_per_block: int
+    smem_alloc_unit: int
+    max_threads_per_block: int = 1024
+
+
+#: Where every :data:`_SM_LIMITS` figure comes from.
+SM_LIMITS_SOURCE = (
+    "CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' "
+    "(https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html"
+    "#features-and-technical-specifications); for 10.0 and 12.0 also the Blackwell Tuning Guide "
+    "section 1.4.1.1 Occupancy (https://docs.nvidia.com/cuda/blackwell-tuning-guide/index.html: "
+    "48 warps an SM on 12.0, 64 on 10.0; 64K registers an SM, 255 a thread; 32 blocks an SM; "
+    "228 KB shared memory an SM on 10.0; on 12.0 a 128 KB L1 of which shared memory takes at "
+    "most 100 KB, 99 KB a block). Register allocation unit (256 a warp), "
+    "4 register sub-partitions, 128 B shared-memory unit and the 1 KB reserved a block: the CUDA "
+    "occupancy calculator (cuda_occupancy.h); not re-checked for 12.0 in a primary source"
+)
+
+_KB = 1024
+_SM_LIMITS: dict[Capability, SMLimits] = {
+    (8, 0): SMLimits(64, 2048, 32, 65536, 255, 256, 4, 164 * _KB, 163 * _KB, _KB, 128),
+    (9, 0): SMLimits(64, 2048, 32, 65536, 255, 256, 4, 228 * _KB, 227 * _KB, _KB, 128),
+    (10, 0): SMLimits(64, 2048, 32, 65536, 255, 256, 4, 228 * _KB, 227 * _KB, _KB, 128),
+    (12, 0): SMLimits(48, 1536, 32, 65536, 255, 256, 4, 100 * _KB, SM120_SMEM_PER_BLOCK, _KB, 128),
+}
+
+
+def sm_limits(cap: Capability) -> SMLimits:
+    """The per-SM limits of compute capability ``cap`` (:data:`SM_LIMITS_SOURCE`); a clear error
+    for one without a sourced row."""
+    try:
+        return _SM_LIMITS[tuple(cap)]
+    except KeyError:
+        known = ", ".join(f"{a}.{b}" for a, b in _SM_LIMITS)
+        raise ValueError(
+            f"no per-SM limits for compute capability {cap[0]}.{cap[1]}; sourced: {known}"
+        ) from None
 
 
 def is_interpreter() -> bool:

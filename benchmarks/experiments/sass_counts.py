@@ -35,51 +35,17 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from sglang_fp4ext.bench.aot_compile import POINTER_TYPES, meta, meta_weights
 from sglang_fp4ext.hardware import spec_by_key, spec_for_device_name
 from sglang_fp4ext.model_shapes import preset
 from sglang_fp4ext.moe.decode import plan as F
 from sglang_fp4ext.moe.decode.config import DecodeConfig
-from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
 from sglang_fp4ext.moe.prefill import plan as PF
 from sglang_fp4ext.moe.prefill.config import PrefillConfig
-from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.shape import MoEShape, Target
 from sglang_fp4ext.moe.tables import config_for, prefill_config_for, read_table_file, table_path
 
-_PTR = {
-    torch.bfloat16: "*bf16",
-    torch.float32: "*fp32",
-    torch.int32: "*i32",
-    torch.int64: "*i64",
-    torch.uint8: "*u8",
-}
 _H200 = Target("sm_90", "NVIDIA H200", 132)
-
-
-def _meta(dt, *shape):
-    return torch.empty(*shape, dtype=dt, device="meta")
-
-
-def _matrix(E: int, N: int, K: int) -> KernelMatrix:
-    Np, Kp = -(-N // ROW_ALIGN) * ROW_ALIGN, -(-K // K_CHUNK) * K_CHUNK
-    return KernelMatrix(
-        _meta(torch.uint8, E, Np, Kp // 2),
-        _meta(torch.uint8, E, Kp // K_CHUNK, Np, 16),
-        _meta(torch.float32, E, Np),
-        N,
-        K,
-    )
-
-
-def _weights(shape: MoEShape) -> PreparedMoEWeights:
-    E, H, I = shape.E, shape.H, shape.I
-    # Static input scales ((1,), the max over the experts): the W4A4 prefill needs them.
-    return PreparedMoEWeights(
-        _matrix(E, 2 * I, H),
-        _matrix(E, H, I),
-        w13_input_scale=_meta(torch.float32, 1),
-        w2_input_scale=_meta(torch.float32, 1),
-    )
 
 
 def _record(L) -> tuple:
@@ -100,15 +66,15 @@ def _record(L) -> tuple:
 def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> list[tuple]:
     """The launches of one ``fused_moe_nvfp4`` call as ``decode.plan`` makes them (the family
     the config names, with its PDL as configured), on meta tensors."""
-    w = _weights(shape)
+    w = meta_weights(shape)
     k = shape.top_k
-    x = _meta(torch.bfloat16, T, shape.H)
+    x = meta(torch.bfloat16, T, shape.H)
     family = "gluon" if cfg.kernels == "gluon" else "dot"
     plan = F.plan(
         x,
         w,
-        _meta(torch.int32, T, k),
-        _meta(torch.float32, T, k),
+        meta(torch.int32, T, k),
+        meta(torch.float32, T, k),
         x,
         cfg,
         family,
@@ -118,10 +84,10 @@ def decode_launches(T: int, shape: MoEShape, cfg, target: Target = _H200) -> lis
 
 
 def prefill_launches(T: int, shape: MoEShape, cfg) -> list[tuple]:
-    w = _weights(shape)
+    w = meta_weights(shape)
     k = shape.top_k
-    x = _meta(torch.bfloat16, T, shape.H)
-    plan = PF.plan(x, w, _meta(torch.int32, T, k), _meta(torch.float32, T, k), x, cfg, False)
+    x = meta(torch.bfloat16, T, shape.H)
+    plan = PF.plan(x, w, meta(torch.int32, T, k), meta(torch.float32, T, k), x, cfg, False)
     return [_record(L) for L in plan if "gemm" in L.kernel]
 
 
@@ -129,7 +95,7 @@ def _signature(fn, args, constexprs):
     sig, consts, attrs = {}, dict(constexprs), {}
     for i, (name, v) in enumerate(zip(fn.arg_names, args)):
         if isinstance(v, torch.Tensor):
-            sig[name], div = _PTR[v.dtype], True
+            sig[name], div = POINTER_TYPES[v.dtype], True
         elif v == 1:  # the JIT specialises 1 to a constant
             sig[name], consts[name], div = "constexpr", 1, False
         else:

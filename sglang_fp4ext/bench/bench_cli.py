@@ -9,9 +9,14 @@ torch bf16 grouped-GEMM peer and over SGLang's marlin / flashinfer_cutlass NVFP4
 can run here; the notes name each peer that did not run and why) and writes ``<out>/<name>.json``
 (schema in ``bench/report.py``) and ``<out>/<name>.png`` (roofline). ``--project GPU`` adds a
 per-token MoE time for another GPU
-of the hardware table, labelled a PROJECTION. Without a CUDA GPU nothing is timed: it runs a
-correctness check of the reference path (torch twin vs float64, Triton kernels under the
-interpreter) at a tiny shape, says so, and writes the JSON and plot of that.
+of the hardware table, labelled a PROJECTION, plus that GPU's static resources of the small-T
+decode (registers, shared memory, occupancy of every launch, compiled here for its arch) and, from
+the fraction of the copy bandwidth measured in this run or in ``--measured FILE`` (e.g.
+``benchmarks/results/decode_coop_h100/coop_ab.json``), its projected T = 1..16 decode time next to
+b12x's published figures at equal bytes (``bench/decode_projection.py``). Without a CUDA GPU
+nothing is timed: it runs a correctness check of the reference path (torch twin vs float64,
+Triton kernels under the interpreter) at a tiny shape, says so, and writes the JSON and plot of
+that.
 
 ``add_bench_parser(subparsers)`` adds the sub-command to ``fp4ext``; ``main(argv)`` runs it alone.
 """
@@ -77,6 +82,14 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="project per-token MoE time to this hardware-table GPU (key or name), "
         "e.g. rtx-pro-6000-ws",
     )
+    p.add_argument(
+        "--measured",
+        metavar="FILE",
+        default=None,
+        help="with --project: take the measured decode efficiency from this results file "
+        "(a decode A/B JSON such as benchmarks/results/decode_coop_h100/coop_ab.json, or an "
+        "fp4ext bench GPU result)",
+    )
     p.add_argument("--out", default=".", help="directory for the JSON and PNG (default .)")
     p.add_argument("--name", default=None, help="file stem (default bench_<preset>_<gpu>)")
     p.add_argument(
@@ -102,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 when every check passed, 1 when one failed, 2 on bad input."""
     from sglang_fp4ext import target_info
     from sglang_fp4ext.bench import report
-    from sglang_fp4ext.bench.table import format_table
+    from sglang_fp4ext.bench.table import format_table, format_target
     from sglang_fp4ext.model_shapes import preset
     from sglang_fp4ext.progress import Progress
 
@@ -112,6 +125,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fp4ext bench: {exc}", file=sys.stderr)
         return 2
+    measured = None
+    if args.measured is not None:
+        from sglang_fp4ext.bench.decode_projection import MeasuredFileError, load_measured
+
+        if target is None:
+            print("fp4ext bench: --measured needs --project GPU", file=sys.stderr)
+            return 2
+        try:
+            measured = load_measured(args.measured)
+        except MeasuredFileError as exc:
+            print(f"fp4ext bench: --measured: {exc}", file=sys.stderr)
+            return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     if args.block:
         return _run_block(args, shape, seed)
@@ -150,12 +175,49 @@ def run(args: argparse.Namespace) -> int:
         if not interp:
             result["notes"].append("Triton interpreter kernel check not run")
         ok = all(c["ok"] for c in result["check"])
+    if target is not None:
+        result["projection"]["target_decode"] = _target_section(
+            result, shape, args.tokens, target, measured
+        )
     js, png = report.write_outputs(result, Path(args.out), args.name or report.default_name(result))
     print(format_table(result))
+    if target is not None:
+        print(format_target(result["projection"]["target_decode"]))
     for note in result["notes"]:
         print(f"note: {note}")
     print(f"wrote {js}" + ("" if png is None else f" and {png}"))
     return 0 if ok else 1
+
+
+def _target_section(result: dict, shape, tokens, target, measured) -> dict:
+    """``target``'s static resources of the small-T decode, and with a measured efficiency (the
+    file's, else this run's GPU rows) the projected decode and the b12x comparison."""
+    from sglang_fp4ext.bench import decode_projection as D
+    from sglang_fp4ext.bench.target_resources import COOP_CONFIG, RESOURCE_TOKENS, target_resources
+
+    small = [T for T in tokens if T in RESOURCE_TOKENS]
+    notes = []
+    try:
+        resources = target_resources(shape, small, target) if small else None
+    except RuntimeError as exc:
+        resources, notes = None, [f"static resources not compiled: {exc}"]
+    if not small:
+        notes.append(f"no T of {list(RESOURCE_TOKENS)} asked for: nothing compiled or projected")
+    if measured is None and result["mode"] == "gpu":
+        measured = D.measured_from_result(result)
+    decode = None
+    if measured is not None and small:
+        decode = D.project_decode(measured, shape.name, small, target, COOP_CONFIG)
+    if measured is None:
+        notes.append(
+            "no measured efficiency (no GPU here and no --measured FILE): no times were projected"
+        )
+    return {
+        "resources": resources,
+        "decode": decode,
+        "b12x": D.b12x_comparison(measured, target, COOP_CONFIG),
+        "notes": notes,
+    }
 
 
 def _run_block(args, shape, seed) -> int:

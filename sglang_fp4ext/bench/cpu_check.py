@@ -143,7 +143,8 @@ def run_cpu_check(
             "assumptions": [],
             "n_moe_layers": shape.n_moe_layers,
             "rows": [],
-            "note": "needs times measured on a GPU; none were measured here, so none projected",
+            "note": "the per-token step needs times measured on a GPU; none were measured here, "
+            "so none projected (the small-T decode below projects from --measured when given)",
         }
     return result
 

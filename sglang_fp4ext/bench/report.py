@@ -34,7 +34,10 @@ JSON (``SCHEMA``; ``null`` where a figure does not exist on this machine or was 
     projection null | {target, target_key, source_spec, basis, assumptions, n_moe_layers,
                rows: [{T, measured_us, projected_layer_us, projected_step_us,
                projected_us_per_token, target_floor_us, label}], note}; every entry is a
-               PROJECTION, never a measurement (no GPU: rows [] and a note)
+               PROJECTION, never a measurement (no GPU: rows [] and a note); with --project
+               also target_decode {resources, decode, b12x, notes} (bench/bench_cli.py
+               _target_section: static resources compiled for the target, the projected
+               small-T decode and b12x's figures; bench/decode_projection.py)
     plot       file name of the PNG next to the JSON (null without matplotlib)
     notes      plain-language remarks (e.g. "no GPU: nothing was timed")
 

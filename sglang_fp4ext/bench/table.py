@@ -4,7 +4,7 @@ printed that was not measured). The progress bar while it runs is ``sglang_fp4ex
 
 from __future__ import annotations
 
-__all__ = ["format_block_table", "format_table"]
+__all__ = ["format_block_table", "format_table", "format_target"]
 
 
 def _f(v, fmt: str) -> str:
@@ -104,4 +104,76 @@ def format_block_table(result: dict) -> str:
                 else f"{'-':>18} {'-':>6}"
             )
         lines.append(line)
+    return "\n".join(lines)
+
+
+def format_target(section: dict) -> str:
+    """``fp4ext bench --project``'s target section: each launch's static resources on the target,
+    the projected decode per family and T (labelled PROJECTION) and b12x's figures at equal
+    bytes."""
+    lines = []
+    res = section.get("resources")
+    if res:
+        lim = res["limits"]
+        lines.append(
+            f"Static resources on {res['target']} ({res['arch']}, {res['sms']} SMs), compiled "
+            f"here, shape E,H,I,top_k,ep = {res['shape']}; per SM: {lim['regs']} registers, "
+            f"{lim['max_warps']} warps, {lim['max_blocks']} CTAs, {lim['smem_per_sm']} B shared "
+            f"({lim['smem_per_block_optin']} B a CTA)"
+        )
+        lines.append(
+            f"{'family':7} {'T':>3} {'kernel':17} {'grid':>13} {'thr':>4} {'regs':>4} "
+            f"{'spill':>5} {'smem B':>7} {'CTA/SM':>6} {'limit':13} {'warps':>5} {'occ':>5} "
+            f"{'resident':>10}"
+        )
+        for r in res["rows"]:
+            head = (
+                f"{r['family']:7} {r['T']:>3} {r['kernel']:17} {'x'.join(map(str, r['grid'])):>13}"
+            )
+            if r.get("error"):
+                lines.append(f"{head} did not compile: {r['error']}")
+                continue
+            if r["cooperative"]:  # the grid must be resident at once, or the launch fails
+                resident = "yes" if r["co_resident"] else "NO"
+            else:
+                resident = f"{r['waves']:.2f} waves"
+            lines.append(
+                f"{head} {r['threads_per_cta']:>4} {r['registers']:>4} "
+                f"{_f(r['spill_store_bytes'], '>5')} {r['shared_bytes']:>7} {r['ctas_per_sm']:>6} "
+                f"{','.join(r['limited_by']):13} {r['resident_warps_per_sm']:>5} "
+                f"{r['occupancy']:>5.0%} {resident:>10}"
+            )
+        configs = {(r["family"], r["T"]): (r["config"], r["config_source"]) for r in res["rows"]}
+        for (fam, T), (cfg, src) in configs.items():
+            lines.append(f"  {fam} T={T}: {cfg} [{src}]")
+    dec = section.get("decode")
+    if dec and dec["rows"]:
+        lines.append(
+            f"PROJECTION (not measured) for {dec['target']}: decode us per MoE layer, from the "
+            f"fraction of copy bandwidth measured on {dec['measured_on']} "
+            f"({dec['measured_source']})"
+        )
+        lines.append(
+            f"{'family':7} {'T':>3} {'bytes MB':>9} {'meas us':>8} {'% copy':>7} "
+            f"{'proj us':>8} {'floor us':>8}"
+        )
+        for r in dec["rows"]:
+            lines.append(
+                f"{r['family']:7} {r['T']:>3} {r['bytes'] / 1e6:>9.2f} {r['measured_us']:>8.1f} "
+                f"{r['measured_fraction_of_copy_bw']:>7.1%} {r['projected_us']:>8.1f} "
+                f"{r['target_floor_us']:>8.1f}"
+            )
+        lines.append("  assumptions: " + "; ".join(dec["assumptions"]))
+        if dec["missing"]:
+            lines.append("  not in the measured file: " + ", ".join(dec["missing"]))
+    for b in section.get("b12x") or []:
+        line = (
+            f"b12x {b['name']}: {b['bytes'] / 1e6:.2f} MB, {b['b12x_us']:.1f} us = "
+            f"{b['b12x_fraction_of_spec_bw']:.0%} of spec bw ({b['b12x_gpu']})"
+        )
+        for fam, f in b["fp4ext"].items():
+            line += f"; fp4ext {fam} PROJECTION {f['projected_us']:.1f} us ({f['efficiency_from']})"
+        lines.append(line)
+        lines.append(f"    source: {b['source']}" + (f"; {b['note']}" if b["note"] else ""))
+    lines += [f"note: {n}" for n in section.get("notes", [])]
     return "\n".join(lines)
