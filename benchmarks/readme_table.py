@@ -424,9 +424,15 @@ def _speedup(e: dict, peer: str) -> float | None:
     return s
 
 
-def suite_tables(path, what: str) -> str:
+#: The baseline's T shown in docs/performance.md (every T is in its JSON): each fourth power of
+#: two, and the largest.
+BASELINE_T = (1, 4, 16, 64, 256, 1024, 4096, 8192)
+
+
+def suite_tables(path, what: str, tokens=None) -> str:
     """Per preset: fp4ext µs (median per call, CUDA events), floor, % of copy BW, TFLOP/s and its
-    fraction of the bf16 matmul rate, speed-up over every peer that ran, peers' µs."""
+    fraction of the bf16 matmul rate, speed-up over every peer that ran, peers' µs; at ``tokens``
+    (None: every T in the file)."""
     from sglang_fp4ext.bench.peers import SGLANG_PEERS
 
     d = _load(path)
@@ -448,7 +454,7 @@ def suite_tables(path, what: str) -> str:
             cols += [f"vs {p}" for p in peers]
         cols += [f"{p} µs" for p in peers]
         rows = []
-        for T in sorted(by_t):
+        for T in sorted(t for t in by_t if tokens is None or t in tokens):
             row = [str(T)]
             for o in ours:
                 e = by_t[T].get(o)
@@ -470,11 +476,12 @@ def baseline_files(root: Path = RESULTS / "pytest-benchmark") -> list[Path]:
 
 
 def baseline() -> str:
-    out = [suite_tables(b, f"`{b.relative_to(RESULTS)}`") for b in baseline_files()]
+    out = [suite_tables(b, f"`{b.relative_to(RESULTS)}`", BASELINE_T) for b in baseline_files()]
     out.append(
         "µs: median per layer call over the replays (CUDA events); floor: the NVFP4 bytes of the "
         "distinct local experts routed plus activations, at the copy bandwidth measured in the "
-        "same session; % of BW: floor over time; vs X: X's time over fp4ext's, same session."
+        "same session; % of BW: floor over time; vs X: X's time over fp4ext's, same session. "
+        f"T = {', '.join(map(str, BASELINE_T))} shown; the file holds every power of two."
     )
     return "\n\n".join(out)
 
