@@ -142,6 +142,7 @@ LAYERS = (
             "hardware_table",
             "hardware",
             "roofline",
+            "projection",
             "shared_fusion",
             "model_shapes",
         ),

@@ -10,6 +10,7 @@ import torch
 
 from sglang_fp4ext import hardware as hw
 from sglang_fp4ext import model_shapes as ms
+from sglang_fp4ext import projection as pj
 from sglang_fp4ext import roofline as rf
 
 PRO = hw.spec_by_key("rtx-pro-6000-ws")
@@ -228,17 +229,17 @@ def test_compute_efficiency_uses_dense_peak():
 def test_projection_arithmetic():
     nbytes = TP8.bytes_floor(8)
     # With the source spec the efficiency ratio cancels: scale = 4.8 / 1.792 TB/s.
-    p = rf.projection(57.6, nbytes, 4.27e12, PRO, source_spec=H200)
+    p = pj.projection(57.6, nbytes, 4.27e12, PRO, source_spec=H200)
     assert p.projection is True
     assert p.projected_us == pytest.approx(57.6 * 4800 / 1792)
     assert p.target_bw_Bps == pytest.approx(1792e9 * 4.27 / 4.8)
     assert p.target_floor_us == pytest.approx(nbytes / p.target_bw_Bps * 1e6)
     # A fixed launch cost (appendix: 5.6 µs with no work) is carried over unscaled.
-    p = rf.projection(57.6, nbytes, 4.27e12, PRO, source_spec=H200, fixed_us=5.6)
+    p = pj.projection(57.6, nbytes, 4.27e12, PRO, source_spec=H200, fixed_us=5.6)
     assert p.projected_us == pytest.approx(5.6 + 52.0 * 4800 / 1792)
     assert p.scaled_us == pytest.approx(52.0 * 4800 / 1792)
     # Without a source spec, the target is assumed to reach its spec bandwidth, and says so.
-    p = rf.projection(57.6, nbytes, 4.27e12, PRO)
+    p = pj.projection(57.6, nbytes, 4.27e12, PRO)
     assert p.projected_us == pytest.approx(57.6 * 4.27 / 1.792)
     assert any("optimistic" in a for a in p.assumptions)
     label = p.label()
@@ -246,12 +247,12 @@ def test_projection_arithmetic():
 
 
 def test_projection_guards():
-    p = rf.projection(2.0, 21e6, 4.27e12, PRO)  # faster than the bytes allow at 4.27 TB/s
+    p = pj.projection(2.0, 21e6, 4.27e12, PRO)  # faster than the bytes allow at 4.27 TB/s
     assert any("L2" in a for a in p.assumptions)
     with pytest.raises(ValueError, match="projection=True"):
         dataclasses.replace(p, projection=False)
     with pytest.raises(ValueError, match="fixed_us"):
-        rf.projection(10.0, 1e6, 1e12, PRO, fixed_us=10.0)
+        pj.projection(10.0, 1e6, 1e12, PRO, fixed_us=10.0)
     with pytest.raises(ValueError):
-        rf.projection(0.0, 1e6, 1e12, PRO)
+        pj.projection(0.0, 1e6, 1e12, PRO)
     assert math.isfinite(p.projected_us)

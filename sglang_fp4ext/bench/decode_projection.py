@@ -12,7 +12,7 @@ two-launch decode, ``configs`` of which those with ``prefetch2`` are the one-lau
 **Projection** (:func:`project_decode`): ``t = bytes / (target streaming bandwidth x
 fraction)``, the bytes being the measured run's floor (distinct experts counted from its routing,
 bf16 activations in and out) and the target's streaming bandwidth its spec scaled by the measured
-GPU's copy / spec ratio (``roofline.projection`` with a source spec).
+GPU's copy / spec ratio (``projection.projection`` with a source spec).
 
 **b12x at equal bytes** (:func:`b12x_comparison`): each published point's bytes (NVFP4 codes +
 e4m3 scales of the experts one token routes to, + bf16 activations), its fraction of the spec
@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_fp4ext import roofline
+from sglang_fp4ext import projection, roofline
 from sglang_fp4ext.gpu_spec import GPUSpec
 
 __all__ = [
@@ -166,7 +166,7 @@ def _stream_bw(measured: dict, target: GPUSpec) -> tuple[float, str]:
 def _project(p: dict, measured: dict, target: GPUSpec) -> dict:
     from sglang_fp4ext.hardware import spec_for_device_name
 
-    proj = roofline.projection(
+    proj = projection.projection(
         p["us"], p["bytes"], measured["copy_bw_Bps"], target,
         source_spec=spec_for_device_name(measured["gpu"]), measured_on=measured["gpu"],
     )  # fmt: skip

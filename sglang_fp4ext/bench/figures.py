@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_fp4ext import hardware, roofline
+from sglang_fp4ext import hardware, projection, roofline
 from sglang_fp4ext.gpu_spec import GPUSpec
 from sglang_fp4ext.model_shapes import ModelShape
 
@@ -56,19 +56,19 @@ def project_rows(
     source: GPUSpec | None,
     matmul_tflops: float | None = None,
 ) -> dict:
-    """Per-token MoE time on ``target`` from times measured here (``roofline.projection``).
+    """Per-token MoE time on ``target`` from times measured here (``projection.projection``).
 
     Per row: the layer time is projected; a decode step runs ``shape.n_moe_layers`` such layers,
     so ``projected_step_us = layer x n_moe_layers`` and ``projected_us_per_token = step / T``.
     Prefill rows (``path == "prefill"``, with ``matmul_tflops`` measured here) are compute-bound
-    too: ``roofline.compute_projection`` onto the target's dense bf16 peak (W4A16) and, where it
+    too: ``projection.compute_projection`` onto the target's dense bf16 peak (W4A16) and, where it
     has one, its dense FP4 peak (W4A4, what fp4ext runs there), each no faster than the target's
     bytes floor; the layer time is the one of the format fp4ext runs on the target.
     """
     out = []
     assumptions: tuple[str, ...] = ()
     for r in rows:
-        p = roofline.projection(
+        p = projection.projection(
             r["us"], r["bytes_floor"], measured_bw_Bps, target, source_spec=source
         )
         assumptions = p.assumptions
@@ -78,7 +78,7 @@ def project_rows(
                 if hardware.dense_peak(target, prec) is None:
                     extra[f"prefill_{fmt}_us"] = None
                     continue
-                c = roofline.compute_projection(
+                c = projection.compute_projection(
                     r["flops"], r["us"], matmul_tflops, target, prec, source_spec=source
                 )
                 extra[f"prefill_{fmt}_us"] = max(c.projected_us, p.target_floor_us)
