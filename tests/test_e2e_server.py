@@ -19,7 +19,8 @@ Two SGLang 0.5.23 CPU bugs shape the setup (README, Measured facts): the tiny mo
 routed_scaling_factor 1.0 (SGLang applies the factor a second time for NVFP4 off CUDA), and the
 CPU servers carry ``cpu_workarounds.install_cpu_workarounds`` (DeepSeek MLA prefill on
 torch_native attends over the compressed latent; the workaround routes it through the
-absorbed-MLA path decode uses).
+absorbed-MLA path decode uses; and the servers fork their scheduler and detokenizer instead of
+spawning them, which only CUDA needs).
 """
 
 from __future__ import annotations

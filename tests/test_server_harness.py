@@ -11,13 +11,16 @@ ports it chose is retried on fresh ones; two servers never share ports.
   logs ``[Errno 98] ... address already in use`` and the launcher stays alive with a child.
 * Real SGLang servers (marked ``sglang``) on a tiny bf16 model: one whose port is taken after
   the pick must fail in seconds; two started at once, the second on a taken port at first, both
-  come up (~80 s on the 2-core CI machine: the one slow test here).
+  come up (~55 s on the 2-core CI machine: the one slow test here). The CPU servers fork their
+  scheduler and detokenizer (``cpu_workarounds``), checked here too.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_fp4ext.target_info import has_cuda_gpu
 from sglang_fp4ext.testing import cpu_workarounds, server_log, server_ports
 from sglang_fp4ext.testing import server as harness
 
@@ -557,3 +561,28 @@ def test_stop_explains_the_shutdown_lines_it_causes_once(fake):
     lines = server.log_path.read_text().splitlines()
     assert lines[-1].startswith("[fp4ext harness] stopped this server") and "-15" in lines[-1]
     assert sum(ln.startswith("[fp4ext harness]") for ln in lines) == 1
+
+
+@pytest.mark.parametrize("cpu_engine", ["1", ""])
+def test_cpu_servers_fork_their_children_instead_of_spawning(cpu_engine):
+    """The CPU workaround plugin turns SGLang's ``mp.set_start_method("spawn", force=True)`` into
+    fork in a CPU server (``SGLANG_USE_CPU_ENGINE=1``, no GPU), so its scheduler and detokenizer
+    inherit the launcher's imports; elsewhere spawn stays spawn. In a child: the patch is
+    process-wide."""
+    code = textwrap.dedent(
+        """
+        import multiprocessing as mp
+        from sglang_fp4ext.testing.cpu_workarounds import install_cpu_workarounds
+        install_cpu_workarounds()
+        install_cpu_workarounds()  # SGLang loads plugins again in places: one patch
+        mp.set_start_method("spawn", force=True)
+        print(mp.get_start_method())
+        """
+    )
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": cpu_engine}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = "fork" if cpu_engine and not has_cuda_gpu() else "spawn"
+    assert out.stdout.split()[-1] == want, out.stdout

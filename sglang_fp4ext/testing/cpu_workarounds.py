@@ -2,7 +2,8 @@
 
 ``cpu_server_args()`` gives the flags and environment; they load ``install_cpu_workarounds``, an
 SGLang plugin active only in those servers, that works around an SGLang 0.5.23 CPU bug in
-DeepSeek-family (MLA) prefill attention (see its docstring).
+DeepSeek-family (MLA) prefill attention (see its docstring) and lets the servers fork their
+scheduler and detokenizer instead of spawning them (``_fork_children``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,33 @@ def install_cpu_workarounds() -> None:
         _register_mla_handler(sys.modules[_MLA_HANDLER_MODULE])
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport())
+    _fork_children()
+
+
+def _fork_children() -> None:
+    """SGLang starts its scheduler and detokenizer with ``spawn`` (``entrypoints/engine.py``:
+    ``mp.set_start_method("spawn", force=True)``), so each re-imports SGLang: ~25 s of CPU per
+    process, most of a CPU test server's start. Spawn is there for CUDA, which must not be
+    initialised in a process that forks; the CPU servers have none, so they fork, and the children
+    inherit the launcher's imports (its plugins, this one included, are loaded again in each child
+    as with spawn)."""
+    import multiprocessing
+
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1" or getattr(
+        multiprocessing.set_start_method, "_fp4ext_fork", False
+    ):
+        return
+    from sglang_fp4ext.target_info import has_cuda_gpu
+
+    if has_cuda_gpu():
+        return
+    set_start_method = multiprocessing.set_start_method
+
+    def fork_instead_of_spawn(method, force=False):
+        set_start_method("fork" if method == "spawn" else method, force=force)
+
+    fork_instead_of_spawn._fp4ext_fork = True
+    multiprocessing.set_start_method = fork_instead_of_spawn
 
 
 _PLUGIN_DIR: Path | None = None
