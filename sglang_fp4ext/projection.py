@@ -75,7 +75,7 @@ def projection(
         eff = measured_bw_Bps / source_spec.mem_bandwidth_Bps
         target_bw = target_spec.mem_bandwidth_Bps * eff
         assumptions.append(
-            f"target streams at {eff:.0%} of its spec bandwidth, as {source_spec.name} did here"
+            f"target streams at {eff:.0%} of its spec bandwidth, as {source_spec.name} did {where}"
         )
     else:
         target_bw = target_spec.mem_bandwidth_Bps

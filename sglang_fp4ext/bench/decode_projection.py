@@ -22,6 +22,7 @@ are nearest.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,54 +150,49 @@ def _same_config(measured_cfg: dict, coop) -> bool:
 # ---- projection -------------------------------------------------------------------------------
 
 
-def _stream_bw(measured: dict, target: GPUSpec) -> tuple[float, str]:
-    """The target's streaming bandwidth: its spec times the measured GPU's copy / spec ratio
-    where the hardware table knows that GPU, else its spec (optimistic); and that assumption."""
+def _project_bytes(nbytes: float, fraction: float, measured: dict, target: GPUSpec):
+    """``nbytes`` moved at ``fraction`` of the measured copy bandwidth, projected onto ``target``
+    by ``projection.projection`` (the target's spec scaled by the measured GPU's copy / spec
+    ratio where the hardware table knows that GPU), with what is not modelled among its
+    assumptions."""
     from sglang_fp4ext.hardware import spec_for_device_name
 
-    source = spec_for_device_name(measured["gpu"])
-    if source is None:
-        return target.mem_bandwidth_Bps, "the target streams at its spec bandwidth (optimistic)"
-    eff = measured["copy_bw_Bps"] / source.mem_bandwidth_Bps
-    return target.mem_bandwidth_Bps * eff, (
-        f"the target streams at {eff:.0%} of its spec bandwidth, as {source.name} copied"
-    )
-
-
-def _project(p: dict, measured: dict, target: GPUSpec) -> dict:
-    from sglang_fp4ext.hardware import spec_for_device_name
-
+    bw = measured["copy_bw_Bps"]
     proj = projection.projection(
-        p["us"], p["bytes"], measured["copy_bw_Bps"], target,
+        nbytes / (fraction * bw) * 1e6, nbytes, bw, target,
         source_spec=spec_for_device_name(measured["gpu"]), measured_on=measured["gpu"],
     )  # fmt: skip
-    label = proj.label()[:-1] + f"; {_NOT_MODELLED})"
-    return {
-        "measured_us": p["us"],
-        "measured_fraction_of_copy_bw": p["fraction"],
-        "bytes": p["bytes"],
-        "projected_us": proj.projected_us,
-        "target_floor_us": proj.target_floor_us,
-        "label": label,
-    }
+    return dataclasses.replace(proj, assumptions=(*proj.assumptions, _NOT_MODELLED))
+
+
+def _points(measured: dict | None, family: str, coop) -> list[dict]:
+    """The measured points of ``family`` (the one-launch family's at config ``coop`` only)."""
+    return [
+        p for p in (measured or {}).get("points", [])
+        if p["family"] == family and (family != "coop" or _same_config(p["config"], coop))
+    ]  # fmt: skip
 
 
 def project_decode(measured: dict, shape_name: str, tokens, target: GPUSpec, coop) -> dict:
     """Projected decode time on ``target`` per family and T of ``tokens`` for the preset
     ``shape_name`` (the one-launch family at config ``coop``)."""
-    rows, missing = [], []
+    rows, missing, assumptions = [], [], []
     for fam in FAMILIES:
         for T in tokens:
-            pts = [
-                p for p in measured["points"]
-                if p["shape"] == _norm(shape_name) and p["T"] == T and p["family"] == fam
-                and (fam != "coop" or _same_config(p["config"], coop))
-            ]  # fmt: skip
+            pts = [p for p in _points(measured, fam, coop)
+                   if p["shape"] == _norm(shape_name) and p["T"] == T]  # fmt: skip
             if not pts:
                 missing.append(f"{fam} T={T}")
                 continue
-            rows.append({"family": fam, "T": T, "config": pts[0]["config"],
-                         **_project(pts[0], measured, target)})  # fmt: skip
+            p = pts[0]
+            proj = _project_bytes(p["bytes"], p["fraction"], measured, target)
+            assumptions = list(proj.assumptions)
+            rows.append({
+                "family": fam, "T": T, "config": p["config"], "measured_us": p["us"],
+                "measured_fraction_of_copy_bw": p["fraction"], "bytes": p["bytes"],
+                "projected_us": proj.projected_us, "target_floor_us": proj.target_floor_us,
+                "label": proj.label(),
+            })  # fmt: skip
     return {
         "basis": "PROJECTION (not measured)",
         "target": target.name,
@@ -207,11 +203,7 @@ def project_decode(measured: dict, shape_name: str, tokens, target: GPUSpec, coo
         "measured_copy_bw_Bps": measured["copy_bw_Bps"],
         "formula": "projected_us = bytes / (target streaming bandwidth x fraction of the copy "
         "bandwidth measured); bytes = the measured run's floor",
-        "assumptions": [
-            f"same fraction of streaming bandwidth as measured on {measured['gpu']}",
-            _stream_bw(measured, target)[1],
-            _NOT_MODELLED,
-        ],
+        "assumptions": assumptions,
         "families": FAMILIES,
         "rows": rows,
         "missing": missing,
@@ -281,22 +273,16 @@ def b12x_comparison(measured: dict | None, target: GPUSpec, coop) -> list[dict]:
             "fp4ext": {},
         }  # fmt: skip
         for fam in FAMILIES:
-            pts = [
-                p for p in (measured or {}).get("points", [])
-                if p["family"] == fam and (fam != "coop" or _same_config(p["config"], coop))
-            ]  # fmt: skip
+            pts = _points(measured, fam, coop)
             if not pts:
                 continue
             near = min(pts, key=lambda p: abs(p["bytes"] - nbytes))
-            bw, how = _stream_bw(measured, target)
-            us = nbytes / (bw * near["fraction"]) * 1e6
+            proj = _project_bytes(nbytes, near["fraction"], measured, target)
             row["fp4ext"][fam] = {
-                "projected_us": us,
+                "projected_us": proj.projected_us,
                 "efficiency_from": f"{near['shape']} T={near['T']} ({near['bytes'] / 1e6:.1f} MB, "
                 f"{near['fraction']:.1%} of copy bw on {measured['gpu']})",
-                "label": f"PROJECTION (not measured) for {target.name}: {us:.1f} us; "
-                f"same fraction of streaming bandwidth as measured on {measured['gpu']}; "
-                f"{how}; {_NOT_MODELLED}",
+                "label": proj.label(),
             }
         out.append(row)
     return out

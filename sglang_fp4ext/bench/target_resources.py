@@ -17,7 +17,9 @@ uses without a GPU, cannot be compiled.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -116,7 +118,7 @@ def _requests(shape: ModelShape, tokens: Sequence[int], spec: GPUSpec) -> list[d
             dict(family="coop", T=T, config=COOP_CONFIG.to_dict(), source="fixed (COOP_CONFIG)")
         )
     return [
-        dict(r, shape=[ms.E, ms.H, ms.I, ms.top_k, ms.ep], target=list(target.__dict__.values()))
+        dict(r, shape=[ms.E, ms.H, ms.I, ms.top_k, ms.ep], target=list(dataclasses.astuple(target)))
         for r in out
     ]
 
@@ -133,9 +135,7 @@ def _compile_rows(requests: list[dict]) -> list[dict]:
         cfg = DecodeConfig.from_dict(req["config"])
         for L in decode_launches(req["T"], MoEShape(*req["shape"]), cfg, target):
             grid = [int(g) for g in L.grid]
-            ctas = 1
-            for g in grid:
-                ctas *= g
+            ctas = math.prod(grid)
             threads = 32 * L.options["num_warps"]
             row = dict(
                 family=req["family"], T=req["T"], config=repr(cfg),
@@ -190,7 +190,7 @@ def target_resources(shape: ModelShape, tokens: Sequence[int], spec: GPUSpec) ->
         "sms": spec.sms,
         "shape": reqs[0]["shape"] if reqs else None,
         "tokens": list(tokens),
-        "limits": dict(limits.__dict__),
+        "limits": dataclasses.asdict(limits),
         "limits_source": target_info.SM_LIMITS_SOURCE,
         "note": "static: compiled here for the target's arch with this Triton; nothing ran there",
         "rows": rows,
