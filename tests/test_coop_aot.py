@@ -22,48 +22,18 @@ from tests.kernel_cases import compile_per_arch, triton36_site
 
 _SCRIPT = r"""
 import json, os, subprocess, sys, tempfile
-import torch, triton
-from triton.backends.compiler import GPUTarget
+import triton
 from triton.backends.nvidia.compiler import get_ptxas
-from triton.experimental.gluon._runtime import GluonASTSource
+from sglang_fp4ext.bench.aot_compile import compile_launch, decode_launches
 from sglang_fp4ext.moe.decode.config import CoopDecodeConfig
-from sglang_fp4ext.moe.decode.plan import plan
-from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
-from sglang_fp4ext.moe.prepared import PreparedMoEWeights
-from sglang_fp4ext.moe.shape import Target
+from sglang_fp4ext.moe.shape import MoEShape, Target
 
-PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.uint8: "*u8"}
 cc, req = int(sys.argv[1]), json.loads(sys.stdin.read())
-meta = lambda dt, *s: torch.empty(*s, dtype=dt, device="meta")
-
-
-def matrix(E, N, Kd):  # kernel layout on the meta device: shapes and strides, no memory
-    Np, Kp = -(-N // ROW_ALIGN) * ROW_ALIGN, -(-Kd // K_CHUNK) * K_CHUNK
-    return KernelMatrix(meta(torch.uint8, E, Np, Kp // 2), meta(torch.uint8, E, Kp // 256, Np, 16),
-                        meta(torch.float32, E, Np), N, Kd)
-
-
 out = []
 for (E, H, I, k), T, cfg in req:
-    w = PreparedMoEWeights(matrix(E, 2 * I, H), matrix(E, H, I), meta(torch.float32, 1),
-                           meta(torch.float32, 1))
-    x, o = meta(torch.bfloat16, T, H), meta(torch.bfloat16, T, H)
     target = Target(f"sm_{cc}", None, 188 if cc == 120 else 132)
-    [L] = plan(x, w, meta(torch.int32, T, k), meta(torch.float32, T, k), o, eval(cfg), "coop",
-               target=target)
-    sig, consts, attrs = {}, {}, {}
-    for i, name, v, const in L.parameters():  # Triton's runtime specialisation
-        if const or (not isinstance(v, torch.Tensor) and v == 1):
-            sig[name], consts[name] = "constexpr", v
-            continue
-        sig[name] = PTR[v.dtype] if isinstance(v, torch.Tensor) else "i32"
-        if isinstance(v, torch.Tensor) or v % 16 == 0:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    for p in L.fn().params:  # what the launch leaves at its default (the timing probe: off)
-        if p.name not in sig:
-            sig[p.name], consts[p.name] = "constexpr", p.default
-    c = triton.compile(GluonASTSource(L.fn(), sig, consts, attrs),
-                       target=GPUTarget("cuda", cc, 32), options=dict(L.options))
+    [L] = decode_launches(T, MoEShape(E, H, I, k), eval(cfg), target)
+    c = compile_launch(L, cc)
     ptx = c.asm["ptx"]
     ptxas = get_ptxas(cc).path  # the one Triton compiled with (its PTX version follows it)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:

@@ -7,8 +7,8 @@ multiples of 16 get 16-byte divisibility), Gluon kernels through ``GluonASTSourc
 resources are read with the ``cuobjdump`` Triton ships, spills with its ``ptxas -v`` on the PTX.
 
 Kernels decorated under the interpreter (``TRITON_INTERPRET=1``) cannot be compiled: run this in
-a process without it (``bench.target_resources`` starts one). Used by ``bench.target_resources``
-and ``benchmarks/experiments/sass_counts.py``.
+a process without it (``bench.target_resources`` starts one). Used by ``bench.target_resources``,
+``benchmarks/experiments/sass_counts.py`` and the one-launch family's AOT test.
 """
 
 from __future__ import annotations
