@@ -6,7 +6,10 @@ its config's ``__post_init__``; at most :data:`MAX_CANDIDATES` per path, ``--qui
 first :data:`QUICK_CANDIDATES`), in priority order:
 
 * decode (:func:`decode_candidates`), around ``decode.heuristic.heuristic_config``: the heuristic;
-  the heuristic without its small-T and hot-expert forms (``forms=False``); the other kernel family
+  the heuristic without its small-T and hot-expert forms (``forms=False``); from 32 tokens the
+  Gluon two-launch GEMM1 with 128 rows on 4 warps and the heuristic's, under their register cap
+  (:func:`gemm1_reg_cap`: the H200 table's winners at 64-128 tokens, 4.2-8.1% per layer; the
+  Gluon K loops have no stages to time instead); the other kernel family
   (Gluon <-> ``tl.dot``) of that; the other GEMM2 form (``tokens`` <-> ``pairs``);
   the pairs GEMM2 with the other top-k combine and (from 2 pairs per expert) with ``split_t=4``;
   programmatic dependent launch flipped (sm_90+); at 1-2 tokens the token GEMM2's slots side by
@@ -14,8 +17,7 @@ first :data:`QUICK_CANDIDATES`), in priority order:
   1-4 tokens GEMM1's K splits on one program's warps (``kstack1``: 8 / 4 / 2 splits at 1 / 2 / 4
   tokens, fewer where the K chunks do not divide; 32 rows on one warp a split, 64 on two at 4
   tokens) flipped (off: the plain heuristic's splits across programs); GEMM1 with 128 rows on 4
-  warps (64 if it had 128); from 32 tokens, the Gluon two-launch GEMM1 of the heuristic and of
-  that 4-warp form under its register cap (:func:`gemm1_reg_cap`); GEMM1 split-K x2 and /2;
+  warps (64 if it had 128); GEMM1 split-K x2 and /2;
   32-row GEMM1 tiles with split-K x2; GEMM2 32/64-row tiles (tokens) or ``tiles2`` x2 and /2 and
   split-K x2 (pairs); GEMM1 4 stages (``tl.dot`` family; the Gluon K loops have no stages); the
   other ``block_t`` (8 <-> 16); GEMM1 split-K x4; GEMM2 4 stages (``tl.dot``) (the first
@@ -143,14 +145,14 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
         return r(c, maxnreg1=cap) if cap and b >= 32 else None
 
     other = "dot" if base.kernels == "gluon" else "gluon"
-    # From 32 tokens the shipped tables' most frequent winner (H100 and H200, TP8 and EP8, at
-    # 32-128 tokens): GEMM1 on 4 warps and 128 rows under its register cap. A start's short
-    # budget times a bucket's first few candidates only, so it comes right after the heuristic.
-    first = [lambda: capped(wide1()), lambda: capped(base)] if b >= 32 else []
     make = [
         lambda: base,
         lambda: plain,  # the heuristic without its small-T / hot-expert forms
-        *first,
+        # From 32 tokens both GEMM1s under their register cap, the 4-warp 128-row one first: the
+        # shipped tables' most frequent winner (H100 and H200, TP8 and EP8, 32-128 tokens). A
+        # start's short budget times a bucket's first few candidates only.
+        lambda: capped(wide1()),
+        lambda: capped(base),
         lambda: r(plain, kernels=other),  # both families are timed
         flip,
         # the pairs GEMM2's other top-k combine; its pair chunks over 4 programs (hot experts)
@@ -207,10 +209,6 @@ def decode_candidates(T: int, shape: MoEShape, target: Target, limit: int = MAX_
             else None
         ),
         wide1,
-        # from 32 tokens both GEMM1s under their register cap (the H200 table's winners at 64-128
-        # tokens: 4.2-8.1% per layer; the Gluon K loops have no stages to time instead)
-        lambda: capped(base),
-        lambda: capped(wide1()),
         lambda: r(base, split_k1=split1(2 * sk1)),
         lambda: r(base, split_k1=split1(sk1 // 2)),
         lambda: r(base, block_n1=32, split_k1=split1(2 * sk1)),
