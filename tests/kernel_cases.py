@@ -3,9 +3,9 @@
 ``small_weights(E, H, I, seed)``: one fixed random NVFP4 weight set per (shape, seed), cached per
 process (quantising is the slow part under the interpreter; inputs stay fresh per test).
 ``compile_per_arch(script, requests, timeout)``: Triton AOT compiles run in subprocesses without
-``TRITON_INTERPRET`` (kernels decorated under the interpreter cannot be compiled), two
-architectures at a time (CI has 2 cores); each child reads its JSON request list on stdin and
-prints a JSON list on its last stdout line.
+``TRITON_INTERPRET`` (kernels decorated under the interpreter cannot be compiled). The script is
+run once per architecture: it reads its JSON request list on stdin and prints a JSON list on its
+last stdout line.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -46,31 +47,50 @@ def triton36_site() -> str | None:
     return None
 
 
+#: Runs an AOT script once per architecture in one process: the imports (torch, Triton, the
+#: package: ~5 s of CPU) are paid once, not once per architecture.
+_DRIVER = r"""
+import contextlib, io, json, sys
+script, requests = sys.argv[1], json.loads(open(sys.argv[2]).read())
+results = {}
+for cc, req in requests.items():
+    sys.argv, sys.stdin, out = ["-c", cc], io.StringIO(json.dumps(req)), io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(script, f"<AOT script, sm_{cc}>", "exec"), {"__name__": "__main__"})
+    results[cc] = json.loads(out.getvalue().strip().splitlines()[-1])
+print(json.dumps(results))
+"""
+
+
 def compile_per_arch(
     script: str, requests: dict[int, list], timeout: float, extra_path: str | None = None
 ) -> dict[int, list]:
-    """``{cc: results}``: ``script`` run as ``python -c script <cc>`` with ``requests[cc]``;
-    ``extra_path`` goes first on ``PYTHONPATH`` (e.g. another Triton version's site dir)."""
+    """``{cc: results}``: ``script`` run for each ``cc`` as ``python -c script <cc>`` with
+    ``requests[cc]`` on stdin would run; ``extra_path`` goes first on ``PYTHONPATH`` (e.g.
+    another Triton version's site dir). The architectures share processes, one per two cores
+    of this machine (pytest's workers take the rest): one process on CI's 2 cores."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (extra_path, str(ROOT), env.get("PYTHONPATH", "")) if p
     )
     ccs = sorted(requests)
-    results = {}
-    for pair in (ccs[i : i + 2] for i in range(0, len(ccs), 2)):
-        procs = {
-            cc: subprocess.Popen(
-                [sys.executable, "-c", script, str(cc)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            for cc in pair
-        }
-        for cc, p in procs.items():
-            out, err = p.communicate(json.dumps(requests[cc]), timeout=timeout)
-            assert p.returncode == 0, f"sm_{cc} compile failed:\n{err[-4000:]}"
-            results[cc] = json.loads(out.strip().splitlines()[-1])
+    n = max(1, min(len(ccs), (os.cpu_count() or 2) // 2))
+    with tempfile.TemporaryDirectory() as d:
+        procs = []
+        for i in range(n):
+            group = ccs[i::n]
+            req, err = Path(d, f"requests{i}.json"), Path(d, f"stderr{i}")
+            req.write_text(json.dumps({str(cc): requests[cc] for cc in group}))
+            with err.open("w") as f:  # a file, not a pipe: a full pipe would stall the child
+                p = subprocess.Popen(
+                    [sys.executable, "-c", _DRIVER, script, str(req)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=f, text=True, env=env,
+                )  # fmt: skip
+            procs.append((group, p, err))
+        results = {}
+        for group, p, err in procs:
+            out, _ = p.communicate(timeout=timeout)
+            assert p.returncode == 0, f"sm_{group} compile failed:\n{err.read_text()[-4000:]}"
+            last = json.loads(out.strip().splitlines()[-1])
+            results.update({int(cc): r for cc, r in last.items()})
     return results

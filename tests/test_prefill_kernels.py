@@ -820,8 +820,8 @@ def test_wgmma_heuristic(monkeypatch):
 _AOT_SCRIPT = r"""
 import json, os, subprocess, sys, tempfile
 import torch, triton
-from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from sglang_fp4ext.bench.aot_compile import compile_source
 from sglang_fp4ext.moe.prefill import _dot_kernels as K
 from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
 from sglang_fp4ext.moe.prefill.plan import plan as _plan
@@ -903,8 +903,8 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
         if key in seen:
             continue
         seen.add(key)
-        c = triton.compile(Source(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
-                           options=dict(L.options))
+        # info: the report of the ptxas run that built the cubin (Triton's flags, -v)
+        c, info = compile_source(Source(fn, sig, consts, attrs), cc, dict(L.options))
         ptx = c.asm["ptx"]
         mma = [m for m in ("tcgen05.mma", "wgmma", "mma.sync") if m in ptx]
         mma += ["mxf4nvf4"] if "kind::mxf4nvf4" in ptx else []
@@ -920,12 +920,6 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
             r["cp_async16"] = "], 0x10, 0x10;" in ptx and "cp.async.cg.shared.global [" in ptx
             r["fence"] = "fence.proxy.async" in ptx
             r["decode"] = "fma.rn.bf16x2" in ptx
-            ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-                f.write(ptx)
-                f.flush()
-                info = subprocess.run([ptxas, "-v", f"-arch=sm_{cc}a", f.name, "-o", os.devnull],
-                                      capture_output=True, text=True).stderr
             r["spills"] = [l.strip() for l in info.splitlines() if "spill" in l]
             r["serialized"] = "serialized" in info or "warpgroup.wait is injected" in info
             # CTA barriers between a chunk's MMAs and its ring refill (Triton's inserted ones).

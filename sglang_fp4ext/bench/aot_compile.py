@@ -4,7 +4,9 @@ A call's launches come from ``decode.plan`` on tensors of the ``meta`` device (s
 no memory), exactly as the launcher would make them; each is compiled with ``triton.compile`` for
 ``sm_<cc>`` with the JIT's runtime specialisation (the integer 1 becomes a constant, pointers and
 multiples of 16 get 16-byte divisibility), Gluon kernels through ``GluonASTSource``. The cubin's
-resources are read with the ``cuobjdump`` Triton ships, spills with its ``ptxas -v`` on the PTX.
+resources are read with the ``cuobjdump`` Triton ships; spills and warnings come from the report
+of the ptxas run that built the cubin (Triton runs it with ``-v``, with its own flags, which a
+second ptxas run would have to repeat; reading it also saves that run).
 
 Kernels decorated under the interpreter (``TRITON_INTERPRET=1``) cannot be compiled: run this in
 a process without it (``bench.target_resources`` starts one). Used by ``bench.target_resources``,
@@ -13,6 +15,7 @@ a process without it (``bench.target_resources`` starts one). Used by ``bench.ta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -29,6 +32,7 @@ from sglang_fp4ext.moe.shape import MoEShape, Target
 __all__ = [
     "POINTER_TYPES",
     "compile_launch",
+    "compile_source",
     "decode_launches",
     "meta",
     "meta_matrix",
@@ -107,25 +111,53 @@ def signature(launch) -> tuple[dict, dict, dict]:
     return sig, consts, attrs
 
 
-def compile_launch(launch, cc: int):
-    """``triton.compile`` of ``launch`` for ``sm_<cc>``, with the launch's options."""
+@contextlib.contextmanager
+def _ptxas_reports(into: list[str]):
+    """Keeps the report of each ptxas run Triton makes: it runs ptxas with ``-v`` into a log file
+    that it deletes unless asked to print it."""
+    run = subprocess.run
+
+    def keep(cmd, *args, **kwargs):
+        done = run(cmd, *args, **kwargs)
+        log = kwargs.get("stderr")
+        if cmd and Path(str(cmd[0])).name.startswith("ptxas") and hasattr(log, "name"):
+            into.append(Path(log.name).read_text())
+        return done
+
+    subprocess.run = keep
+    try:
+        yield
+    finally:
+        subprocess.run = run
+
+
+def compile_source(source, cc: int, options: dict):
+    """``(kernel, ptxas_report)``: ``triton.compile`` of ``source`` for ``sm_<cc>``, never from
+    Triton's cache (a cached kernel has no report), and what ptxas said building it: registers,
+    spills, ``wgmma`` serialisation."""
     import triton
+    from triton import knobs
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     if target_info.is_interpreter():
         raise RuntimeError("AOT compiles need a process without TRITON_INTERPRET")
+    reports: list[str] = []
+    with knobs.compilation.scope(), _ptxas_reports(reports):
+        knobs.compilation.always_compile = True
+        kernel = triton.compile(source, target=GPUTarget("cuda", cc, 32), options=options)
+    return kernel, "\n".join(reports)
+
+
+def compile_launch(launch, cc: int):
+    """``(kernel, ptxas_report)`` of ``launch`` compiled for ``sm_<cc>`` with its options."""
+    from triton.compiler import ASTSource
+
     fn = launch.fn()
     if fn.is_gluon():
         from triton.experimental.gluon._runtime import GluonASTSource as Source
     else:
         Source = ASTSource
-    sig, consts, attrs = signature(launch)
-    return triton.compile(
-        Source(fn, sig, consts, attrs),
-        target=GPUTarget("cuda", cc, 32),
-        options=dict(launch.options),
-    )
+    return compile_source(Source(fn, *signature(launch)), cc, dict(launch.options))
 
 
 def _tool(name: str) -> Path:
@@ -134,31 +166,22 @@ def _tool(name: str) -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
 
 
-def resource_usage(kernel, cc: int) -> dict:
+def resource_usage(kernel, ptxas_report: str) -> dict:
     """Registers a thread, static and dynamic shared memory a CTA, stack and spill bytes a
-    thread, of a compiled kernel (cubin via ``cuobjdump -res-usage``; spills via ``ptxas -v``,
-    the ptxas Triton used, on its PTX)."""
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
-
+    thread, of a kernel from :func:`compile_source` (cubin via ``cuobjdump -res-usage``; spills
+    from its ptxas report)."""
     with tempfile.TemporaryDirectory() as d:
-        cubin, ptx = os.path.join(d, "k.cubin"), os.path.join(d, "k.ptx")
+        cubin = os.path.join(d, "k.cubin")
         Path(cubin).write_bytes(kernel.asm["cubin"])
-        Path(ptx).write_text(kernel.asm["ptx"])
         res = subprocess.run(
             [_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True, check=True
         ).stdout
-        # Triton's own ptxas flags that change allocation (--regAllocOptLevel=2) are repeated.
-        log = subprocess.run(
-            [get_ptxas(cc).path, "-v", "--regAllocOptLevel=2",
-             f"--gpu-name={sm_arch_from_capability(cc)}", ptx, "-o", os.devnull],
-            capture_output=True, text=True,
-        ).stderr  # fmt: skip
 
     def field(key: str) -> int:
         m = re.search(rf"{key}:(\d+)", res)
         return int(m.group(1)) if m else 0
 
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas_report)
     return {
         "registers": field("REG"),
         "static_shared_bytes": field("SHARED"),

@@ -144,7 +144,7 @@ def _compile_rows(requests: list[dict]) -> list[dict]:
                 cooperative=bool(L.options.get("launch_cooperative_grid")),
             )  # fmt: skip
             try:
-                res = resource_usage(compile_launch(L, cc), cc)
+                res = resource_usage(*compile_launch(L, cc))
             except Exception as exc:  # a launch that does not compile is a finding, not a crash
                 rows.append(dict(row, error=f"{type(exc).__name__}: {str(exc)[-300:]}"))
                 continue
