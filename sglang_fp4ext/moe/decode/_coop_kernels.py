@@ -140,14 +140,12 @@ def _coop(
     times_ptr=None,
     TIMES: gl.constexpr = False,
     PROBE_SKIP1: gl.constexpr = False,
-    PROBE_XC2: gl.constexpr = ".cg",
 ):
     """The layer in one launch (module docstring). GEMM1 items ``(slot p, row tile nb)`` =
     ``p * NB1 + nb``, GEMM2 items ``(token t, row tile nb)`` = ``t * NB2 + nb``; ``bar_ptr``:
     ``_grid_sync``'s two counters (zero before the first call, left so by every call). The timing
     probe (``TIMES``; ``benchmarks/experiments/coop_phases.py``) can also skip GEMM1
-    (``PROBE_SKIP1``: GEMM2 alone, on a stale intermediate) and read the intermediate with
-    another cache modifier (``PROBE_XC2``: "" reads through L1; only ".cg" is tested)."""
+    (``PROBE_SKIP1``: GEMM2 alone, on a stale intermediate)."""
     if TIMES:
         _stamp(times_ptr, 0)
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -182,11 +180,15 @@ def _coop(
     _grid_sync(bar_ptr, gl.num_programs(0))
     if TIMES:
         _stamp(times_ptr, 2)
+    # The intermediate is read through L1 (no cache modifier): the wait's acquire invalidates
+    # L1, so no stale line survives it, and a program's warps share one token's intermediate
+    # there. Read from L2 alone (".cg"), each warp fetched it again: GEMM2 took 1.9-3.9x as
+    # long at TP8 T = 1-16 (`coop_phases.py`).
     for item in range(gl.program_id(0), T * NB2, gl.num_programs(0)):
         _gemm2_slots_tile(
             inter_ptr, ids_ptr, tw_ptr, q2_ptr, s2_ptr, a2_ptr, out_ptr, item // NB2, item % NB2,
             parts, coefs, E, H, I, NP2, stride_out, q2_e_stride, q2_row_stride, s2_e_stride,
-            s2_chunk_stride, KC2, TOP_K, K_POW2, BN2, 8, WL2, XL2, ML2, PROBE_XC2,
+            s2_chunk_stride, KC2, TOP_K, K_POW2, BN2, 8, WL2, XL2, ML2, "",
         )  # fmt: skip
         if TIMES:
             if item == gl.program_id(0):
