@@ -36,7 +36,7 @@ TOP_KEYS = {
 }  # fmt: skip
 ENV_KEYS = {
     "gpu", "capability", "sms", "spec_key", "torch", "triton", "cuda", "python", "sglang_fp4ext",
-    "sglang",
+    "sglang", "date",
 }  # fmt: skip
 ROW_KEYS = {
     "T", "path", "served", "config", "inputs_rotated", "distinct_experts", "bytes_floor", "flops",

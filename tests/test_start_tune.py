@@ -374,6 +374,7 @@ def test_first_start_on_the_gpu_matches_the_shipped_table(tmp_path, monkeypatch)
     ``FP4EXT_START_BUDGET_S`` sets the budget (300 s, the ``on`` default);
     ``FP4EXT_RESULTS_DIR`` receives ``first_start_<GPU>.json``."""
     from sglang_fp4ext.bench.layer import Layer
+    from sglang_fp4ext.bench.report import environment
     from sglang_fp4ext.graph_timing import time_graph_replay
     from sglang_fp4ext.moe import paths
     from sglang_fp4ext.moe.shape import current_target
@@ -416,8 +417,8 @@ def test_first_start_on_the_gpu_matches_the_shipped_table(tmp_path, monkeypatch)
                 us[k].append(time_graph_replay(step, len(xs), replays=10).us_per_call)
         rows.append({"bucket": b, **{k: min(v) for k, v in us.items()},
                      "configs": {k: e.to_dict() for k, e in entries.items()}})  # fmt: skip
-    record = {"gpu": real.device_name, "shape": shape.key(), "budget_s": budget,
-              "wall_s": round(wall, 1), "buckets": rows}  # fmt: skip
+    record = {"gpu": real.device_name, "env": environment(), "shape": shape.key(),
+              "budget_s": budget, "wall_s": round(wall, 1), "buckets": rows}  # fmt: skip
     out_dir = os.environ.get("FP4EXT_RESULTS_DIR")
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)

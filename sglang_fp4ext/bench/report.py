@@ -124,7 +124,7 @@ def _version(dist: str) -> str | None:
 
 
 def environment() -> dict:
-    """GPU and versions (SGLang's version from its metadata: never imported here)."""
+    """GPU, versions (SGLang's version from its metadata: never imported here) and the date."""
     import triton
 
     from sglang_fp4ext import target_info
@@ -148,6 +148,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "sglang_fp4ext": __version__,
         "sglang": _version("sglang"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 
 
