@@ -820,26 +820,13 @@ def test_wgmma_heuristic(monkeypatch):
 _AOT_SCRIPT = r"""
 import json, os, subprocess, sys, tempfile
 import torch, triton
-from triton.compiler import ASTSource
-from sglang_fp4ext.bench.aot_compile import compile_source
-from sglang_fp4ext.moe.prefill import _dot_kernels as K
-from sglang_fp4ext.moe.layout import K_CHUNK, ROW_ALIGN, KernelMatrix
+from sglang_fp4ext.bench.aot_compile import compile_launch, meta, meta_weights, signature
 from sglang_fp4ext.moe.prefill.plan import plan as _plan
 from sglang_fp4ext.moe.prefill.config import DotPrefillConfig, PrefillConfig, WgmmaPrefillConfig
 from sglang_fp4ext.moe.prefill.heuristic import prefill_heuristic_config
-from sglang_fp4ext.moe.prepared import PreparedMoEWeights
 from sglang_fp4ext.moe.shape import MoEShape, Target
 
-PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
-       torch.uint8: "*u8"}
 cc, req = int(sys.argv[1]), json.loads(sys.stdin.read())
-
-
-def matrix(E, N, Kd):  # kernel layout on the meta device: shapes and strides, no memory
-    Np, Kp = -(-N // ROW_ALIGN) * ROW_ALIGN, -(-Kd // K_CHUNK) * K_CHUNK
-    m = lambda dt, *s: torch.empty(*s, dtype=dt, device="meta")
-    return KernelMatrix(m(torch.uint8, E, Np, Kp // 2), m(torch.uint8, E, Kp // 256, Np, 16),
-                        m(torch.float32, E, Np), N, Kd)
 
 
 def omma_loop(cubin):
@@ -864,39 +851,15 @@ def omma_loop(cubin):
     return best
 
 
-def specialise(launch):
-    # What a launch specialises on (Triton's runtime rule): ints equal to 1 become constexprs,
-    # multiples of 16 (and 16-byte-aligned pointers) get tt.divisibility = 16.
-    sig, consts, attrs = {}, {}, {}
-    for i, name, v, const in launch.parameters():
-        if const:
-            sig[name], consts[name] = "constexpr", v
-            continue
-        if isinstance(v, torch.Tensor):
-            sig[name] = PTR[v.dtype]
-            div = v.data_ptr() % 16 == 0
-        elif v == 1:
-            sig[name], consts[name], div = "constexpr", 1, False
-        else:
-            sig[name], div = ("i32" if abs(v) < 2**31 else "i64"), v % 16 == 0
-        if div:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    return sig, consts, attrs
-
-
 seen, out = set(), []
 for (E, H, I, k, *ep), T, arch, sms, cfg in req:
-    meta = lambda dt, *s: torch.empty(*s, dtype=dt, device="meta")
-    w = PreparedMoEWeights(matrix(E, 2 * I, H), matrix(E, H, I), meta(torch.float32, 1),
-                           meta(torch.float32, 1))
     shape, target = MoEShape(E, H, I, k, *ep), Target(arch, None, sms)
+    w = meta_weights(shape)
     cfg = eval(cfg) if cfg else prefill_heuristic_config(T, shape, target)
     x, o = meta(torch.bfloat16, T, H), meta(torch.bfloat16, T, H)
     for L in _plan(x, w, meta(torch.int32, T, k), meta(torch.float32, T, k), o, cfg, False):
-        from triton.experimental.gluon._runtime import GluonASTSource
         gluon = L.is_gluon()
-        fn, Source = L.fn(), (GluonASTSource if gluon else ASTSource)
-        sig, consts, attrs = specialise(L)
+        sig, consts, attrs = signature(L)
         warps, stages = L.options["num_warps"], L.options.get("num_stages")
         key = repr((L.kernel, sorted(sig.items()), sorted(map(repr, consts.items())),
                     sorted(attrs), warps, stages))
@@ -904,7 +867,7 @@ for (E, H, I, k, *ep), T, arch, sms, cfg in req:
             continue
         seen.add(key)
         # info: the report of the ptxas run that built the cubin (Triton's flags, -v)
-        c, info = compile_source(Source(fn, sig, consts, attrs), cc, dict(L.options))
+        c, info = compile_launch(L, cc)
         ptx = c.asm["ptx"]
         mma = [m for m in ("tcgen05.mma", "wgmma", "mma.sync") if m in ptx]
         mma += ["mxf4nvf4"] if "kind::mxf4nvf4" in ptx else []

@@ -5,8 +5,8 @@ no memory), exactly as the launcher would make them; each is compiled with ``tri
 ``sm_<cc>`` with the JIT's runtime specialisation (the integer 1 becomes a constant, pointers and
 multiples of 16 get 16-byte divisibility), Gluon kernels through ``GluonASTSource``. The cubin's
 resources are read with the ``cuobjdump`` Triton ships; spills and warnings come from the report
-of the ptxas run that built the cubin (Triton runs it with ``-v``, with its own flags, which a
-second ptxas run would have to repeat; reading it also saves that run).
+of the ptxas run that built the cubin (Triton runs it with ``-v`` and its own flags, and prints the
+log with its ``dump_ptxas_log`` knob), not from a second ptxas run.
 
 Kernels decorated under the interpreter (``TRITON_INTERPRET=1``) cannot be compiled: run this in
 a process without it (``bench.target_resources`` starts one). Used by ``bench.target_resources``,
@@ -16,6 +16,7 @@ a process without it (``bench.target_resources`` starts one). Used by ``bench.ta
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import subprocess
@@ -111,26 +112,6 @@ def signature(launch) -> tuple[dict, dict, dict]:
     return sig, consts, attrs
 
 
-@contextlib.contextmanager
-def _ptxas_reports(into: list[str]):
-    """Keeps the report of each ptxas run Triton makes: it runs ptxas with ``-v`` into a log file
-    that it deletes unless asked to print it."""
-    run = subprocess.run
-
-    def keep(cmd, *args, **kwargs):
-        done = run(cmd, *args, **kwargs)
-        log = kwargs.get("stderr")
-        if cmd and Path(str(cmd[0])).name.startswith("ptxas") and hasattr(log, "name"):
-            into.append(Path(log.name).read_text())
-        return done
-
-    subprocess.run = keep
-    try:
-        yield
-    finally:
-        subprocess.run = run
-
-
 def compile_source(source, cc: int, options: dict):
     """``(kernel, ptxas_report)``: ``triton.compile`` of ``source`` for ``sm_<cc>``, never from
     Triton's cache (a cached kernel has no report), and what ptxas said building it: registers,
@@ -141,11 +122,12 @@ def compile_source(source, cc: int, options: dict):
 
     if target_info.is_interpreter():
         raise RuntimeError("AOT compiles need a process without TRITON_INTERPRET")
-    reports: list[str] = []
-    with knobs.compilation.scope(), _ptxas_reports(reports):
+    report = io.StringIO()  # Triton prints ptxas's -v log when asked (dump_ptxas_log)
+    with knobs.compilation.scope(), knobs.nvidia.scope(), contextlib.redirect_stdout(report):
         knobs.compilation.always_compile = True
+        knobs.nvidia.dump_ptxas_log = True
         kernel = triton.compile(source, target=GPUTarget("cuda", cc, 32), options=options)
-    return kernel, "\n".join(reports)
+    return kernel, report.getvalue()
 
 
 def compile_launch(launch, cc: int):

@@ -181,11 +181,12 @@ def resolve_spec(name: str) -> GPUSpec:
 def base_result(mode: str, shape: ModelShape, tokens, copies, replays, seed: int) -> dict:
     """A result document of ``mode`` with the environment, preset, settings and dispatch filled
     in and everything measured still empty."""
+    env = environment()
     return {
         "schema": SCHEMA,
         "mode": mode,
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "env": environment(),
+        "date": env["date"],
+        "env": env,
         "preset": _preset_dict(shape),
         "settings": {"tokens": list(tokens), "copies": copies, "replays": replays, "seed": seed},
         "dispatch": {"rule": DISPATCH_RULE, "paths": {str(T): dispatch_path(T) for T in tokens}},
